@@ -1,0 +1,1 @@
+"""The web layer: FastAPI routes, request/response schemas, settings and the job runner."""

@@ -1,0 +1,62 @@
+"""Schemas in, domain objects out: the only place the web layer builds calculator inputs."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from app.schemas.memory import MemoryRequest, TrainingIn
+from app.schemas.model import BatchIn, ModelSpec
+from calculators.architecture import Architecture, count_params
+from calculators.batch import Batch
+from calculators.errors import InputError
+from calculators.hf_config import architecture_from_hf_config
+from calculators.model_states import Offload, TrainingSetup
+from calculators.presets import get_preset
+
+
+def resolve_model(spec: ModelSpec) -> tuple[int, Architecture | None]:
+    """Ψ and, when the request describes one, the architecture."""
+    if spec.params is not None:
+        return spec.params, None
+    if spec.architecture is not None:
+        arch = Architecture(**spec.architecture.model_dump())
+    elif spec.preset is not None:
+        arch = get_preset(spec.preset).architecture
+    else:
+        assert spec.hf_config is not None  # ModelSpec.exactly_one guarantees one is set
+        try:
+            arch = architecture_from_hf_config(spec.hf_config)
+        except InputError as err:
+            field = err.field.replace("model.architecture", "model.hf_config")
+            raise InputError(field, err.message) from None
+    return count_params(arch), arch
+
+
+def to_batch(batch: BatchIn | None) -> Batch | None:
+    return None if batch is None else Batch(**batch.model_dump())
+
+
+def to_setup(
+    req: TrainingIn, params: int, arch: Architecture | None, batch: Batch | None = None
+) -> TrainingSetup:
+    """The calculators' view of a request."""
+    return TrainingSetup(
+        params=params,
+        dp=req.dp,
+        tp=req.tp,
+        pp=req.pp,
+        precision=req.precision,
+        optimizer=req.optimizer,
+        k=None if req.k is None else Fraction(req.k).limit_denominator(10**6),
+        gradients=req.gradients,
+        offload=Offload(optimizer=req.offload.optimizer, params=req.offload.params),
+        engine=req.engine,
+        architecture=arch,
+        batch=batch,
+        engine_config=req.engine_config,
+    )
+
+
+def memory_setup(req: MemoryRequest) -> TrainingSetup:
+    params, arch = resolve_model(req.model)
+    return to_setup(req, params, arch, to_batch(req.batch))

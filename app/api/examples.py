@@ -1,0 +1,64 @@
+"""Swagger UI examples (``openapi_examples``); the paper's 7.5B / Nd = 64 case comes first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MEMORY_EXAMPLES: dict[str, dict[str, Any]] = {
+    "paper_figure_1": {
+        "summary": "ZeRO paper Figure 1: 7.5B, Nd = 64, K = 12",
+        "value": {"model": {"params": 7_500_000_000}, "dp": 64},
+    },
+    "preset_llama3_8b": {
+        "summary": "Llama 3 8B on 8 × 80 GB, mixed bf16, optimizer offloaded to CPU",
+        "value": {
+            "model": {"preset": "llama3-8b"},
+            "dp": 8,
+            "stages": [1, 2, 3],
+            "precision": "mixed_bf16",
+            "offload": {"optimizer": "cpu", "params": "none"},
+            "device_memory": 80_000_000_000,
+        },
+    },
+    "architecture_with_batch": {
+        "summary": "A 12-layer GPT (217,217,024 params) with a batch, engine torch",
+        "value": {
+            "model": {"architecture": {
+                "layers": 12, "hidden": 1024, "heads": 16, "vocab_size": 32000,
+                "ffn_hidden": 4096, "max_seq_len": 512,
+            }},
+            "dp": 8,
+            "precision": "mixed_bf16",
+            "engine": "torch",
+            "batch": {"micro_batch_size": 8, "seq_len": 512},
+        },
+    },
+    "seed_004_fp32": {
+        "summary": "Seed 004: 10B in pure fp32 with Adam (160 GB of model states)",
+        "value": {"model": {"params": 10_000_000_000}, "dp": 1, "stages": [0], "precision": "fp32"},
+    },
+    "hf_config": {
+        "summary": "A Hugging Face config.json body (Mistral 7B)",
+        "value": {
+            "model": {"hf_config": {
+                "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "vocab_size": 32000, "max_position_embeddings": 32768,
+            }},
+            "dp": 16,
+            "precision": "mixed_bf16",
+        },
+    },
+}
+
+CAPACITY_EXAMPLES: dict[str, dict[str, Any]] = {
+    "paper_table_2": {
+        "summary": "ZeRO paper Table 2: 32 GB V100s, Nd = 64",
+        "value": {"device_memory": 32_000_000_000, "dp": 64},
+    },
+    "min_dp_llama2_70b": {
+        "summary": "Smallest Nd per stage for Llama 2 70B on 80 GB devices",
+        "value": {"device_memory": 80_000_000_000, "dp": 1, "model": {"preset": "llama2-70b"},
+                  "precision": "mixed_bf16"},
+    },
+}

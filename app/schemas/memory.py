@@ -1,0 +1,121 @@
+"""POST /v1/memory: request and response."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, field_validator
+
+from app.schemas.common import DeviceBytes, Degree, SmallDegree, StrictModel
+from app.schemas.model import BatchIn, ModelSpec
+from calculators.conventions import Engine, GradientConvention, OffloadDevice, Optimizer, Precision
+
+StageNumber = Annotated[int, Field(ge=0, le=3)]
+
+
+class OffloadIn(StrictModel):
+    """Where optimizer states and parameters are offloaded."""
+
+    optimizer: OffloadDevice = Field(OffloadDevice.NONE, description="none, cpu or nvme.")
+    params: OffloadDevice = Field(OffloadDevice.NONE, description="none, cpu or nvme (stage 3).")
+
+
+class TrainingIn(StrictModel):
+    """Fields every training question shares."""
+
+    dp: Annotated[Degree, Field(description="Data-parallel degree Nd that ZeRO partitions over.")]
+    tp: Annotated[SmallDegree, Field(description="Tensor-parallel degree.")] = 1
+    pp: Annotated[SmallDegree, Field(description="Pipeline-parallel degree.")] = 1
+    stages: Annotated[
+        list[StageNumber], Field(min_length=1, max_length=4, description="ZeRO stages, 0 to 3.")
+    ] = [0, 1, 2, 3]
+    precision: Precision = Field(Precision.MIXED_FP16, description="Training precision.")
+    optimizer: Optimizer = Field(Optimizer.ADAM, description="Optimizer; sets K.")
+    k: Annotated[
+        float | None,
+        Field(ge=0, le=1024, description="Optimizer-state bytes per parameter; overrides K."),
+    ] = None
+    gradients: GradientConvention = Field(
+        GradientConvention.PAPER,
+        description="paper: 16-bit gradients (16 B/param); fp32_grads: fp32 gradient buffers "
+        "as Megatron and DeepSpeed's estimators count them (18 B/param).",
+    )
+    offload: OffloadIn = Field(default_factory=OffloadIn, description="Offload targets.")
+    engine: Engine = Field(Engine.PAPER, description="Whose accounting: paper, deepspeed, torch.")
+    engine_config: Annotated[
+        dict[str, Any] | None, Field(description="A DeepSpeed config JSON body (engine deepspeed).")
+    ] = None
+
+    @field_validator("stages")
+    @classmethod
+    def unique_stages(cls, stages: list[int]) -> list[int]:
+        if len(set(stages)) != len(stages):
+            raise ValueError("each stage may appear once")
+        return stages
+
+
+class MemoryRequest(TrainingIn):
+    """Per-device memory of one model under the given ZeRO stages."""
+
+    model: ModelSpec = Field(description="The model: params, architecture, preset or hf_config.")
+    batch: BatchIn | None = Field(None, description="Micro-batch; with an architecture it turns on activations and peak.")
+    device_memory: DeviceBytes | None = Field(None, description="Bytes per device; turns on fits.")
+
+
+class PerDevice(BaseModel):
+    """Bytes on one device (integers)."""
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    model_states: int = Field(description="parameters + gradients + optimizer_states.")
+    activations: int | None = Field(description="Activations at the peak (null without a batch).")
+    temporary_buffers: int | None = Field(description="Engine buffers at the peak.")
+    resident: int = Field(description="Allocated between optimizer steps.")
+    peak: int | None = Field(description="Highest allocated during a step (null if unknown).")
+
+
+class HostMemory(BaseModel):
+    """Bytes per rank held in host memory or on NVMe."""
+
+    total: int
+    parameters: int = 0
+    gradients: int = 0
+    optimizer_states: int = 0
+    buffers: int = 0
+
+
+class StageMemory(BaseModel):
+    stage: int
+    per_device: PerDevice
+    per_device_readable: dict[str, str] = Field(
+        description="The same sizes as 'X GB (Y GiB)': GB = 1e9 bytes, GiB = 2^30 bytes."
+    )
+    cpu: HostMemory
+    nvme: HostMemory
+    fits: bool | None = Field(description="Whether peak (or resident) fits device_memory.")
+    components: dict[str, int] = Field(default_factory=dict, description="Engine-specific parts.")
+    notes: list[str] = Field(default_factory=list)
+
+
+class Convention(BaseModel):
+    """Which accounting the figures follow."""
+
+    engine: Engine
+    description: str
+    precision: Precision
+    optimizer: Optimizer
+    k: float = Field(description="Optimizer-state bytes per parameter used.")
+    optimizer_assumption: str
+    gradients: GradientConvention
+    bytes_per_param: dict[str, float]
+
+
+class MemoryResponse(BaseModel):
+    params: int = Field(description="Ψ of the whole model.")
+    params_per_device: int = Field(description="Ψ on one device after TP and PP, before ZeRO.")
+    dp: int
+    tp: int
+    pp: int
+    convention: Convention
+    stages: list[StageMemory]

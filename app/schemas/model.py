@@ -1,0 +1,85 @@
+"""How a request names its model, and the batch it trains on."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Self
+
+from pydantic import Field, model_validator
+
+from app.schemas.common import Params, StrictModel
+from calculators.architecture import Activation, Norm, PositionEmbedding
+from calculators.batch import Checkpointing
+
+Dim = Annotated[int, Field(ge=1, le=1_048_576)]
+
+
+class ArchitectureIn(StrictModel):
+    """A decoder-only transformer; its parameter count is derived exactly."""
+
+    layers: Annotated[int, Field(ge=1, le=10_000, description="Transformer blocks.")]
+    hidden: Annotated[Dim, Field(description="Model width.")]
+    heads: Annotated[int, Field(ge=1, le=65536, description="Attention (query) heads.")]
+    vocab_size: Annotated[int, Field(ge=1, le=16_777_216, description="Vocabulary rows.")]
+    ffn_hidden: Annotated[Dim | None, Field(description="MLP inner width; null = 4 × hidden.")] = None
+    max_seq_len: Annotated[
+        Dim | None, Field(description="Context length (rows of a learned position table).")
+    ] = None
+    kv_heads: Annotated[
+        int | None, Field(ge=1, le=65536, description="Key/value heads (GQA); null = heads.")
+    ] = None
+    head_dim: Annotated[Dim | None, Field(description="Width of a head; null = hidden/heads.")] = None
+    tied_embeddings: bool = Field(False, description="Output head shares the token embedding.")
+    bias: bool = Field(True, description="Biases on attention and MLP linears and LayerNorm.")
+    qkv_bias: bool | None = Field(None, description="Bias on qkv alone; null follows bias.")
+    lm_head_bias: bool = Field(False, description="Bias on the output head.")
+    norm: Norm = Field(Norm.LAYERNORM, description="layernorm or rmsnorm.")
+    position_embedding: PositionEmbedding = Field(
+        PositionEmbedding.LEARNED, description="learned, rope, alibi or none."
+    )
+    position_offset: Annotated[int, Field(ge=0, le=1024)] = Field(
+        0, description="Extra rows in the learned position table (OPT: 2)."
+    )
+    gated_mlp: bool = Field(False, description="SwiGLU-style gate/up/down MLP.")
+    activation: Activation = Field(Activation.GELU, description="MLP activation.")
+    num_experts: Annotated[int, Field(ge=1, le=4096)] = Field(1, description="MoE experts.")
+    experts_per_token: Annotated[int, Field(ge=1, le=4096)] = Field(
+        1, description="Experts each token is routed to."
+    )
+    embedding_norm: bool = Field(False, description="Norm after the embedding (BLOOM).")
+    final_norm: bool = Field(True, description="Norm before the output head.")
+    embed_proj_dim: Annotated[Dim | None, Field(description="OPT word_embed_proj_dim.")] = None
+
+
+class ModelSpec(StrictModel):
+    """Exactly one of params, architecture, preset or hf_config."""
+
+    params: Params | None = None
+    architecture: ArchitectureIn | None = None
+    preset: Annotated[str | None, Field(max_length=64, description="A name from /v1/presets.")] = None
+    hf_config: Annotated[
+        dict[str, Any] | None,
+        Field(description="The body of a Hugging Face config.json (llama, mistral, gpt2, ...)."),
+    ] = None
+
+    @model_validator(mode="after")
+    def exactly_one(self) -> Self:
+        given = [k for k in ("params", "architecture", "preset", "hf_config") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of params, architecture, preset, hf_config"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+
+class BatchIn(StrictModel):
+    """The micro-batch each data-parallel rank trains on."""
+
+    micro_batch_size: Annotated[int, Field(ge=1, le=65536, description="Sequences per micro-batch.")]
+    seq_len: Annotated[int, Field(ge=1, le=1_048_576, description="Tokens per sequence.")]
+    activation_checkpointing: Checkpointing = Field(
+        Checkpointing.NONE, description="none, full or selective recomputation."
+    )
+    grad_accumulation_steps: Annotated[int, Field(ge=1, le=65536)] = Field(
+        1, description="Micro-batches per optimizer step."
+    )

@@ -1,0 +1,314 @@
+"""Decoder architectures and their exact parameter counts.
+
+The canonical module is a GPT-style decoder as PyTorch would build it (``measure/workloads.py``
+builds the same module, and a test checks both list the same tensors in the same order):
+
+- token embedding ``(vocab, hidden)``, learned positions ``(max_seq_len + offset, hidden)`` when
+  ``position_embedding == "learned"``, an optional embedding norm (BLOOM);
+- per block: norm, fused qkv projection ``(q + 2·kv, hidden)``, output projection
+  ``(hidden, q)``, norm, MLP (``fc1``/``fc2``, or ``gate``/``up``/``down`` when gated), with
+  ``num_experts`` copies of the MLP and a bias-free router when ``num_experts > 1``;
+- a final norm and an output head ``(vocab, hidden)`` unless the embeddings are tied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from calculators.errors import InputError
+
+
+class Norm(StrEnum):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class PositionEmbedding(StrEnum):
+    LEARNED = "learned"
+    ROPE = "rope"
+    ALIBI = "alibi"
+    NONE = "none"
+
+
+class Activation(StrEnum):
+    GELU = "gelu"
+    RELU = "relu"
+    SILU = "silu"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A decoder-only transformer, enough to count its parameters exactly.
+
+    Attributes:
+        layers: transformer blocks.
+        hidden: model width.
+        heads: attention (query) heads.
+        vocab_size: rows of the token embedding.
+        ffn_hidden: MLP inner width; ``None`` means 4 × hidden.
+        max_seq_len: context length; the learned position table has this many rows.
+        kv_heads: key/value heads (grouped-query attention); ``None`` means ``heads``.
+        head_dim: width of one head; ``None`` means hidden / heads.
+        tied_embeddings: the output head reuses the token embedding.
+        bias: biases on the attention and MLP linears (and LayerNorm).
+        qkv_bias: bias on the qkv projection alone (Qwen2); ``None`` follows ``bias``.
+        lm_head_bias: bias on the output head.
+        norm: LayerNorm (weight and bias unless ``bias`` is false) or RMSNorm (weight).
+        position_embedding: learned table, RoPE, ALiBi or none (only learned has parameters).
+        position_offset: extra rows in the learned table (OPT adds 2).
+        gated_mlp: SwiGLU-style MLP with gate, up and down projections.
+        activation: MLP non-linearity (for activation memory; no parameters).
+        num_experts: MLP copies per block (mixture of experts); 1 is dense.
+        experts_per_token: experts each token is routed to.
+        embedding_norm: a norm right after the token embedding (BLOOM).
+        final_norm: a norm before the output head.
+        embed_proj_dim: OPT's ``word_embed_proj_dim`` when it differs from hidden.
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab_size: int
+    ffn_hidden: int | None = None
+    max_seq_len: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    tied_embeddings: bool = False
+    bias: bool = True
+    qkv_bias: bool | None = None
+    lm_head_bias: bool = False
+    norm: Norm = Norm.LAYERNORM
+    position_embedding: PositionEmbedding = PositionEmbedding.LEARNED
+    position_offset: int = 0
+    gated_mlp: bool = False
+    activation: Activation = Activation.GELU
+    num_experts: int = 1
+    experts_per_token: int = 1
+    embedding_norm: bool = False
+    final_norm: bool = True
+    embed_proj_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.d_head
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.d_head
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+
+def validate(arch: Architecture) -> None:
+    """Raise :class:`InputError` naming the field when the architecture cannot exist."""
+    prefix = "model.architecture"
+    for name in ("layers", "hidden", "heads", "vocab_size"):
+        if getattr(arch, name) < 1:
+            raise InputError(f"{prefix}.{name}", "must be at least 1")
+    for name in ("ffn_hidden", "max_seq_len", "kv_heads", "head_dim", "embed_proj_dim"):
+        value = getattr(arch, name)
+        if value is not None and value < 1:
+            raise InputError(f"{prefix}.{name}", "must be at least 1 when given")
+    if arch.head_dim is None and arch.hidden % arch.heads:
+        raise InputError(
+            f"{prefix}.heads", f"{arch.heads} heads do not divide hidden size {arch.hidden}"
+        )
+    if arch.heads % arch.n_kv_heads:
+        raise InputError(
+            f"{prefix}.kv_heads", f"{arch.n_kv_heads} kv heads do not divide {arch.heads} heads"
+        )
+    if arch.position_embedding is PositionEmbedding.LEARNED and arch.max_seq_len is None:
+        raise InputError(f"{prefix}.max_seq_len", "is required with learned position embeddings")
+    if arch.position_offset < 0:
+        raise InputError(f"{prefix}.position_offset", "must not be negative")
+    if arch.num_experts < 1:
+        raise InputError(f"{prefix}.num_experts", "must be at least 1")
+    if not 1 <= arch.experts_per_token <= arch.num_experts:
+        raise InputError(
+            f"{prefix}.experts_per_token", f"must be between 1 and num_experts ({arch.num_experts})"
+        )
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter tensor of the canonical module.
+
+    Attributes:
+        name: dotted name as ``nn.Module.named_parameters`` would give it.
+        shape: its shape.
+        layer: the block index, or ``None`` for embeddings (-) and the head.
+        tp_split: Megatron-style tensor parallelism splits it across TP ranks (column- or
+            row-parallel weights, column-parallel biases, the vocabulary); norms, row-parallel
+            biases, position tables and routers are replicated.
+        stage_hint: ``"first"`` for embeddings, ``"last"`` for final norm and head, else
+            ``"layer"``: where pipeline parallelism places it.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    layer: int | None = None
+    tp_split: bool = False
+    stage_hint: str = "layer"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class _Linear:
+    name: str
+    out_features: int
+    in_features: int
+    bias: bool
+    tp_split_bias: bool
+
+
+def _norm(arch: Architecture, name: str, width: int, layer: int | None, hint: str) -> list[Tensor]:
+    out = [Tensor(f"{name}.weight", (width,), layer, False, hint)]
+    if arch.norm is Norm.LAYERNORM and arch.bias:
+        out.append(Tensor(f"{name}.bias", (width,), layer, False, hint))
+    return out
+
+
+def _linear(spec: _Linear, layer: int | None, hint: str) -> list[Tensor]:
+    out = [Tensor(f"{spec.name}.weight", (spec.out_features, spec.in_features), layer, True, hint)]
+    if spec.bias:
+        out.append(Tensor(f"{spec.name}.bias", (spec.out_features,), layer, spec.tp_split_bias, hint))
+    return out
+
+
+def _mlp(arch: Architecture, prefix: str, layer: int) -> list[Tensor]:
+    h, f, b = arch.hidden, arch.ffn, arch.bias
+    if arch.gated_mlp:
+        specs = [
+            _Linear(f"{prefix}.gate", f, h, b, True),
+            _Linear(f"{prefix}.up", f, h, b, True),
+            _Linear(f"{prefix}.down", h, f, b, False),
+        ]
+    else:
+        specs = [_Linear(f"{prefix}.fc1", f, h, b, True), _Linear(f"{prefix}.fc2", h, f, b, False)]
+    return [t for spec in specs for t in _linear(spec, layer, "layer")]
+
+
+def block_tensors(arch: Architecture, i: int) -> list[Tensor]:
+    """The parameters of block ``i`` in registration order."""
+    p = f"blocks.{i}"
+    h = arch.hidden
+    out = _norm(arch, f"{p}.ln1", h, i, "layer")
+    out += _linear(_Linear(f"{p}.attn.qkv", arch.q_dim + 2 * arch.kv_dim, h, arch.has_qkv_bias, True), i, "layer")
+    out += _linear(_Linear(f"{p}.attn.proj", h, arch.q_dim, arch.bias, False), i, "layer")
+    out += _norm(arch, f"{p}.ln2", h, i, "layer")
+    if arch.num_experts == 1:
+        out += _mlp(arch, f"{p}.mlp", i)
+    else:
+        out.append(Tensor(f"{p}.router.weight", (arch.num_experts, h), i, False, "layer"))
+        for e in range(arch.num_experts):
+            out += _mlp(arch, f"{p}.experts.{e}", i)
+    return out
+
+
+def tensors(arch: Architecture) -> list[Tensor]:
+    """Every parameter tensor of the canonical module, in ``named_parameters`` order."""
+    emb_dim = arch.embed_proj_dim or arch.hidden
+    out = [Tensor("embed.weight", (arch.vocab_size, emb_dim), None, True, "first")]
+    if arch.embed_proj_dim is not None and arch.embed_proj_dim != arch.hidden:
+        out.append(Tensor("project_in.weight", (arch.hidden, emb_dim), None, True, "first"))
+    if arch.position_embedding is PositionEmbedding.LEARNED:
+        assert arch.max_seq_len is not None  # validate() guarantees it
+        rows = arch.max_seq_len + arch.position_offset
+        out.append(Tensor("pos.weight", (rows, arch.hidden), None, False, "first"))
+    if arch.embedding_norm:
+        out += _norm(arch, "embed_norm", emb_dim, None, "first")
+    for i in range(arch.layers):
+        out += block_tensors(arch, i)
+    if arch.final_norm:
+        out += _norm(arch, "ln_f", arch.hidden, None, "last")
+    if arch.embed_proj_dim is not None and arch.embed_proj_dim != arch.hidden:
+        out.append(Tensor("project_out.weight", (emb_dim, arch.hidden), None, True, "last"))
+    if not arch.tied_embeddings:
+        out.append(Tensor("head.weight", (arch.vocab_size, emb_dim), None, True, "last"))
+        if arch.lm_head_bias:
+            out.append(Tensor("head.bias", (arch.vocab_size,), None, True, "last"))
+    return out
+
+
+def count_params(arch: Architecture) -> int:
+    """Exact parameter count, as ``sum(p.numel() for p in module.parameters())`` gives it."""
+    return sum(t.numel for t in tensors(arch))
+
+
+def count_active_params(arch: Architecture) -> int:
+    """Parameters one token passes through (MoE: only ``experts_per_token`` experts)."""
+    if arch.num_experts == 1:
+        return count_params(arch)
+    per_expert = sum(t.numel for t in _mlp(arch, "x", 0))
+    inactive = arch.layers * (arch.num_experts - arch.experts_per_token) * per_expert
+    return count_params(arch) - inactive
+
+
+@dataclass(frozen=True)
+class ModelParallelSplit:
+    """Parameters one device holds once TP and PP have divided the model, before ZeRO.
+
+    Attributes:
+        params: the heaviest pipeline stage's parameters on one tensor-parallel rank.
+        stage_params: each pipeline stage's per-TP-rank parameters.
+        largest_tensor: the largest single tensor on that device (DeepSpeed's ZeRO-3 estimator
+            uses the largest layer).
+    """
+
+    params: int
+    stage_params: tuple[int, ...] = field(default=())
+    largest_tensor: int = 0
+
+
+def split_for_model_parallel(arch: Architecture, tp: int, pp: int) -> ModelParallelSplit:
+    """Megatron-style split: layers evenly over ``pp`` stages, linears and vocab over ``tp``.
+
+    The first stage holds the embeddings, the last the final norm and head; with tied
+    embeddings and ``pp > 1`` the last stage keeps its own copy of the embedding (Megatron-LM
+    ``shared_embedding``). TP-split tensors take ``ceil(numel / tp)`` elements.
+    """
+    if arch.layers % pp:
+        raise InputError("pp", f"pipeline degree {pp} does not divide {arch.layers} layers")
+    if arch.heads % tp or arch.n_kv_heads % tp and tp % arch.n_kv_heads:
+        raise InputError("tp", f"tensor-parallel degree {tp} does not divide {arch.heads} heads")
+    per_stage = arch.layers // pp
+    stages = [0] * pp
+    largest = 0
+    all_tensors = tensors(arch)
+    if arch.tied_embeddings and pp > 1:
+        embed = all_tensors[0]
+        all_tensors.append(Tensor("head.weight(shared)", embed.shape, None, True, "last"))
+    for t in all_tensors:
+        if t.stage_hint == "first":
+            s = 0
+        elif t.stage_hint == "last":
+            s = pp - 1
+        else:
+            assert t.layer is not None
+            s = t.layer // per_stage
+        n = -(-t.numel // tp) if t.tp_split else t.numel
+        stages[s] += n
+        largest = max(largest, n)
+    return ModelParallelSplit(max(stages), tuple(stages), largest)

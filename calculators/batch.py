@@ -1,0 +1,44 @@
+"""The training batch: what activation and peak estimates need besides the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from calculators.errors import InputError
+
+
+class Checkpointing(StrEnum):
+    """Activation checkpointing (recomputation) policy."""
+
+    NONE = "none"
+    FULL = "full"
+    """Each block keeps only its input; everything else is recomputed in backward."""
+    SELECTIVE = "selective"
+    """Attention internals are recomputed (Korthikanti et al. 2022 §4.2)."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch.
+
+    Attributes:
+        micro_batch_size: sequences per micro-batch per data-parallel rank.
+        seq_len: tokens per sequence.
+        activation_checkpointing: recomputation policy.
+        grad_accumulation_steps: micro-batches per optimizer step.
+    """
+
+    micro_batch_size: int
+    seq_len: int
+    activation_checkpointing: Checkpointing = Checkpointing.NONE
+    grad_accumulation_steps: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_size", "seq_len", "grad_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise InputError(f"batch.{name}", "must be at least 1")
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch_size * self.seq_len

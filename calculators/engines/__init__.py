@@ -1,0 +1,46 @@
+"""Engine profiles: how each engine's real allocations differ from the paper's accounting.
+
+Each profile is modelled from the engine's source code and documented behaviour, never fitted
+to measurements: ``paper`` (model states only), ``torch`` (DDP, ZeroRedundancyOptimizer, FSDP2)
+and ``deepspeed`` (DeepSpeed 0.19 ZeRO).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from calculators.conventions import Engine, Stage
+from calculators.memory import StageEstimate
+from calculators.model_states import TrainingSetup
+
+
+class EngineModel(Protocol):
+    """What an engine profile offers."""
+
+    convention: str
+
+    def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate: ...
+
+
+def engine_model(engine: Engine) -> EngineModel:
+    """The profile for ``engine``."""
+    from calculators.engines import paper
+
+    models: dict[Engine, EngineModel] = {Engine.PAPER: paper.MODEL}
+    try:
+        from calculators.engines import torch_engines
+
+        models[Engine.TORCH] = torch_engines.MODEL
+    except ImportError:  # pragma: no cover - filled in by the measure work
+        pass
+    try:
+        from calculators.engines import deepspeed
+
+        models[Engine.DEEPSPEED] = deepspeed.MODEL
+    except ImportError:  # pragma: no cover
+        pass
+    from calculators.errors import InputError
+
+    if engine not in models:
+        raise InputError("engine", f"engine {engine.value!r} is not modelled yet")
+    return models[engine]

@@ -1,0 +1,17 @@
+"""Domain errors: what went wrong with an input, said in terms of the field that carries it."""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """An input the calculators cannot answer for.
+
+    Args:
+        field: dotted path of the offending request field, e.g. ``"model.architecture.heads"``.
+        message: why the value cannot be used, in one sentence.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message

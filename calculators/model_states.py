@@ -1,0 +1,206 @@
+"""Model-state memory per device: 2Ψ + 2Ψ + KΨ with Nd partitioning per stage (ZeRO §5).
+
+This is the ``paper`` accounting. Engine profiles (``calculators/engines``) start from the same
+:class:`TrainingSetup` and say what a real engine allocates on top of, or instead of, it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from calculators.architecture import Architecture, split_for_model_parallel
+from calculators.batch import Batch
+from calculators.conventions import (
+    Engine,
+    GradientConvention,
+    OffloadDevice,
+    Optimizer,
+    Precision,
+    Stage,
+    gradient_bytes,
+    k_bytes,
+    PRECISION_BYTES,
+)
+from calculators.errors import InputError
+
+
+def ceil_div(numerator: Fraction | int, denominator: int = 1) -> int:
+    """Smallest integer ≥ numerator / denominator (bytes are never fractional)."""
+    value = Fraction(numerator) / denominator
+    return -((-value.numerator) // value.denominator)
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Where optimizer states and parameters live when not on the device."""
+
+    optimizer: OffloadDevice = OffloadDevice.NONE
+    params: OffloadDevice = OffloadDevice.NONE
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """Everything the memory formulas need about one training run.
+
+    Attributes:
+        params: Ψ, the whole model's parameter count.
+        dp: Nd, the data-parallel degree ZeRO partitions over.
+        tp: tensor-parallel degree (divides the model before ZeRO).
+        pp: pipeline-parallel degree (divides the model before ZeRO).
+        precision: training precision.
+        optimizer: optimizer (sets K unless ``k`` is given).
+        k: optimizer-state bytes per parameter, overriding the optimizer's.
+        gradients: gradient-dtype convention (16-bit as the paper, or fp32 buffers).
+        offload: optimizer / parameter offload targets.
+        engine: whose accounting to follow.
+        architecture: the decoder, when known (exact TP/PP split, activations).
+        batch: the micro-batch, when known (activations and peak).
+        engine_config: engine knobs (a DeepSpeed config body for ``deepspeed``).
+    """
+
+    params: int
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    precision: Precision = Precision.MIXED_FP16
+    optimizer: Optimizer = Optimizer.ADAM
+    k: Fraction | None = None
+    gradients: GradientConvention = GradientConvention.PAPER
+    offload: Offload = field(default_factory=Offload)
+    engine: Engine = Engine.PAPER
+    architecture: Architecture | None = None
+    batch: Batch | None = None
+    engine_config: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("params", "dp", "tp", "pp"):
+            if getattr(self, name) < 1:
+                raise InputError(name if name != "params" else "model.params", "must be at least 1")
+        if self.k is not None and self.k < 0:
+            raise InputError("k", "must not be negative")
+
+    @property
+    def k_value(self) -> Fraction:
+        """K: the override if given, else the optimizer's under this precision."""
+        return self.k if self.k is not None else k_bytes(self.optimizer, self.precision)
+
+    @property
+    def params_per_device(self) -> int:
+        """Parameters one device holds after TP and PP split the model, before ZeRO."""
+        if self.tp == 1 and self.pp == 1:
+            return self.params
+        if self.architecture is not None:
+            return split_for_model_parallel(self.architecture, self.tp, self.pp).params
+        return ceil_div(self.params, self.tp * self.pp)
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    """Bytes each parameter costs in each model state, before partitioning."""
+
+    parameters: Fraction
+    gradients: Fraction
+    optimizer_states: Fraction
+
+    @property
+    def total(self) -> Fraction:
+        return self.parameters + self.gradients + self.optimizer_states
+
+
+def bytes_per_param(setup: TrainingSetup) -> BytesPerParam:
+    """2 + 2 + K in mixed precision (paper §3.1); other precisions per ``conventions``."""
+    return BytesPerParam(
+        parameters=Fraction(PRECISION_BYTES[setup.precision].parameter),
+        gradients=Fraction(gradient_bytes(setup.precision, setup.gradients)),
+        optimizer_states=setup.k_value,
+    )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Bytes of each model state in one place (device, CPU memory or NVMe), per rank."""
+
+    parameters: int = 0
+    gradients: int = 0
+    optimizer_states: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_states
+
+
+@dataclass(frozen=True)
+class ModelStateMemory:
+    """Where one rank's model states live under one stage."""
+
+    stage: Stage
+    device: Placement
+    cpu: Placement
+    nvme: Placement
+
+
+def partitioned(stage: Stage) -> tuple[bool, bool, bool]:
+    """Which of (parameters, gradients, optimizer states) a stage splits across Nd (§5)."""
+    return (
+        stage >= Stage.PARAMETERS,
+        stage >= Stage.GRADIENTS,
+        stage >= Stage.OPTIMIZER,
+    )
+
+
+def check_offload(offload: Offload, stage: Stage) -> None:
+    """Reject offload a stage cannot do (DeepSpeed: optimizer offload needs ZeRO ≥ 1,
+    parameter offload needs ZeRO-3, deepspeed/runtime/zero/config.py)."""
+    if offload.optimizer is not OffloadDevice.NONE and stage < Stage.OPTIMIZER:
+        raise InputError(
+            "offload.optimizer",
+            "optimizer offload needs ZeRO stage 1 or higher; remove stage 0 from stages",
+        )
+    if offload.params is not OffloadDevice.NONE and stage < Stage.PARAMETERS:
+        raise InputError(
+            "offload.params",
+            f"parameter offload needs ZeRO stage 3; stage {int(stage)} cannot offload parameters",
+        )
+
+
+def model_state_memory(setup: TrainingSetup, stage: Stage) -> ModelStateMemory:
+    """Per-rank model states for ``stage``, split between device, CPU memory and NVMe.
+
+    Device bytes without offload (ZeRO paper §5, Ψ after TP/PP, N = dp):
+        stage 0: (2 + 2 + K)Ψ; stage 1: (2 + 2)Ψ + KΨ/N; stage 2: 2Ψ + (2 + K)Ψ/N;
+        stage 3: (2 + 2 + K)Ψ/N.
+    Optimizer offload moves the optimizer-state share to CPU or NVMe and, from stage 2 on, the
+    gradient partition to CPU memory (ZeRO-Offload, arXiv 2101.06840 §4). Parameter offload
+    (stage 3, ZeRO-Infinity) moves the parameter partition.
+    """
+    check_offload(setup.offload, stage)
+    psi = setup.params_per_device
+    per = bytes_per_param(setup)
+    split_p, split_g, split_o = partitioned(stage)
+
+    def share(b: Fraction, split: bool) -> int:
+        return ceil_div(b * psi, setup.dp if split else 1)
+
+    params = share(per.parameters, split_p)
+    grads = share(per.gradients, split_g)
+    optim = share(per.optimizer_states, split_o)
+
+    device = {"parameters": params, "gradients": grads, "optimizer_states": optim}
+    cpu = {"parameters": 0, "gradients": 0, "optimizer_states": 0}
+    nvme = dict(cpu)
+
+    def move(state: str, target: OffloadDevice) -> None:
+        places = {OffloadDevice.CPU: cpu, OffloadDevice.NVME: nvme}
+        places[target][state] += device[state]
+        device[state] = 0
+
+    if setup.offload.optimizer is not OffloadDevice.NONE:
+        move("optimizer_states", setup.offload.optimizer)
+        if stage >= Stage.GRADIENTS:
+            move("gradients", OffloadDevice.CPU)
+    if setup.offload.params is not OffloadDevice.NONE:
+        move("parameters", setup.offload.params)
+    return ModelStateMemory(stage, Placement(**device), Placement(**cpu), Placement(**nvme))
