@@ -193,7 +193,9 @@ def _norm(arch: Architecture, name: str, width: int, layer: int | None, hint: st
 def _linear(spec: _Linear, layer: int | None, hint: str) -> list[Tensor]:
     out = [Tensor(f"{spec.name}.weight", (spec.out_features, spec.in_features), layer, True, hint)]
     if spec.bias:
-        out.append(Tensor(f"{spec.name}.bias", (spec.out_features,), layer, spec.tp_split_bias, hint))
+        out.append(
+            Tensor(f"{spec.name}.bias", (spec.out_features,), layer, spec.tp_split_bias, hint)
+        )
     return out
 
 
@@ -215,7 +217,11 @@ def block_tensors(arch: Architecture, i: int) -> list[Tensor]:
     p = f"blocks.{i}"
     h = arch.hidden
     out = _norm(arch, f"{p}.ln1", h, i, "layer")
-    out += _linear(_Linear(f"{p}.attn.qkv", arch.q_dim + 2 * arch.kv_dim, h, arch.has_qkv_bias, True), i, "layer")
+    out += _linear(
+        _Linear(f"{p}.attn.qkv", arch.q_dim + 2 * arch.kv_dim, h, arch.has_qkv_bias, True),
+        i,
+        "layer",
+    )
     out += _linear(_Linear(f"{p}.attn.proj", h, arch.q_dim, arch.bias, False), i, "layer")
     out += _norm(arch, f"{p}.ln2", h, i, "layer")
     if arch.num_experts == 1:

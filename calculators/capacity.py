@@ -51,7 +51,10 @@ def max_params(
 
 
 def min_dp(
-    setup: TrainingSetup, stage: Stage, device_memory: int, max_dp: int = MAX_DP,
+    setup: TrainingSetup,
+    stage: Stage,
+    device_memory: int,
+    max_dp: int = MAX_DP,
     use_peak: bool = False,
 ) -> int | None:
     """Smallest Nd at which ``setup``'s model fits (None if no Nd up to ``max_dp`` does)."""

@@ -139,12 +139,15 @@ def optimizer_state_bytes(optimizer: Optimizer, precision: Precision) -> Fractio
     return Fraction(0)  # SGD, Adafactor (factored: see OPTIMIZER_ASSUMPTIONS)
 
 
-def k_bytes(optimizer: Optimizer, precision: Precision) -> Fraction:
+def k_bytes(optimizer: Optimizer, precision: Precision, master_weights: bool = True) -> Fraction:
     """K of the ZeRO paper: optimizer-state bytes per parameter, fp32 master copy included.
 
     Mixed-precision Adam: 12 = 4 fp32 master + 4 momentum + 4 variance (paper §3.1).
+    ``master_weights=False`` drops the fp32 master copy (seed 004 counts 16-bit params and grads
+    plus fp32 moments only: 2 + 2 + 8 = 12 B/param); it changes nothing outside mixed precision.
     """
-    return PRECISION_BYTES[precision].master + optimizer_state_bytes(optimizer, precision)
+    master = PRECISION_BYTES[precision].master if master_weights else 0
+    return master + optimizer_state_bytes(optimizer, precision)
 
 
 def gradient_bytes(precision: Precision, convention: GradientConvention) -> int:

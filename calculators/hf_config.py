@@ -160,7 +160,7 @@ def architecture_from_hf_config(cfg: Mapping[str, Any]) -> Architecture:
     """The architecture a ``config.json`` body describes."""
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str):
-        raise InputError(f"{_FIELD}.model_type", "is required (e.g. \"llama\")")
+        raise InputError(f"{_FIELD}.model_type", 'is required (e.g. "llama")')
     try:
         family = _FAMILIES[model_type]
     except KeyError:

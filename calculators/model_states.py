@@ -14,6 +14,7 @@ from typing import Any
 from calculators.architecture import Architecture, split_for_model_parallel
 from calculators.batch import Batch
 from calculators.conventions import (
+    PRECISION_BYTES,
     Engine,
     GradientConvention,
     OffloadDevice,
@@ -22,7 +23,6 @@ from calculators.conventions import (
     Stage,
     gradient_bytes,
     k_bytes,
-    PRECISION_BYTES,
 )
 from calculators.errors import InputError
 
@@ -54,6 +54,8 @@ class TrainingSetup:
         optimizer: optimizer (sets K unless ``k`` is given).
         k: optimizer-state bytes per parameter, overriding the optimizer's.
         gradients: gradient-dtype convention (16-bit as the paper, or fp32 buffers).
+        master_weights: mixed precision keeps an fp32 master copy (the paper does; seed 004
+            does not).
         offload: optimizer / parameter offload targets.
         engine: whose accounting to follow.
         architecture: the decoder, when known (exact TP/PP split, activations).
@@ -69,6 +71,7 @@ class TrainingSetup:
     optimizer: Optimizer = Optimizer.ADAM
     k: Fraction | None = None
     gradients: GradientConvention = GradientConvention.PAPER
+    master_weights: bool = True
     offload: Offload = field(default_factory=Offload)
     engine: Engine = Engine.PAPER
     architecture: Architecture | None = None
@@ -85,7 +88,11 @@ class TrainingSetup:
     @property
     def k_value(self) -> Fraction:
         """K: the override if given, else the optimizer's under this precision."""
-        return self.k if self.k is not None else k_bytes(self.optimizer, self.precision)
+        return (
+            self.k
+            if self.k is not None
+            else k_bytes(self.optimizer, self.precision, self.master_weights)
+        )
 
     @property
     def params_per_device(self) -> int:

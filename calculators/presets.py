@@ -40,21 +40,42 @@ class Preset:
 def _gpt2(layers: int, hidden: int, heads: int) -> Architecture:
     # HF GPT2Model: learned positions (1024), LayerNorm, biased Conv1D linears, tied head.
     return Architecture(
-        layers=layers, hidden=hidden, heads=heads, vocab_size=50257, max_seq_len=1024,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        vocab_size=50257,
+        max_seq_len=1024,
         tied_embeddings=True,
     )
 
 
 def _llama(
-    layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int,
-    experts: int = 1, active: int = 1,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    vocab: int,
+    seq: int,
+    experts: int = 1,
+    active: int = 1,
 ) -> Architecture:
     # HF LlamaForCausalLM / MistralForCausalLM: RMSNorm, RoPE, bias-free SwiGLU, untied head.
     return Architecture(
-        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
-        vocab_size=vocab, max_seq_len=seq, bias=False, norm=Norm.RMSNORM,
-        position_embedding=PositionEmbedding.ROPE, gated_mlp=True, activation=Activation.SILU,
-        num_experts=experts, experts_per_token=active,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        ffn_hidden=ffn,
+        vocab_size=vocab,
+        max_seq_len=seq,
+        bias=False,
+        norm=Norm.RMSNORM,
+        position_embedding=PositionEmbedding.ROPE,
+        gated_mlp=True,
+        activation=Activation.SILU,
+        num_experts=experts,
+        experts_per_token=active,
     )
 
 
@@ -65,30 +86,67 @@ _PRESETS = [
     Preset("gpt2-xl", _gpt2(48, 1600, 25), 1_557_611_200, "Hugging Face gpt2-xl (1.5B)"),
     Preset(
         "gpt3-175b",
-        Architecture(layers=96, hidden=12288, heads=96, vocab_size=50257, max_seq_len=2048,
-                     tied_embeddings=True),
+        Architecture(
+            layers=96,
+            hidden=12288,
+            heads=96,
+            vocab_size=50257,
+            max_seq_len=2048,
+            tied_embeddings=True,
+        ),
         175_000_000_000,
         "Brown et al. 2020, Table 2.1 (nominal 175.0B; the architecture counts 174.6B)",
     ),
     Preset(
         "bloom-176b",
-        Architecture(layers=70, hidden=14336, heads=112, vocab_size=250880, tied_embeddings=True,
-                     position_embedding=PositionEmbedding.ALIBI, embedding_norm=True),
+        Architecture(
+            layers=70,
+            hidden=14336,
+            heads=112,
+            vocab_size=250880,
+            tied_embeddings=True,
+            position_embedding=PositionEmbedding.ALIBI,
+            embedding_norm=True,
+        ),
         176_247_271_424,
         "bigscience/bloom model card (176,247,271,424 parameters)",
     ),
-    Preset("llama2-7b", _llama(32, 4096, 32, 32, 11008, 32000, 4096), 6_738_415_616,
-           "meta-llama/Llama-2-7b-hf safetensors index (6.74B)"),
-    Preset("llama2-13b", _llama(40, 5120, 40, 40, 13824, 32000, 4096), 13_015_864_320,
-           "meta-llama/Llama-2-13b-hf safetensors index (13.0B)"),
-    Preset("llama2-70b", _llama(80, 8192, 64, 8, 28672, 32000, 4096), 68_976_648_192,
-           "meta-llama/Llama-2-70b-hf safetensors index (69.0B)"),
-    Preset("llama3-8b", _llama(32, 4096, 32, 8, 14336, 128256, 8192), 8_030_261_248,
-           "meta-llama/Meta-Llama-3-8B safetensors index (8.03B)"),
-    Preset("llama3-70b", _llama(80, 8192, 64, 8, 28672, 128256, 8192), 70_553_706_496,
-           "meta-llama/Meta-Llama-3-70B safetensors index (70.6B)"),
-    Preset("mistral-7b", _llama(32, 4096, 32, 8, 14336, 32000, 32768), 7_241_732_096,
-           "mistralai/Mistral-7B-v0.1 safetensors index (7.24B)"),
+    Preset(
+        "llama2-7b",
+        _llama(32, 4096, 32, 32, 11008, 32000, 4096),
+        6_738_415_616,
+        "meta-llama/Llama-2-7b-hf safetensors index (6.74B)",
+    ),
+    Preset(
+        "llama2-13b",
+        _llama(40, 5120, 40, 40, 13824, 32000, 4096),
+        13_015_864_320,
+        "meta-llama/Llama-2-13b-hf safetensors index (13.0B)",
+    ),
+    Preset(
+        "llama2-70b",
+        _llama(80, 8192, 64, 8, 28672, 32000, 4096),
+        68_976_648_192,
+        "meta-llama/Llama-2-70b-hf safetensors index (69.0B)",
+    ),
+    Preset(
+        "llama3-8b",
+        _llama(32, 4096, 32, 8, 14336, 128256, 8192),
+        8_030_261_248,
+        "meta-llama/Meta-Llama-3-8B safetensors index (8.03B)",
+    ),
+    Preset(
+        "llama3-70b",
+        _llama(80, 8192, 64, 8, 28672, 128256, 8192),
+        70_553_706_496,
+        "meta-llama/Meta-Llama-3-70B safetensors index (70.6B)",
+    ),
+    Preset(
+        "mistral-7b",
+        _llama(32, 4096, 32, 8, 14336, 32000, 32768),
+        7_241_732_096,
+        "mistralai/Mistral-7B-v0.1 safetensors index (7.24B)",
+    ),
     Preset(
         "mixtral-8x7b",
         _llama(32, 4096, 32, 8, 14336, 32000, 32768, experts=8, active=2),

@@ -49,6 +49,7 @@ def to_setup(
         optimizer=req.optimizer,
         k=None if req.k is None else Fraction(req.k).limit_denominator(10**6),
         gradients=req.gradients,
+        master_weights=req.master_weights,
         offload=Offload(optimizer=req.offload.optimizer, params=req.offload.params),
         engine=req.engine,
         architecture=arch,

@@ -23,10 +23,16 @@ MEMORY_EXAMPLES: dict[str, dict[str, Any]] = {
     "architecture_with_batch": {
         "summary": "A 12-layer GPT (217,217,024 params) with a batch, engine torch",
         "value": {
-            "model": {"architecture": {
-                "layers": 12, "hidden": 1024, "heads": 16, "vocab_size": 32000,
-                "ffn_hidden": 4096, "max_seq_len": 512,
-            }},
+            "model": {
+                "architecture": {
+                    "layers": 12,
+                    "hidden": 1024,
+                    "heads": 16,
+                    "vocab_size": 32000,
+                    "ffn_hidden": 4096,
+                    "max_seq_len": 512,
+                }
+            },
             "dp": 8,
             "precision": "mixed_bf16",
             "engine": "torch",
@@ -40,11 +46,18 @@ MEMORY_EXAMPLES: dict[str, dict[str, Any]] = {
     "hf_config": {
         "summary": "A Hugging Face config.json body (Mistral 7B)",
         "value": {
-            "model": {"hf_config": {
-                "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
-                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                "vocab_size": 32000, "max_position_embeddings": 32768,
-            }},
+            "model": {
+                "hf_config": {
+                    "model_type": "mistral",
+                    "hidden_size": 4096,
+                    "intermediate_size": 14336,
+                    "num_hidden_layers": 32,
+                    "num_attention_heads": 32,
+                    "num_key_value_heads": 8,
+                    "vocab_size": 32000,
+                    "max_position_embeddings": 32768,
+                }
+            },
             "dp": 16,
             "precision": "mixed_bf16",
         },
@@ -58,7 +71,11 @@ CAPACITY_EXAMPLES: dict[str, dict[str, Any]] = {
     },
     "min_dp_llama2_70b": {
         "summary": "Smallest Nd per stage for Llama 2 70B on 80 GB devices",
-        "value": {"device_memory": 80_000_000_000, "dp": 1, "model": {"preset": "llama2-70b"},
-                  "precision": "mixed_bf16"},
+        "value": {
+            "device_memory": 80_000_000_000,
+            "dp": 1,
+            "model": {"preset": "llama2-70b"},
+            "precision": "mixed_bf16",
+        },
     },
 }

@@ -60,7 +60,8 @@ def memory_response(result: MemoryEstimate, device_memory: int | None) -> Memory
             optimizer=setup.optimizer,
             k=float(setup.k_value),
             optimizer_assumption=(
-                "k given by the request" if setup.k is not None
+                "k given by the request"
+                if setup.k is not None
                 else OPTIMIZER_ASSUMPTIONS[setup.optimizer]
             ),
             gradients=setup.gradients,

@@ -18,7 +18,10 @@ def visible_devices() -> dict[str, Any]:
         try:
             out = subprocess.run(
                 [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=5, check=False,
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
             ).stdout
             for line in out.strip().splitlines():
                 name, mib = (part.strip() for part in line.rsplit(",", 1))

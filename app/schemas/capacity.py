@@ -19,7 +19,9 @@ class CapacityRequest(TrainingIn):
 
 class StageCapacity(BaseModel):
     stage: int
-    max_params: int | None = Field(description="Largest Ψ whose model states fit (total over TP×PP).")
+    max_params: int | None = Field(
+        description="Largest Ψ whose model states fit (total over TP×PP)."
+    )
     max_params_readable: str | None = None
     min_dp: int | None = Field(None, description="Smallest Nd that fits the model (null: none).")
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from app.schemas.common import DeviceBytes, Degree, SmallDegree, StrictModel
+from app.schemas.common import Degree, DeviceBytes, SmallDegree, StrictModel
 from app.schemas.model import BatchIn, ModelSpec
 from calculators.conventions import Engine, GradientConvention, OffloadDevice, Optimizer, Precision
 
@@ -29,7 +29,11 @@ class TrainingIn(StrictModel):
     stages: Annotated[
         list[StageNumber], Field(min_length=1, max_length=4, description="ZeRO stages, 0 to 3.")
     ] = [0, 1, 2, 3]
-    precision: Precision = Field(Precision.MIXED_FP16, description="Training precision.")
+    precision: Precision = Field(
+        Precision.MIXED_FP16,
+        description="mixed_fp16 / mixed_bf16 (16-bit params and grads, fp32 master and states), "
+        "fp32, or bf16 (pure).",
+    )
     optimizer: Optimizer = Field(Optimizer.ADAM, description="Optimizer; sets K.")
     k: Annotated[
         float | None,
@@ -39,6 +43,11 @@ class TrainingIn(StrictModel):
         GradientConvention.PAPER,
         description="paper: 16-bit gradients (16 B/param); fp32_grads: fp32 gradient buffers "
         "as Megatron and DeepSpeed's estimators count them (18 B/param).",
+    )
+    master_weights: bool = Field(
+        True,
+        description="Mixed precision keeps an fp32 master copy (paper: yes, K = 12 with Adam; "
+        "false counts 16-bit params and grads plus fp32 moments, as seed 004 does).",
     )
     offload: OffloadIn = Field(default_factory=OffloadIn, description="Offload targets.")
     engine: Engine = Field(Engine.PAPER, description="Whose accounting: paper, deepspeed, torch.")
@@ -58,7 +67,9 @@ class MemoryRequest(TrainingIn):
     """Per-device memory of one model under the given ZeRO stages."""
 
     model: ModelSpec = Field(description="The model: params, architecture, preset or hf_config.")
-    batch: BatchIn | None = Field(None, description="Micro-batch; with an architecture it turns on activations and peak.")
+    batch: BatchIn | None = Field(
+        None, description="Micro-batch; with an architecture it turns on activations and peak."
+    )
     device_memory: DeviceBytes | None = Field(None, description="Bytes per device; turns on fits.")
 
 

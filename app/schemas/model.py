@@ -20,14 +20,18 @@ class ArchitectureIn(StrictModel):
     hidden: Annotated[Dim, Field(description="Model width.")]
     heads: Annotated[int, Field(ge=1, le=65536, description="Attention (query) heads.")]
     vocab_size: Annotated[int, Field(ge=1, le=16_777_216, description="Vocabulary rows.")]
-    ffn_hidden: Annotated[Dim | None, Field(description="MLP inner width; null = 4 × hidden.")] = None
+    ffn_hidden: Annotated[Dim | None, Field(description="MLP inner width; null = 4 × hidden.")] = (
+        None
+    )
     max_seq_len: Annotated[
         Dim | None, Field(description="Context length (rows of a learned position table).")
     ] = None
     kv_heads: Annotated[
         int | None, Field(ge=1, le=65536, description="Key/value heads (GQA); null = heads.")
     ] = None
-    head_dim: Annotated[Dim | None, Field(description="Width of a head; null = hidden/heads.")] = None
+    head_dim: Annotated[Dim | None, Field(description="Width of a head; null = hidden/heads.")] = (
+        None
+    )
     tied_embeddings: bool = Field(False, description="Output head shares the token embedding.")
     bias: bool = Field(True, description="Biases on attention and MLP linears and LayerNorm.")
     qkv_bias: bool | None = Field(None, description="Bias on qkv alone; null follows bias.")
@@ -55,7 +59,9 @@ class ModelSpec(StrictModel):
 
     params: Params | None = None
     architecture: ArchitectureIn | None = None
-    preset: Annotated[str | None, Field(max_length=64, description="A name from /v1/presets.")] = None
+    preset: Annotated[str | None, Field(max_length=64, description="A name from /v1/presets.")] = (
+        None
+    )
     hf_config: Annotated[
         dict[str, Any] | None,
         Field(description="The body of a Hugging Face config.json (llama, mistral, gpt2, ...)."),
@@ -63,7 +69,11 @@ class ModelSpec(StrictModel):
 
     @model_validator(mode="after")
     def exactly_one(self) -> Self:
-        given = [k for k in ("params", "architecture", "preset", "hf_config") if getattr(self, k) is not None]
+        given = [
+            k
+            for k in ("params", "architecture", "preset", "hf_config")
+            if getattr(self, k) is not None
+        ]
         if len(given) != 1:
             raise ValueError(
                 "give exactly one of params, architecture, preset, hf_config"
@@ -75,7 +85,9 @@ class ModelSpec(StrictModel):
 class BatchIn(StrictModel):
     """The micro-batch each data-parallel rank trains on."""
 
-    micro_batch_size: Annotated[int, Field(ge=1, le=65536, description="Sequences per micro-batch.")]
+    micro_batch_size: Annotated[
+        int, Field(ge=1, le=65536, description="Sequences per micro-batch.")
+    ]
     seq_len: Annotated[int, Field(ge=1, le=1_048_576, description="Tokens per sequence.")]
     activation_checkpointing: Checkpointing = Field(
         Checkpointing.NONE, description="none, full or selective recomputation."

@@ -17,7 +17,8 @@ from calculators.model_states import TrainingSetup
 class EngineModel(Protocol):
     """What an engine profile offers."""
 
-    convention: str
+    @property
+    def convention(self) -> str: ...
 
     def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate: ...
 

@@ -30,13 +30,16 @@ def capacity(
     for s in request.stages:
         stage = Stage(s)
         largest = max_params(probe, stage, request.device_memory)
-        rows.append(StageCapacity(
-            stage=s,
-            max_params=largest,
-            max_params_readable=None if largest is None else f"{largest / 1e9:,.2f} B params",
-            min_dp=None if model_setup is None
-            else min_dp(model_setup, stage, request.device_memory, request.max_dp),
-        ))
+        rows.append(
+            StageCapacity(
+                stage=s,
+                max_params=largest,
+                max_params_readable=None if largest is None else f"{largest / 1e9:,.2f} B params",
+                min_dp=None
+                if model_setup is None
+                else min_dp(model_setup, stage, request.device_memory, request.max_dp),
+            )
+        )
     return CapacityResponse(
         device_memory=request.device_memory,
         dp=request.dp,

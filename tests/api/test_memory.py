@@ -1,0 +1,224 @@
+"""POST /v1/memory from the outside: published figures, conventions, offload, bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.calculators.test_zero_paper import MODELS, TABLE_1, agrees_to_printed_precision
+
+GB = 10**9
+
+
+def post(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
+    r = client.post("/v1/memory", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_figure_1_through_http(client: TestClient) -> None:
+    body = post(client, {"model": {"params": 7_500_000_000}, "dp": 64})
+    got = [s["per_device"]["model_states"] for s in body["stages"]]
+    assert got == [120_000_000_000, 31_406_250_000, 16_640_625_000, 1_875_000_000]
+    assert body["convention"]["engine"] == "paper"
+    assert body["convention"]["k"] == 12
+    assert body["stages"][1]["per_device_readable"]["model_states"] == "31.41 GB (29.25 GiB)"
+
+
+@pytest.mark.parametrize("nd", sorted(TABLE_1))
+def test_table_1_through_http(client: TestClient, nd: int) -> None:
+    for psi, cells in zip(MODELS, TABLE_1[nd], strict=True):
+        body = post(client, {"model": {"params": psi}, "dp": nd, "stages": [1, 2, 3]})
+        got = [s["per_device"]["model_states"] / GB for s in body["stages"]]
+        assert all(
+            agrees_to_printed_precision(g, c) for g, c in zip(got, cells.split(), strict=True)
+        )
+
+
+def test_seed_004_through_http(client: TestClient) -> None:
+    fp32 = post(client, {"model": {"params": 10**10}, "dp": 1, "stages": [0], "precision": "fp32"})
+    half = post(
+        client,
+        {
+            "model": {"params": 10**10},
+            "dp": 1,
+            "stages": [0],
+            "precision": "mixed_bf16",
+            "master_weights": False,
+        },
+    )
+    assert fp32["stages"][0]["per_device"]["model_states"] == 160 * GB
+    assert half["stages"][0]["per_device"]["model_states"] == 120 * GB
+
+
+def test_architecture_preset_and_hf_config_agree(client: TestClient) -> None:
+    arch = {
+        "layers": 32,
+        "hidden": 4096,
+        "heads": 32,
+        "vocab_size": 32000,
+        "ffn_hidden": 11008,
+        "max_seq_len": 4096,
+        "bias": False,
+        "norm": "rmsnorm",
+        "position_embedding": "rope",
+        "gated_mlp": True,
+    }
+    hf = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "intermediate_size": 11008,
+        "vocab_size": 32000,
+    }
+    counts = {
+        post(client, {"model": m, "dp": 8})["params"]
+        for m in ({"architecture": arch}, {"preset": "llama2-7b"}, {"hf_config": hf})
+    }
+    assert counts == {6_738_415_616}
+
+
+def test_fp32_gradient_convention_is_18_bytes(client: TestClient) -> None:
+    body = post(
+        client, {"model": {"params": 10**9}, "dp": 1, "stages": [0], "gradients": "fp32_grads"}
+    )
+    assert body["stages"][0]["per_device"]["model_states"] == 18 * 10**9
+    assert body["convention"]["bytes_per_param"]["gradients"] == 4
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "precision", "k"),
+    [
+        ("adam", "mixed_fp16", 12),
+        ("adamw", "mixed_bf16", 12),
+        ("sgd", "mixed_fp16", 4),
+        ("sgd_momentum", "mixed_fp16", 8),
+        ("adafactor", "mixed_bf16", 4),
+        ("adam_8bit", "mixed_bf16", 6.03125),
+        ("adam", "fp32", 8),
+        ("adam", "bf16", 4),
+        ("sgd_momentum", "fp32", 4),
+    ],
+)
+def test_optimizer_k(client: TestClient, optimizer: str, precision: str, k: float) -> None:
+    body = post(
+        client,
+        {"model": {"params": 10**9}, "dp": 1, "optimizer": optimizer, "precision": precision},
+    )
+    assert body["convention"]["k"] == k
+    assert body["convention"]["optimizer_assumption"]
+
+
+def test_k_override(client: TestClient) -> None:
+    body = post(client, {"model": {"params": 10**9}, "dp": 4, "k": 16, "stages": [1]})
+    assert body["stages"][0]["per_device"]["optimizer_states"] == 4 * 10**9
+
+
+def test_optimizer_offload_moves_states_to_cpu(client: TestClient) -> None:
+    body = post(
+        client,
+        {
+            "model": {"params": 8 * 10**9},
+            "dp": 8,
+            "stages": [1, 2, 3],
+            "offload": {"optimizer": "cpu", "params": "none"},
+        },
+    )
+    s1, s2, s3 = body["stages"]
+    assert s1["per_device"]["optimizer_states"] == 0
+    assert s1["cpu"]["optimizer_states"] == 12 * 10**9
+    assert s1["per_device"]["gradients"] == 16 * 10**9  # stage 1 keeps full 16-bit gradients
+    assert s2["per_device"]["model_states"] == 16 * 10**9  # 2Ψ parameters only
+    assert s2["cpu"]["total"] == 14 * 10**9  # (2 + 12)Ψ/N: gradient partition + states
+    assert s3["per_device"]["model_states"] == 2 * 10**9
+
+
+def test_param_offload_to_nvme(client: TestClient) -> None:
+    body = post(
+        client,
+        {
+            "model": {"params": 8 * 10**9},
+            "dp": 8,
+            "stages": [3],
+            "offload": {"optimizer": "nvme", "params": "nvme"},
+        },
+    )
+    s3 = body["stages"][0]
+    assert s3["per_device"]["model_states"] == 0
+    assert s3["nvme"]["total"] == 14 * 10**9
+    assert s3["cpu"]["total"] == 2 * 10**9
+
+
+def test_tp_pp_divide_before_zero(client: TestClient) -> None:
+    body = post(client, {"model": {"params": 64 * 10**9}, "dp": 8, "tp": 4, "pp": 2, "stages": [3]})
+    assert body["params_per_device"] == 8 * 10**9
+    assert body["stages"][0]["per_device"]["model_states"] == 16 * 10**9
+
+
+def test_fits(client: TestClient) -> None:
+    body = post(client, {"model": {"params": 7_500_000_000}, "dp": 64, "device_memory": 32 * GB})
+    assert [s["fits"] for s in body["stages"]] == [False, True, True, True]
+
+
+BAD: list[tuple[dict[str, Any], str]] = [
+    ({"model": {"params": 0}, "dp": 8}, "model.params"),
+    ({"model": {"params": -5}, "dp": 8}, "model.params"),
+    ({"model": {"params": 10**30}, "dp": 8}, "model.params"),
+    ({"model": {"params": 1000}, "dp": 0}, "dp"),
+    ({"model": {"params": 1000}, "dp": 8, "stages": [4]}, "stages.0"),
+    ({"model": {"params": 1000}, "dp": 8, "stages": [1, 1]}, "stages"),
+    ({"model": {"params": 1000}, "dp": 8, "stages": []}, "stages"),
+    ({"model": {"params": 1000}, "dp": 8, "precision": "fp8"}, "precision"),
+    ({"model": {"params": 1000}, "dp": 8, "colour": "red"}, "colour"),
+    ({"model": {"preset": "gpt5"}, "dp": 8}, "model.preset"),
+    ({"model": {}, "dp": 8}, "model"),
+    ({"model": {"params": 1000, "preset": "gpt2"}, "dp": 8}, "model"),
+    ({"dp": 8}, "model"),
+    ({"model": {"params": 1000}, "dp": 8, "k": -1}, "k"),
+    (
+        {
+            "model": {
+                "architecture": {
+                    "layers": 12,
+                    "hidden": 1000,
+                    "heads": 16,
+                    "vocab_size": 10,
+                    "max_seq_len": 8,
+                }
+            },
+            "dp": 8,
+        },
+        "model.architecture.heads",
+    ),
+    ({"model": {"preset": "gpt2"}, "dp": 8, "pp": 5}, "pp"),
+    ({"model": {"preset": "gpt2"}, "dp": 8, "tp": 5}, "tp"),
+    ({"model": {"params": 1000}, "dp": 8, "offload": {"optimizer": "cpu"}}, "offload.optimizer"),
+    (
+        {"model": {"params": 1000}, "dp": 8, "stages": [2], "offload": {"params": "cpu"}},
+        "offload.params",
+    ),
+    ({"model": {"hf_config": {"model_type": "t5"}}, "dp": 8}, "model.hf_config.model_type"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD, ids=[f for _, f in BAD])
+def test_bad_input_names_the_field(client: TestClient, body: dict[str, Any], field: str) -> None:
+    r = client.post("/v1/memory", json=body)
+    assert r.status_code == 422, r.text
+    fields = [d["field"] for d in r.json()["detail"]]
+    assert field in fields
+    assert all(d["msg"] for d in r.json()["detail"])
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e400"])
+def test_non_finite_numbers_are_422_not_500(client: TestClient, literal: bytes) -> None:
+    for body in (
+        b'{"model": {"params": ' + literal + b'}, "dp": 8}',
+        b'{"model": {"params": 1000}, "dp": 8, "k": ' + literal + b"}",
+    ):
+        r = client.post("/v1/memory", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert "NaN" not in r.text and "Infinity" not in r.text
