@@ -16,8 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import lru_cache
 
 from calculators.errors import InputError
+
+MAX_DIM = 16_777_216  # 2^24: no dimension of a trainable model comes near it
+MAX_BLOCK_MLPS = 65_536  # layers × experts; DeepSeek-V3 has 61 × 256 = 15,616
 
 
 class Norm(StrEnum):
@@ -122,12 +126,16 @@ def validate(arch: Architecture) -> None:
     """Raise :class:`InputError` naming the field when the architecture cannot exist."""
     prefix = "model.architecture"
     for name in ("layers", "hidden", "heads", "vocab_size"):
-        if getattr(arch, name) < 1:
-            raise InputError(f"{prefix}.{name}", "must be at least 1")
+        if not 1 <= getattr(arch, name) <= MAX_DIM:
+            raise InputError(f"{prefix}.{name}", f"must be between 1 and {MAX_DIM}")
     for name in ("ffn_hidden", "max_seq_len", "kv_heads", "head_dim", "embed_proj_dim"):
         value = getattr(arch, name)
-        if value is not None and value < 1:
-            raise InputError(f"{prefix}.{name}", "must be at least 1 when given")
+        if value is not None and not 1 <= value <= MAX_DIM:
+            raise InputError(f"{prefix}.{name}", f"must be between 1 and {MAX_DIM} when given")
+    if not 0 <= arch.position_offset <= MAX_DIM:
+        raise InputError(f"{prefix}.position_offset", f"must be between 0 and {MAX_DIM}")
+    if not 1 <= arch.num_experts <= MAX_DIM:
+        raise InputError(f"{prefix}.num_experts", f"must be between 1 and {MAX_DIM}")
     if arch.head_dim is None and arch.hidden % arch.heads:
         raise InputError(
             f"{prefix}.heads", f"{arch.heads} heads do not divide hidden size {arch.hidden}"
@@ -138,10 +146,11 @@ def validate(arch: Architecture) -> None:
         )
     if arch.position_embedding is PositionEmbedding.LEARNED and arch.max_seq_len is None:
         raise InputError(f"{prefix}.max_seq_len", "is required with learned position embeddings")
-    if arch.position_offset < 0:
-        raise InputError(f"{prefix}.position_offset", "must not be negative")
-    if arch.num_experts < 1:
-        raise InputError(f"{prefix}.num_experts", "must be at least 1")
+    if arch.layers * arch.num_experts > MAX_BLOCK_MLPS:
+        raise InputError(
+            f"{prefix}.num_experts",
+            f"layers × num_experts = {arch.layers * arch.num_experts} MLPs, over {MAX_BLOCK_MLPS}",
+        )
     if not 1 <= arch.experts_per_token <= arch.num_experts:
         raise InputError(
             f"{prefix}.experts_per_token", f"must be between 1 and num_experts ({arch.num_experts})"
@@ -235,6 +244,12 @@ def block_tensors(arch: Architecture, i: int) -> list[Tensor]:
 
 def tensors(arch: Architecture) -> list[Tensor]:
     """Every parameter tensor of the canonical module, in ``named_parameters`` order."""
+    return list(_tensors(arch))  # a fresh list: callers may extend it (split_for_model_parallel)
+
+
+@lru_cache(maxsize=16)  # few: a MoE model's list runs to ~50k tensors
+def _tensors(arch: Architecture) -> tuple[Tensor, ...]:
+    """``tensors`` once per architecture: a sweep asks for the same list per Nd and stage."""
     emb_dim = arch.embed_proj_dim or arch.hidden
     out = [Tensor("embed.weight", (arch.vocab_size, emb_dim), None, True, "first")]
     if arch.embed_proj_dim is not None and arch.embed_proj_dim != arch.hidden:
@@ -255,7 +270,7 @@ def tensors(arch: Architecture) -> list[Tensor]:
         out.append(Tensor("head.weight", (arch.vocab_size, emb_dim), None, True, "last"))
         if arch.lm_head_bias:
             out.append(Tensor("head.bias", (arch.vocab_size,), None, True, "last"))
-    return out
+    return tuple(out)
 
 
 def count_params(arch: Architecture) -> int:

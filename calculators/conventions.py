@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from fractions import Fraction
+from functools import cache
 
 
 class Stage(IntEnum):
@@ -139,6 +140,7 @@ def optimizer_state_bytes(optimizer: Optimizer, precision: Precision) -> Fractio
     return Fraction(0)  # SGD, Adafactor (factored: see OPTIMIZER_ASSUMPTIONS)
 
 
+@cache  # a pure table look-up, asked for once per stage and once per answer
 def k_bytes(optimizer: Optimizer, precision: Precision, master_weights: bool = True) -> Fraction:
     """K of the ZeRO paper: optimizer-state bytes per parameter, fp32 master copy included.
 

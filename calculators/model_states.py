@@ -29,8 +29,9 @@ from calculators.errors import InputError
 
 def ceil_div(numerator: Fraction | int, denominator: int = 1) -> int:
     """Smallest integer ≥ numerator / denominator (bytes are never fractional)."""
-    value = Fraction(numerator) / denominator
-    return -((-value.numerator) // value.denominator)
+    value = numerator if isinstance(numerator, Fraction) else Fraction(numerator)
+    # ⌈n / (d·m)⌉ = -⌊-n / (d·m)⌋ in integers: no intermediate Fraction (the /v1/memory hot path)
+    return -((-value.numerator) // (value.denominator * denominator))
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,12 @@
-"""The live side of the calculator: runs real ZeRO engines and compares with the prediction."""
+"""The live side of the calculator: runs real ZeRO engines and compares with the prediction.
+
+- ``workloads``: the canonical GPT decoder of ``calculators.architecture`` (same parameter
+  names, shapes and order) and the seeds' MLP.
+- ``engines``: PyTorch's own engines as a training script sets them up (DDP,
+  ZeroRedundancyOptimizer, FSDP2).
+- ``session``: one stage on one rank: warm-up, collectives counted, memory probed per phase.
+- ``memory`` / ``comms``: the real figures (CUDA allocator or live CPU storages; c10d calls).
+- ``compare``: prediction (engine ``torch``) vs measurement, field by field.
+- ``runner.run(spec, progress)``: the entry point of ``POST /v1/measure`` and ``python -m
+  measure``; ``validate``: the GPU tables in ``docs/VALIDATION.md``.
+"""

@@ -8,6 +8,7 @@ from app.schemas.memory import MemoryRequest, TrainingIn
 from app.schemas.model import BatchIn, ModelSpec
 from calculators.architecture import Architecture, count_params
 from calculators.batch import Batch
+from calculators.capacity import MAX_PARAMS
 from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import Offload, TrainingSetup
@@ -29,7 +30,10 @@ def resolve_model(spec: ModelSpec) -> tuple[int, Architecture | None]:
         except InputError as err:
             field = err.field.replace("model.architecture", "model.hf_config")
             raise InputError(field, err.message) from None
-    return count_params(arch), arch
+    params = count_params(arch)
+    if params > MAX_PARAMS:
+        raise InputError("model", f"the architecture counts {params} parameters, over {MAX_PARAMS}")
+    return params, arch
 
 
 def to_batch(batch: BatchIn | None) -> Batch | None:

@@ -16,8 +16,22 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(Path("var"), description="Folder for the SQLite store of measurements.")
     api_key: str | None = Field(None, description="When set, /v1/measure needs X-API-Key.")
+    measure_runner: str = Field(
+        "measure.runner:run",
+        description="module:function that runs one measurement in the job's child process.",
+    )
+    job_time_limit_s: float = Field(
+        1800.0, gt=0, le=86_400, description="Wall-clock limit of one measure job (seconds)."
+    )
+    queue_size: int = Field(
+        8, ge=1, le=1000, description="Measure jobs that may wait; more get 429 with Retry-After."
+    )
     max_body_bytes: int = Field(1_000_000, description="Largest request body accepted.")
     cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins.")
+    max_concurrent_requests: int = Field(
+        64, ge=1, description="Requests answered at once; more get 503 with Retry-After."
+    )
+    busy_retry_after_seconds: int = Field(1, ge=1, description="Retry-After of that 503.")
 
     @property
     def db_path(self) -> Path:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, Field, field_validator
 
-from app.schemas.common import Degree, DeviceBytes, SmallDegree, StrictModel
+from app.schemas.common import Degree, DeviceBytes, JsonObject, SmallDegree, StrictModel
 from app.schemas.model import BatchIn, ModelSpec
 from calculators.conventions import Engine, GradientConvention, OffloadDevice, Optimizer, Precision
 
@@ -52,7 +52,11 @@ class TrainingIn(StrictModel):
     offload: OffloadIn = Field(default_factory=OffloadIn, description="Offload targets.")
     engine: Engine = Field(Engine.PAPER, description="Whose accounting: paper, deepspeed, torch.")
     engine_config: Annotated[
-        dict[str, Any] | None, Field(description="A DeepSpeed config JSON body (engine deepspeed).")
+        JsonObject | None,
+        Field(
+            description="Engine knobs: a DeepSpeed config JSON body (engine deepspeed), or "
+            "torch-engine keys (holds_outputs, cublas_workspace_bytes, compute_capability_major)."
+        ),
     ] = None
 
     @field_validator("stages")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Self
+from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
-from app.schemas.common import Params, StrictModel
+from app.schemas.common import JsonObject, Params, StrictModel
 from calculators.architecture import Activation, Norm, PositionEmbedding
 from calculators.batch import Checkpointing
 
@@ -63,7 +63,7 @@ class ModelSpec(StrictModel):
         None
     )
     hf_config: Annotated[
-        dict[str, Any] | None,
+        JsonObject | None,
         Field(description="The body of a Hugging Face config.json (llama, mistral, gpt2, ...)."),
     ] = None
 

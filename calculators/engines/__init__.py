@@ -25,21 +25,13 @@ class EngineModel(Protocol):
 
 def engine_model(engine: Engine) -> EngineModel:
     """The profile for ``engine``."""
-    from calculators.engines import paper
+    from calculators.engines import deepspeed, paper, torch_engines
 
-    models: dict[Engine, EngineModel] = {Engine.PAPER: paper.MODEL}
-    try:
-        from calculators.engines import torch_engines
-
-        models[Engine.TORCH] = torch_engines.MODEL
-    except ImportError:  # pragma: no cover - filled in by the measure work
-        pass
-    try:
-        from calculators.engines import deepspeed
-
-        models[Engine.DEEPSPEED] = deepspeed.MODEL
-    except ImportError:  # pragma: no cover
-        pass
+    models: dict[Engine, EngineModel] = {
+        Engine.PAPER: paper.MODEL,
+        Engine.TORCH: torch_engines.MODEL,
+        Engine.DEEPSPEED: deepspeed.MODEL,
+    }
     from calculators.errors import InputError
 
     if engine not in models:

@@ -30,7 +30,9 @@ def test_presets_list_counts(client: TestClient) -> None:
 def test_health(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz").json()
-    assert "devices" in ready
+    assert ready["status"] == "ready"
+    assert "gpus" in ready["devices"]
+    assert ready["jobs"]["worker"] == "running"
 
 
 def test_docs_carry_the_paper_example_first(client: TestClient) -> None:

@@ -6,6 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from app.api.deps import JobsDep
+from app.core.devices import visible_devices
+
 router = APIRouter(tags=["health"])
 
 
@@ -16,8 +19,11 @@ def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-def readyz() -> dict[str, Any]:
-    """Ready: the devices the measure runner sees."""
-    from app.core.devices import visible_devices
-
-    return {"status": "ready", "devices": visible_devices()}
+def readyz(jobs: JobsDep) -> dict[str, Any]:
+    """Ready: the devices this host has (from nvidia-smi, no CUDA context) and the job runner."""
+    runner = jobs.state()
+    return {
+        "status": "ready" if runner["worker"] == "running" else "degraded",
+        "devices": visible_devices(),
+        "jobs": runner,
+    }

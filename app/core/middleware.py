@@ -1,0 +1,281 @@
+"""Plain ASGI middleware: metrics, security headers, CORS, a concurrency limit, a body-size cap.
+
+Each class wraps ``send``/``receive`` directly (no ``BaseHTTPMiddleware``: it copies every body
+through a task and costs more than the routes it guards). ``install`` stacks them, outermost
+first: metrics (so refusals are counted) → security headers → CORS (only when origins are
+configured) → concurrency limit → body cap → the application.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core.config import Settings
+from app.core.metrics import Metrics
+
+UNROUTED = "<unrouted>"  # route label of requests no route matched or that were refused early
+
+# Method labels kept as sent; any other token a client invents is counted as OTHER.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+# Paths the concurrency limit never refuses: probes must answer while the service is busy.
+UNLIMITED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+# JSON answers and everything not HTML: nothing may load, nothing may frame it (OWASP REST
+# Security Cheat Sheet, "Security headers").
+API_CSP = "default-src 'none'; frame-ancestors 'none'"
+# The page (GET /) serves its own scripts and styles, never from a CDN (issue 6).
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+# FastAPI's Swagger UI and ReDoc pages load their bundles from jsdelivr and start them from an
+# inline script (fastapi/openapi/docs.py).
+DOCS_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+    "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
+    "font-src 'self' https://fonts.gstatic.com; img-src 'self' data: https:; "
+    "worker-src 'self' blob:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+    (b"permissions-policy", b"camera=(), microphone=(), geolocation=(), usb=()"),
+)
+
+
+async def send_problem(
+    send: Send,
+    status: int,
+    kind: str,
+    msg: str,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """A JSON error in the shape of ``app.core.errors`` (``{"detail": [{field, msg, type}]}``)."""
+    body = json.dumps({"detail": [{"field": "body" if status == 413 else "", "msg": msg,
+                                   "type": kind}]}).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *headers,
+        ],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+class MetricsMiddleware:
+    """Counts every answer by route template, method and status, with its latency.
+
+    Each answer also carries ``Server-Timing: app;dur=<ms>``: the time from the request's arrival
+    to the start of its answer (body read, validation, computation and serialization).
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # what an exception escaping the app becomes (ServerErrorMiddleware)
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                elapsed_ms = (time.perf_counter() - start) * 1000
+                message = {**message, "headers": [
+                    *message.get("headers", ()),
+                    (b"server-timing", f"app;dur={elapsed_ms:.3f}".encode()),
+                ]}
+            await send(message)
+
+        self.metrics.in_flight += 1
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.in_flight -= 1
+            route = scope.get("route")
+            self.metrics.observe(
+                getattr(route, "path", UNROUTED) if route is not None else UNROUTED,
+                scope["method"] if scope["method"] in METHODS else "OTHER",
+                status,
+                time.perf_counter() - start,
+            )
+
+
+class SecurityHeadersMiddleware:
+    """nosniff, no framing, no referrer, and a Content-Security-Policy fitting the answer."""
+
+    def __init__(self, app: ASGIApp, docs_paths: frozenset[str]) -> None:
+        self.app = app
+        self.docs_paths = docs_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        https = scope.get("scheme") == "https"
+        docs = scope["path"] in self.docs_paths
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                present = {name.lower() for name, _ in headers}
+                html = any(
+                    name.lower() == b"content-type" and value.startswith(b"text/html")
+                    for name, value in headers
+                )
+                csp = (DOCS_CSP if docs else PAGE_CSP) if html else API_CSP
+                extra = [*SECURITY_HEADERS, (b"content-security-policy", csp.encode())]
+                if https:
+                    extra.append((b"strict-transport-security", b"max-age=31536000"))
+                headers += [(name, value) for name, value in extra if name not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class ConcurrencyLimitMiddleware:
+    """At most ``limit`` requests in flight; beyond it ``503`` with ``Retry-After``."""
+
+    def __init__(self, app: ASGIApp, limit: int, retry_after: int, metrics: Metrics) -> None:
+        self.app = app
+        self.limit = limit
+        self.retry_after = retry_after
+        self.metrics = metrics
+        self.in_flight = 0  # one event loop: a plain counter is race-free between awaits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            self.metrics.reject("busy")
+            await send_problem(
+                send, 503, "busy",
+                f"the service is answering {self.limit} requests; retry after "
+                f"{self.retry_after} s",
+                ((b"retry-after", str(self.retry_after).encode()),),
+            )
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+class BodySizeLimitMiddleware:
+    """Refuses bodies over ``max_bytes`` with ``413``, whether announced or chunked.
+
+    A ``Content-Length`` over the cap is refused before a byte is read (the server will not
+    deliver more than it announces). A body without one (``Transfer-Encoding: chunked``) is read
+    here up to the cap and handed on whole, so the application never sees a partial body.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.metrics = metrics
+
+    async def _too_large(self, send: Send) -> None:
+        self.metrics.reject("too_large")
+        await send_problem(
+            send, 413, "too_large",
+            f"the request body is larger than {self.max_bytes} bytes",
+            ((b"connection", b"close"),),
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length: bytes | None = None
+        chunked = False
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        if length is not None:
+            try:
+                announced = int(length)
+            except ValueError:
+                await send_problem(send, 400, "bad_request", "Content-Length is not a number")
+                return
+            if announced > self.max_bytes:
+                await self._too_large(send)
+                return
+            await self.app(scope, receive, send)
+            return
+        if not chunked:
+            await self.app(scope, receive, send)
+            return
+
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def install(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
+    """Stack the middleware on ``app`` (Starlette runs the last added first)."""
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        metrics=metrics,
+    )
+    app.add_middleware(
+        ConcurrencyLimitMiddleware,
+        limit=settings.max_concurrent_requests,
+        retry_after=settings.busy_retry_after_seconds,
+        metrics=metrics,
+    )
+    if settings.cors_origins:  # closed by default: no CORS headers unless origins are named
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Content-Type", "X-API-Key"],
+            expose_headers=["Location", "Retry-After"],
+        )
+    docs = frozenset(p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
+                     if p)
+    app.add_middleware(SecurityHeadersMiddleware, docs_paths=docs)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -1,0 +1,116 @@
+"""POST /v1/measure, GET /v1/measure/{id}, GET /v1/measurements: requests and jobs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field
+
+from app.jobs.store import Job, JobStatus
+from app.schemas.memory import TrainingIn
+from app.schemas.model import BatchIn, ModelSpec
+from calculators.conventions import Engine, Precision
+
+
+class Mode(StrEnum):
+    """How the data-parallel world of ``dp`` ranks is made."""
+
+    SIMULATED = "simulated"
+    """One device; the other ranks are simulated by PyTorch's fake process group."""
+    DISTRIBUTED = "distributed"
+    """One process per local GPU over NCCL (gloo on CPU)."""
+    AUTO = "auto"
+    """distributed when the host has dp devices, else simulated."""
+
+
+class Device(StrEnum):
+    CUDA = "cuda"
+    CPU = "cpu"
+    AUTO = "auto"
+
+
+class MeasureRequest(TrainingIn):
+    """Train the model for a few steps under each requested stage and compare with the
+    prediction; the model must be buildable (architecture, preset or hf_config)."""
+
+    model: ModelSpec = Field(description="The model: architecture, preset or hf_config.")
+    batch: BatchIn | None = Field(None, description="Micro-batch; null = the runner's default.")
+    engine: Engine = Field(Engine.TORCH, description="The engine that runs: torch or deepspeed.")
+    mode: Mode = Field(Mode.AUTO, description="simulated, distributed or auto.")
+    device: Device = Field(Device.AUTO, description="cuda, cpu or auto.")
+    precision: Precision = Field(
+        Precision.MIXED_BF16, description="Training precision (bf16 needs no loss scaling)."
+    )
+    steps: Annotated[int, Field(ge=1, le=100)] = Field(
+        2, description="Measured training steps per stage."
+    )
+    warmup_steps: Annotated[int, Field(ge=1, le=20)] = Field(
+        2, description="Steps run first, so lazily created optimizer states are counted."
+    )
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = Field(
+        0, description="Seed of the weights and the synthetic batch."
+    )
+    hold_outputs: bool = Field(
+        True,
+        description="Keep the last logits and loss referenced between steps, as a training "
+        "loop that rebinds them does (the torch engine's prediction assumes the same).",
+    )
+
+
+def _utc(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+class Progress(BaseModel):
+    fraction: float = Field(ge=0, le=1, description="Share of the job done, 0 to 1.")
+    message: str = Field(description="What the job is doing now.")
+
+
+class JobPublic(BaseModel):
+    """A measure job and, once it succeeded, its result."""
+
+    id: str
+    status: JobStatus
+    progress: Progress
+    error: str | None = Field(description="Why the job failed (null unless failed).")
+    result: dict[str, Any] | None = Field(
+        description="The runner's answer (``runs[]``) once succeeded."
+    )
+    request: dict[str, Any] = Field(description="The request, defaults filled in.")
+    time_limit_s: float = Field(description="Wall-clock limit the job runs under.")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_job(cls, job: Job) -> JobPublic:
+        return cls(
+            id=job.id,
+            status=job.status,
+            progress=Progress(fraction=job.progress, message=job.message),
+            error=job.error,
+            result=job.result,
+            request=job.request,
+            time_limit_s=job.time_limit_s,
+            created_at=datetime.fromtimestamp(job.created_at, UTC),
+            started_at=_utc(job.started_at),
+            finished_at=_utc(job.finished_at),
+        )
+
+
+class JobAccepted(BaseModel):
+    """202: the job is queued; poll the Location."""
+
+    id: str
+    status: JobStatus
+
+
+class JobsPublic(BaseModel):
+    """Stored jobs, newest first."""
+
+    data: list[JobPublic]
+    count: int = Field(description="Jobs stored in all (matching the status filter).")
+    limit: int
+    offset: int

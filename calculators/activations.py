@@ -1,0 +1,245 @@
+"""Activation memory of a decoder training step, tensor by tensor.
+
+The figures follow what autograd saves for backward in the canonical module
+(``calculators/architecture.py``; ``measure/workloads.py`` runs it): pre-norm blocks,
+``x = x + proj(sdpa(qkv(ln1(x))))``, ``x = x + fc2(act(fc1(ln2(x))))``, a final norm, the
+output head and a cross-entropy on ``logits.float()``. Three dtype regimes cover the engines:
+
+- ``autocast``: fp32 parameters under ``torch.autocast(bfloat16)`` (DDP, ZeroRedundancyOptimizer,
+  DeepSpeed is not this). The residual stream stays fp32 (bf16 + fp32 promotes); norms run in
+  fp32; each linear saves a bf16 copy of its input and of its weight (autocast's cast cache).
+- ``half``: 16-bit parameters and activations (FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16)``,
+  DeepSpeed fp16/bf16, pure bf16). Korthikanti et al. 2022's 34·s·b·h per layer for
+  flash-style attention comes out of this regime with ffn = 4h.
+- ``fp32``: everything in fp32.
+
+Attention through ``scaled_dot_product_attention`` (flash / memory-efficient kernels) saves
+q, k, v, its output and a logsumexp; ``eager`` attention also keeps the s × s scores and softmax
+(Korthikanti's 5·a·s/h term: scores, softmax output and a dropout mask).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from calculators.architecture import Activation, Architecture, Norm
+from calculators.batch import Batch, Checkpointing
+from calculators.conventions import FP32_BYTES, HALF_BYTES
+
+INDEX_BYTES = 8  # int64 token ids and targets
+
+
+class Regime(StrEnum):
+    """Dtypes of parameters and activations during forward."""
+
+    AUTOCAST = "autocast"
+    HALF = "half"
+    FP32 = "fp32"
+
+
+class Attention(StrEnum):
+    SDPA = "sdpa"
+    EAGER = "eager"
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one block keeps for backward (per micro-batch, per device)."""
+
+    norms: int
+    linear_inputs: int
+    attention: int
+    mlp: int
+
+    @property
+    def total(self) -> int:
+        return self.norms + self.linear_inputs + self.attention + self.mlp
+
+
+@dataclass(frozen=True)
+class ActivationBreakdown:
+    """Activation bytes of one micro-batch, by where they are born.
+
+    Attributes:
+        per_layer: what one block saves without checkpointing.
+        layers: all blocks together under the checkpointing policy (what stays alive at the
+            end of forward).
+        recompute: the extra bytes of the one block being recomputed in backward (full
+            checkpointing only).
+        embedding: token ids kept by the embedding and the residual input.
+        head: what the final norm and the output head save.
+        logits: bytes of the 16-bit (or fp32) logits the head returns, kept by the caller.
+        loss: the fp32 logits copy and the log-softmax output the cross-entropy saves.
+        loss_transient: bytes alive only inside the loss call (the fp32 copy of the logits
+            before log-softmax frees it).
+        autocast_weights: bf16 copies of linear weights held by autocast for backward.
+    """
+
+    per_layer: LayerActivations
+    layers: int
+    recompute: int
+    embedding: int
+    head: int
+    logits: int
+    loss: int
+    loss_transient: int
+    autocast_weights: int
+
+    @property
+    def end_of_forward(self) -> int:
+        """Everything alive when forward and the loss are done."""
+        return (
+            self.layers
+            + self.embedding
+            + self.head
+            + self.logits
+            + self.loss
+            + self.autocast_weights
+        )
+
+
+def _bytes(regime: Regime) -> tuple[int, int]:
+    """(residual-stream bytes, linear-activation bytes) per element."""
+    if regime is Regime.AUTOCAST:
+        return FP32_BYTES, HALF_BYTES
+    if regime is Regime.HALF:
+        return HALF_BYTES, HALF_BYTES
+    return FP32_BYTES, FP32_BYTES
+
+
+def layer_activations(
+    arch: Architecture,
+    batch: Batch,
+    regime: Regime,
+    attention: Attention = Attention.SDPA,
+    tp: int = 1,
+) -> LayerActivations:
+    """What one block saves for backward (Korthikanti et al. 2022 §4, per saved tensor).
+
+    Tensor parallelism splits the attention and MLP interiors over ``tp`` (Megatron column /
+    row parallel); norms and residuals stay whole (no sequence parallelism).
+    """
+    t = batch.tokens
+    res, lin = _bytes(regime)
+    h, f = arch.hidden, arch.ffn
+    stats = 2 * FP32_BYTES * t  # LayerNorm/RMSNorm keep fp32 mean and rstd (rstd only: RMS)
+    if arch.norm is Norm.RMSNORM:
+        stats //= 2
+    # Each norm saves its input (the residual stream); the linear after it saves its input
+    # cast to the compute dtype (autocast: a bf16 copy; otherwise the norm output itself).
+    norms = 2 * (res * t * h + stats)
+    linear_inputs = 2 * lin * t * h  # qkv input and fc1 (gate/up) input
+    qkv = arch.q_dim + 2 * arch.kv_dim
+    # SDPA saves q, k, v (views of the qkv output), its output and an fp32 logsumexp per head.
+    # The flash / memory-efficient kernels lay the output out as (b, s, heads, d), so
+    # ``transpose(1, 2).reshape(b, s, h)`` is a view and the output projection saves no copy.
+    attention_bytes = (
+        lin * t * qkv // tp + lin * t * arch.q_dim // tp + FP32_BYTES * t * arch.heads // tp
+    )
+    if attention is Attention.EAGER:
+        # scores and softmax output in the compute dtype, a 1-byte dropout mask (5·a·s/h),
+        # and the (b, heads, s, d) output re-laid out for the projection (a copy).
+        attention_bytes += 5 * batch.micro_batch_size * arch.heads * batch.seq_len**2 // tp
+        attention_bytes += lin * t * arch.q_dim // tp
+    if arch.gated_mlp:
+        # gate and up outputs (saved by the activation and the product), activation output,
+        # product (saved by down).
+        mlp = 4 * lin * t * f // tp
+    elif arch.activation is Activation.RELU:
+        # ReLU saves its output, which is also fc2's input: one tensor of t × f.
+        mlp = lin * t * f // tp
+    else:
+        # fc1 output (saved by GELU, which needs its input) and GELU's output (saved by fc2).
+        mlp = 2 * lin * t * f // tp
+    if arch.num_experts > 1:
+        mlp = mlp * arch.experts_per_token + FP32_BYTES * t * arch.num_experts  # router probs
+    return LayerActivations(norms, linear_inputs, attention_bytes, mlp)
+
+
+def linear_weight_elements(arch: Architecture, tp: int = 1) -> int:
+    """Elements of every linear weight the forward multiplies by (head included)."""
+    from calculators.architecture import tensors
+
+    total = 0
+    for tensor in tensors(arch):
+        if len(tensor.shape) == 2 and not tensor.name.startswith(("embed.", "pos.")):
+            total += tensor.numel // tp if tensor.tp_split else tensor.numel
+    if arch.tied_embeddings:
+        total += arch.vocab_size * (arch.embed_proj_dim or arch.hidden) // tp
+    return total
+
+
+def _head_elements(arch: Architecture, tp: int) -> int:
+    """Elements of the output projection (the head, or the tied embedding used as one)."""
+    return arch.vocab_size * (arch.embed_proj_dim or arch.hidden) // tp
+
+
+def activations(
+    arch: Architecture,
+    batch: Batch,
+    regime: Regime,
+    attention: Attention = Attention.SDPA,
+    tp: int = 1,
+    pp: int = 1,
+) -> ActivationBreakdown:
+    """Activation bytes of one micro-batch on one device.
+
+    Full checkpointing keeps each block's input (the residual stream) and recomputes one block
+    at a time in backward; selective checkpointing recomputes the attention core only, whose
+    quadratic scores SDPA never keeps, so with SDPA it saves just the logsumexp.
+    """
+    t = batch.tokens
+    res, lin = _bytes(regime)
+    per_layer = layer_activations(arch, batch, regime, attention, tp)
+    layers_here = arch.layers // pp
+    lse = FP32_BYTES * t * arch.heads // tp  # SDPA's logsumexp, recomputed under selective
+    block_weights = HALF_BYTES * (linear_weight_elements(arch, tp) - _head_elements(arch, tp))
+    if batch.activation_checkpointing is Checkpointing.FULL:
+        # torch.utils.checkpoint keeps each block's input; backward recomputes one block at a
+        # time, autocast casting that block's weights again.
+        layers = layers_here * res * t * arch.hidden
+        recompute = per_layer.total + (
+            block_weights // arch.layers if regime is Regime.AUTOCAST else 0
+        )
+    elif batch.activation_checkpointing is Checkpointing.SELECTIVE:
+        # the attention core is recomputed: its input (qkv) and output stay saved by the
+        # linears around it; what goes is the logsumexp (SDPA) or the scores (eager).
+        recomputed = lse
+        if attention is Attention.EAGER:
+            recomputed += 5 * batch.micro_batch_size * arch.heads * batch.seq_len**2 // tp
+        layers = layers_here * (per_layer.total - recomputed)
+        recompute = recomputed
+    else:
+        layers = layers_here * per_layer.total
+        recompute = 0
+    stats = (1 if arch.norm is Norm.RMSNORM else 2) * FP32_BYTES * t
+    head = (res * t * arch.hidden + stats if arch.final_norm else 0) + lin * t * arch.hidden
+    vocab = arch.vocab_size // tp
+    logits = lin * t * vocab
+    # cross_entropy(logits.float()): log_softmax saves its fp32 output; nll_loss keeps targets.
+    loss = FP32_BYTES * t * vocab + INDEX_BYTES * t
+    loss_transient = FP32_BYTES * t * vocab if lin != FP32_BYTES else 0
+    # autocast's cast cache dies when the autocast region exits; what outlives it is what
+    # autograd saved: every linear's bf16 weight, or only the head's when blocks are checkpointed.
+    autocast_weights = 0
+    if regime is Regime.AUTOCAST:
+        autocast_weights = HALF_BYTES * _head_elements(arch, tp)
+        if batch.activation_checkpointing is not Checkpointing.FULL:
+            autocast_weights += block_weights
+    return ActivationBreakdown(
+        per_layer=per_layer,
+        layers=layers,
+        recompute=recompute,
+        embedding=INDEX_BYTES * t,
+        head=head,
+        logits=logits,
+        loss=loss,
+        loss_transient=loss_transient,
+        autocast_weights=autocast_weights,
+    )
+
+
+def kv_cache_bytes(arch: Architecture, batch_size: int, context: int, element_bytes: int) -> int:
+    """Inference KV cache: keys and values of every layer for ``context`` tokens."""
+    return 2 * arch.layers * batch_size * context * arch.kv_dim * element_bytes

@@ -1,0 +1,315 @@
+"""PyTorch's own engines, modelled from torch's source (2.11-2.13), rank 0's view.
+
+- Stage 0: ``DistributedDataParallel`` (torch/nn/parallel/distributed.py) over fp32 parameters
+  with autocast. ``gradient_as_bucket_view=False`` by default, so the Reducer keeps one flat
+  gradient bucket per bucket group for the whole run (reducer.cpp ``initialize_buckets``:
+  ``bucket.gradients = at::empty({total numel})``), besides each ``param.grad`` that backward
+  fills and ``zero_grad(set_to_none=True)`` frees. Bucket bytes = Σ numel × grad dtype.
+- Stage 1: the same plus ``torch.distributed.optim.ZeroRedundancyOptimizer``: parameters sorted
+  by numel, largest first (a stable sort), each given to the rank with the smallest total so far
+  (``_partition_parameters``); only the local optimizer's states of rank 0 are held. After the
+  local step each rank ``broadcast``s its parameters (``_sync_params``).
+- Stages 2 and 3: FSDP2 ``fully_shard`` on every block, then the root
+  (torch/distributed/fsdp/_fully_shard). Each parameter is chunked on dim 0 into
+  ``ceil(dim0 / N)`` rows; every rank allocates that padded chunk (``_fsdp_param.py``:
+  ``padded_sharded_size = chunks[0].size()``), rank 0's chunk is full, so its gradient (a view
+  of the reduce-scatter output, ``_fsdp_collectives.foreach_reduce``) and Adam states
+  (``zeros_like`` of the local shard) are padded-sized too. ``MixedPrecisionPolicy(param_dtype,
+  reduce_dtype=fp32)``: all-gather in the 16-bit dtype, reduce-scatter in fp32.
+
+``resident`` is what stays allocated between steps after ``zero_grad(set_to_none=True)``.
+Adam's ``step`` counters live on the CPU unless ``capturable``/``fused`` (torch/optim/adam.py),
+so they are not device bytes. Runtime allocations outside the engine (the cuBLAS workspace, the
+CUDA context, NCCL buffers) are not part of these figures.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from calculators.activations import INDEX_BYTES, Regime
+from calculators.architecture import Architecture, tensors
+from calculators.conventions import (
+    FP32_BYTES,
+    HALF_BYTES,
+    OffloadDevice,
+    Optimizer,
+    Precision,
+    Stage,
+)
+from calculators.engines.torch_peak import StepMemory, step_memory
+from calculators.errors import InputError
+from calculators.memory import StageEstimate
+from calculators.model_states import Placement, TrainingSetup, ceil_div
+
+CONVENTION = (
+    "torch: what PyTorch's engines allocate on rank 0 (stage 0 DDP, stage 1 DDP + "
+    "ZeroRedundancyOptimizer, stage 2/3 FSDP2 fully_shard reshard_after_forward False/True), "
+    "fp32 parameters with bf16/fp16 compute in mixed precision; resident = allocated between "
+    "steps after zero_grad(set_to_none=True); excludes activations and runtime workspaces"
+)
+
+# torch.optim: Adam/AdamW keep exp_avg and exp_avg_sq, SGD with momentum one momentum_buffer,
+# all ``zeros_like(param)`` (same dtype and shape as the local parameter).
+STATE_TENSORS: dict[Optimizer, int] = {
+    Optimizer.ADAM: 2,
+    Optimizer.ADAMW: 2,
+    Optimizer.SGD_MOMENTUM: 1,
+    Optimizer.SGD: 0,
+}
+
+ROOT_GROUP = "root"
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter as an engine sees it: its shape and the FSDP2 unit that owns it."""
+
+    name: str
+    shape: tuple[int, ...]
+    group: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def fsdp_shard_numel(self, world: int) -> int:
+        """Rank 0's padded dim-0 chunk: ceil(dim0 / N) rows (``_fsdp_param.py``)."""
+        if not self.shape:
+            return 1
+        return -(-self.shape[0] // world) * math.prod(self.shape[1:])
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Element bytes of each copy under one precision."""
+
+    parameter: int
+    """The optimizer's parameter (fp32 in mixed precision: autocast / MixedPrecisionPolicy)."""
+    gradient: int
+    """The gradient the optimizer reads (DDP buckets, FSDP2 reduce_dtype)."""
+    compute: int
+    """The copy forward runs on (FSDP2 all-gather dtype)."""
+
+
+def dtypes(precision: Precision) -> Dtypes:
+    if precision is Precision.FP32:
+        return Dtypes(FP32_BYTES, FP32_BYTES, FP32_BYTES)
+    if precision is Precision.BF16:  # parameters cast to bf16, no policy: everything 16-bit
+        return Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES)
+    # mixed: fp32 params, autocast (DDP) or MixedPrecisionPolicy(param_dtype=16-bit,
+    # reduce_dtype=fp32) (FSDP2); DDP grads are in the parameter dtype (fp32)
+    return Dtypes(FP32_BYTES, FP32_BYTES, HALF_BYTES)
+
+
+def param_tensors(setup: TrainingSetup) -> list[ParamTensor] | None:
+    """The exact tensor list when known: ``engine_config["tensors"]`` or the architecture."""
+    given = (setup.engine_config or {}).get("tensors")
+    if given is not None:
+        try:
+            return [ParamTensor(str(n), tuple(int(d) for d in s), str(g)) for n, s, g in given]
+        except (TypeError, ValueError):
+            raise InputError(
+                "engine_config.tensors", "must be a list of [name, shape, group] triples"
+            ) from None
+    if setup.architecture is not None and setup.tp == 1 and setup.pp == 1:
+        return list(_architecture_tensors(setup.architecture))
+    return None
+
+
+@lru_cache(maxsize=16)  # few: a MoE model's list runs to ~50k tensors
+def _architecture_tensors(arch: Architecture) -> tuple[ParamTensor, ...]:
+    """Once per architecture: a sweep asks for the same list per Nd and stage."""
+    return tuple(
+        ParamTensor(t.name, t.shape, ROOT_GROUP if t.layer is None else f"blocks.{t.layer}")
+        for t in tensors(arch)
+    )
+
+
+def zero_partition(numels: Sequence[int], world: int) -> list[list[int]]:
+    """Indices each rank owns under ZeroRedundancyOptimizer's greedy partition.
+
+    ``_partition_parameters``: ``sorted(params, key=numel, reverse=True)`` (stable), then each
+    goes to ``_get_min_index(sizes)``, the first rank with the smallest total.
+    """
+    order = sorted(range(len(numels)), key=lambda i: numels[i], reverse=True)
+    owned: list[list[int]] = [[] for _ in range(world)]
+    # (total, rank) pairs: the heap's top is the smallest total, ties to the lowest rank, as
+    # _get_min_index picks it, in O(log N) rather than O(N) per parameter
+    totals = [(0, rank) for rank in range(world)]
+    for i in order:
+        total, rank = heapq.heappop(totals)
+        owned[rank].append(i)
+        heapq.heappush(totals, (total + numels[i], rank))
+    return owned
+
+
+def _check(setup: TrainingSetup) -> int:
+    """State tensors per parameter; rejects what the torch engines here do not run."""
+    if setup.k is not None:
+        raise InputError("k", "the torch engine derives optimizer states from the optimizer")
+    if setup.optimizer not in STATE_TENSORS:
+        known = ", ".join(o.value for o in STATE_TENSORS)
+        raise InputError("optimizer", f"the torch engine models {known}")
+    if (
+        setup.offload.optimizer is not OffloadDevice.NONE
+        or setup.offload.params is not OffloadDevice.NONE
+    ):
+        raise InputError("offload", "the torch engine profile does not model CPU offload yet")
+    return STATE_TENSORS[setup.optimizer]
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Elements rank 0 holds of each model state."""
+
+    params: int
+    grads: int
+    states: int
+    exact: bool
+
+
+def _shares(setup: TrainingSetup, stage: Stage) -> Shares:
+    n = setup.dp
+    ts = param_tensors(setup)
+    psi = sum(t.numel for t in ts) if ts is not None else setup.params_per_device
+    if stage <= Stage.OPTIMIZER:
+        if stage is Stage.NONE:
+            return Shares(psi, psi, psi, True)
+        if ts is None:
+            return Shares(psi, psi, ceil_div(psi, n), False)
+        owned = zero_partition([t.numel for t in ts], n)[0]
+        return Shares(psi, psi, sum(ts[i].numel for i in owned), True)
+    if ts is None:
+        return Shares(ceil_div(psi, n), ceil_div(psi, n), ceil_div(psi, n), False)
+    shard = sum(t.fsdp_shard_numel(n) for t in ts)
+    return Shares(shard, shard, shard, True)
+
+
+@dataclass(frozen=True)
+class TorchEnginesModel:
+    convention: str = CONVENTION
+
+    def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate:
+        n_states = _check(setup)
+        d = dtypes(setup.precision)
+        share = _shares(setup, stage)
+        params = share.params * d.parameter
+        grads = share.grads * d.gradient
+        states = share.states * n_states * d.parameter
+        components: dict[str, int]
+        if stage <= Stage.OPTIMIZER:
+            # DDP Reducer buckets: persistent, full size, in the gradient dtype
+            buckets = share.grads * d.gradient
+            components = {"fp32_params" if d.parameter == FP32_BYTES else "params": params}
+            components["ddp_buckets"] = buckets
+            components["optimizer_states"] = states
+            resident = params + buckets + states
+            notes = [
+                "DDP keeps its gradient buckets between steps (gradient_as_bucket_view=False); "
+                "param.grad is freed by zero_grad(set_to_none=True)",
+            ]
+            if stage is Stage.OPTIMIZER:
+                notes.append(
+                    "ZeroRedundancyOptimizer: rank 0's greedy partition (largest first)"
+                    + ("" if share.exact else ", taken as Ψ/N: no tensor shapes given")
+                )
+        else:
+            components = {"sharded_params": params, "optimizer_states": states}
+            resident = params + states
+            notes = [
+                "FSDP2 shards each parameter on dim 0 padded to a multiple of N; sharded "
+                "gradients are freed by zero_grad(set_to_none=True)"
+                + ("" if share.exact else "; padding ignored: no tensor shapes given"),
+            ]
+        if not share.exact:
+            notes.append("approximate: give an architecture for the exact per-tensor split")
+        device = Placement(parameters=params, gradients=grads, optimizer_states=states)
+        step = _step(setup, stage, share, d, n_states)
+        if step is None:
+            return StageEstimate(
+                stage=stage,
+                device=device,
+                cpu=Placement(),
+                nvme=Placement(),
+                resident=resident,
+                components=components,
+                notes=tuple(notes),
+            )
+        memory, runtime = step
+        components["model_states_resident"] = resident
+        components["runtime_workspaces"] = memory.workspaces
+        components["batch"] = runtime
+        components["held_outputs"] = memory.held_outputs
+        components.update({f"peak_candidate_{k}": v for k, v in memory.moments.items()})
+        base = resident + memory.workspaces + runtime
+        notes.append(
+            f"peak at {memory.peak_moment}; resident and peak count the cuBLAS workspaces, the "
+            "batch and (holds_outputs) the last logits and loss, as memory_allocated does"
+        )
+        return StageEstimate(
+            stage=stage,
+            device=device,
+            cpu=Placement(),
+            nvme=Placement(),
+            resident=base + memory.held_outputs,
+            activations=memory.activations,
+            temporary_buffers=memory.above_states - memory.activations
+            if memory.peak_moment != "optimizer_step"
+            else memory.above_states,
+            peak=base + memory.above_states,
+            components=components,
+            notes=tuple(notes),
+        )
+
+
+def _step(
+    setup: TrainingSetup, stage: Stage, share: Shares, d: Dtypes, n_states: int
+) -> tuple[StepMemory, int] | None:
+    """The step's moments when the architecture and batch are known (else no peak)."""
+    arch, batch = setup.architecture, setup.batch
+    if arch is None or batch is None or setup.tp != 1 or setup.pp != 1:
+        return None
+    config = setup.engine_config or {}
+    if setup.precision is Precision.FP32:
+        regime = Regime.FP32
+    elif setup.precision is Precision.BF16 or stage >= Stage.GRADIENTS:
+        regime = Regime.HALF  # FSDP2 MixedPrecisionPolicy: bf16 parameters and activations
+    else:
+        regime = Regime.AUTOCAST  # DDP: fp32 parameters under torch.autocast
+    unsharded = 0
+    if stage is Stage.GRADIENTS:
+        # reshard_after_forward=False: every unit stays gathered (N × padded shard) until its
+        # backward ends (_fsdp_param_group.py post_forward).
+        unsharded = setup.dp * share.params * d.compute
+    elif stage is Stage.PARAMETERS and not config.get("fsdp_root_reshard_after_forward", True):
+        ts = param_tensors(setup) or []
+        root = sum(t.fsdp_shard_numel(setup.dp) for t in ts if t.group == ROOT_GROUP)
+        unsharded = setup.dp * root * d.compute
+    # DDP: each param.grad is its own tensor besides the bucket (gradient_as_bucket_view=False);
+    # FSDP2: the sharded fp32 gradients.
+    step_grads = share.grads * d.gradient
+    # foreach Adam/AdamW (the CUDA default): one temporary list the size of the local params
+    # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach
+    # updates in place.
+    temporary = share.states * d.parameter if n_states == STATE_TENSORS[Optimizer.ADAM] else 0
+    memory = step_memory(
+        arch,
+        batch,
+        regime,
+        unsharded_after_forward=unsharded,
+        step_gradients=step_grads,
+        optimizer_temporary=temporary,
+        accumulated_gradients=step_grads if batch.grad_accumulation_steps > 1 else 0,
+        config=config,
+    )
+    # input ids and targets (int64) of every micro-batch the loop holds
+    runtime = 2 * INDEX_BYTES * batch.tokens * batch.grad_accumulation_steps
+    return memory, runtime
+
+
+MODEL = TorchEnginesModel()

@@ -1,0 +1,97 @@
+"""``python -m measure``: measure the torch engines without the service, JSON on stdout.
+
+Examples::
+
+    python -m measure --preset gpt2 --dp 8 --mode simulated --device cuda
+    python -m measure --architecture '{"layers": 2, "hidden": 256, "heads": 4,
+        "vocab_size": 1024, "max_seq_len": 128}' --dp 4 --precision fp32 --device cpu
+    torchrun --nproc-per-node 8 -m measure --preset gpt2 --dp 8   # one rank per GPU, any nodes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from calculators.errors import InputError
+
+
+def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m measure", description=__doc__.splitlines()[0])
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--preset", help="a /v1/presets name, seeds-mlp or mlp-{L}x{h}")
+    model.add_argument("--architecture", help="architecture JSON object")
+    model.add_argument("--hf-config", help="path to a Hugging Face config.json")
+    model.add_argument("--spec", help="path to a whole POST /v1/measure body (JSON)")
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--stages", default="0,1,2,3")
+    p.add_argument("--precision", default="mixed_bf16")
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--mode", default="auto", choices=["simulated", "distributed", "auto"])
+    p.add_argument("--device", default="auto", choices=["cuda", "cpu", "auto"])
+    p.add_argument("--micro-batch-size", type=int)
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--activation-checkpointing", default="none")
+    p.add_argument("--grad-accumulation-steps", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--warmup-steps", type=int, default=2)
+    a = p.parse_args(argv)
+    if a.spec:
+        with open(a.spec) as f:
+            return dict(json.load(f))
+    if a.preset:
+        model_spec: dict[str, Any] = {"preset": a.preset}
+    elif a.architecture:
+        model_spec = {"architecture": json.loads(a.architecture)}
+    else:
+        with open(a.hf_config) as f:
+            model_spec = {"hf_config": json.load(f)}
+    spec: dict[str, Any] = {
+        "model": model_spec,
+        "dp": a.dp,
+        "stages": [int(s) for s in a.stages.split(",") if s.strip()],
+        "precision": a.precision,
+        "optimizer": a.optimizer,
+        "engine": "torch",
+        "mode": a.mode,
+        "device": a.device,
+        "steps": a.steps,
+        "warmup_steps": a.warmup_steps,
+    }
+    if a.micro_batch_size or a.seq_len:
+        if not (a.micro_batch_size and a.seq_len):
+            p.error("--micro-batch-size and --seq-len go together")
+        spec["batch"] = {
+            "micro_batch_size": a.micro_batch_size,
+            "seq_len": a.seq_len,
+            "activation_checkpointing": a.activation_checkpointing,
+            "grad_accumulation_steps": a.grad_accumulation_steps,
+        }
+    return spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    from measure.runner import run
+
+    spec = parse_args(argv)
+
+    def progress(fraction: float, message: str) -> None:
+        if os.environ.get("RANK", "0") == "0":
+            sys.stderr.write(f"[{fraction:4.0%}] {message}\n")
+
+    try:
+        result = run(spec, progress)
+    except InputError as err:
+        error = {"error": {"field": err.field, "message": err.message}}
+        sys.stderr.write(json.dumps(error) + "\n")
+        return 2
+    if result:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

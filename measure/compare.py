@@ -1,0 +1,94 @@
+"""Prediction vs measurement, field by field, with the engine's own convention."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from calculators import communication as comm
+from calculators.conventions import Stage
+from calculators.memory import StageEstimate, estimate
+from calculators.model_states import TrainingSetup
+
+MEMORY_KEYS = ("resident", "model_state_resident", "model_state_requested", "peak", "parameters",
+               "gradients", "optimizer_states")
+
+
+def relative_error(predicted: int | None, measured: int | None) -> float | None:
+    """(predicted - measured) / measured; ``None`` when either side is missing or measured is 0
+    (0 when both are 0)."""
+    if predicted is None or measured is None:
+        return None
+    if measured == 0:
+        return 0.0 if predicted == 0 else None
+    return (predicted - measured) / measured
+
+
+def predicted_memory(est: StageEstimate) -> dict[str, Any]:
+    """The calculator's figures under the names ``measured`` uses.
+
+    ``resident`` and ``peak`` are what ``memory_allocated`` shows (runtime workspaces, the batch
+    and held outputs included, when the estimate knows the batch); ``model_state_resident`` is
+    what the engine itself keeps, which ``measured`` gives over its runtime baseline.
+    """
+    states = est.components.get("model_states_resident", est.resident)
+    return {
+        "resident": est.resident,
+        "model_state_resident": states,
+        "model_state_requested": states,
+        "peak": est.peak,
+        "parameters": est.device.parameters,
+        "gradients": est.device.gradients,
+        "optimizer_states": est.device.optimizer_states,
+        "components": dict(est.components),
+        "notes": list(est.notes),
+    }
+
+
+def predicted_communication(setup: TrainingSetup, stage: Stage) -> dict[str, Any]:
+    """Bytes rank 0 sends per step: ``calculators.communication`` (the ``/v1/communication``
+    model, engine torch), every micro-step reducing as the measured loop does (no no_sync)."""
+    micro = setup.batch.grad_accumulation_steps if setup.batch is not None else 1
+    cs = comm.CommunicationSetup(
+        training=setup,
+        topology=comm.make_topology(setup.dp, setup.tp, setup.pp, None, None),
+        grad_accumulation_steps=micro,
+        grad_sync=comm.GradSync.PER_MICRO_STEP,
+    )
+    sc = comm.stage_communication(cs, stage)
+    return {
+        "sent_bytes_per_rank": sc.sent_bytes_per_rank,
+        "collectives": [
+            {
+                "op": c.collective.op.value,
+                "phase": c.collective.phase.value,
+                "dtype": c.collective.dtype,
+                "calls": c.collective.calls,
+                "payload_bytes": c.collective.payload_bytes,
+                "sent_bytes_per_rank": c.collective.sent_bytes_per_rank,
+            }
+            for c in sc.collectives
+        ],
+        "source": "calculators.communication (engine torch)",
+    }
+
+
+def compare_run(setup: TrainingSetup, stage: Stage, measured_run: dict[str, Any]) -> dict[str, Any]:
+    """Fill ``predicted``, ``relative_error`` and ``communication`` of one measured run."""
+    est = estimate(setup, [stage]).stages[0]
+    predicted = predicted_memory(est)
+    measured = measured_run["measured"]
+    errors = {k: relative_error(predicted.get(k), measured.get(k)) for k in MEMORY_KEYS}
+    comm_pred = predicted_communication(setup, stage)
+    comm_meas = measured_run["measured_sent_bytes_per_rank"]
+    return {
+        "predicted": predicted,
+        "relative_error": errors,
+        "communication": {
+            "measured_sent_bytes_per_rank": comm_meas,
+            "predicted_sent_bytes_per_rank": comm_pred["sent_bytes_per_rank"],
+            "relative_error": relative_error(comm_pred["sent_bytes_per_rank"], comm_meas),
+            "collectives": measured_run["collectives"],
+            "predicted_collectives": comm_pred["collectives"],
+            "predicted_by": comm_pred["source"],
+        },
+    }

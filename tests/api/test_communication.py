@@ -1,0 +1,123 @@
+"""POST /v1/communication and GET /v1/interconnects from the outside."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+PSI = {"params": 1_000_000_000}
+
+
+def post(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
+    r = client.post("/v1/communication", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_paper_figure_through_http(client: TestClient) -> None:
+    body = post(client, {"model": PSI, "dp": 8})
+    assert [s["sent_bytes_per_rank"] for s in body["stages"]] == [
+        3_500_000_000, 3_500_000_000, 3_500_000_000, 5_250_000_000
+    ]
+    assert [s["ratio_to_ddp"] for s in body["stages"]] == [1, 1, 1, 1.5]
+    assert body["convention"]["engine"] == "paper"
+    assert "§7" in body["convention"]["description"]
+    assert "overlap" in body["convention"]["ignores"]
+    s3 = body["stages"][3]
+    assert [(c["op"], c["phase"]) for c in s3["collectives"]] == [
+        ("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")
+    ]
+    for c in s3["collectives"]:
+        assert c["payload_bytes"] == 2_000_000_000
+        assert c["sent_bytes_per_rank"] == 1_750_000_000
+        assert (c["dtype"], c["group_size"], c["link"]) == ("fp16", 8, "intra_node")
+    assert s3["time_seconds"] > 0
+
+
+def test_nd_1_sends_nothing_through_http(client: TestClient) -> None:
+    body = post(client, {"model": PSI, "dp": 1})
+    for s in body["stages"]:
+        assert s["sent_bytes_per_rank"] == 0 and s["ratio_to_ddp"] is None
+        assert s["time_seconds"] == 0
+
+
+@pytest.mark.parametrize("engine", ["paper", "deepspeed", "torch"])
+def test_every_engine_names_its_convention(client: TestClient, engine: str) -> None:
+    body = post(client, {"model": {"preset": "gpt2"}, "dp": 16, "engine": engine,
+                         "gpus_per_node": 8, "grad_accumulation_steps": 2})
+    assert body["convention"]["description"].startswith(engine)
+    assert body["topology"]["nodes"] == 2 and body["topology"]["dp_group_nodes"] == 2
+    for s in body["stages"]:
+        assert s["sent_bytes_per_rank"] == sum(c["sent_bytes_per_rank"] for c in s["collectives"])
+        for c in s["collectives"]:
+            assert c["intra_node_bytes_per_rank"] + c["inter_node_bytes_per_rank"] == (
+                c["sent_bytes_per_rank"]
+            )
+
+
+def test_deepspeed_config_and_offload_through_http(client: TestClient) -> None:
+    body = post(client, {
+        "model": {"preset": "llama2-7b"}, "dp": 32, "engine": "deepspeed",
+        "precision": "mixed_bf16", "stages": [3], "offload": {"optimizer": "cpu"},
+        "engine_config": {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}},
+    })
+    (s3,) = body["stages"]
+    assert s3["offload_transfers"] and s3["offload_time_seconds"] > 0
+    bwd = [c for c in s3["collectives"] if c["phase"] == "backward" and c["op"] == "all_gather"]
+    assert bwd and all(c["link"] == "intra_node" for c in bwd)
+
+
+def test_custom_links(client: TestClient) -> None:
+    slow = post(client, {"model": PSI, "dp": 16, "gpus_per_node": 8,
+                         "inter_node_interconnect": {"bandwidth": 1e9, "latency": 1e-4}})
+    fast = post(client, {"model": PSI, "dp": 16, "gpus_per_node": 8,
+                         "inter_node_interconnect": "ib_xdr"})
+    assert slow["links"]["inter_node"]["name"] == "custom"
+    assert fast["links"]["inter_node"]["source"].startswith("NVIDIA ConnectX-8")
+    assert all(a["time_seconds"] > b["time_seconds"]
+               for a, b in zip(slow["stages"], fast["stages"], strict=True))
+
+
+def test_interconnect_presets(client: TestClient) -> None:
+    r = client.get("/v1/interconnects")
+    assert r.status_code == 200
+    names = {p["name"]: p for p in r.json()}
+    assert names["nvlink4"]["bandwidth"] == 450_000_000_000
+    assert all(p["source"] for p in names.values())
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"nodes": 3}, "nodes"),
+        ({"gpus_per_node": 3}, "gpus_per_node"),
+        ({"nodes": 2, "gpus_per_node": 8}, "gpus_per_node"),
+        ({"gpus_per_node": 0}, "gpus_per_node"),
+        ({"interconnect": "nvlink9"}, "interconnect"),
+        ({"inter_node_interconnect": {"bandwidth": -1}}, "inter_node_interconnect"),
+        ({"shard_group_size": 3}, "shard_group_size"),
+        ({"zeropp": {"hpz": 3}}, "zeropp.hpz"),
+        ({"grad_accumulation_steps": 0}, "grad_accumulation_steps"),
+        ({"engine": "torch", "zeropp": {"qwz": True}}, "zeropp"),
+        ({"engine": "deepspeed", "shard_group_size": 4}, "shard_group_size"),
+        ({"engine": "deepspeed",
+          "engine_config": {"zero_optimization": {"stage3_max_reuse_distance": -1}}},
+         "engine_config.zero_optimization.stage3_max_reuse_distance"),
+        ({"engine": "torch", "engine_config": {"fsdp_root_reshard_after_forward": 1}},
+         "engine_config.fsdp_root_reshard_after_forward"),
+        ({"offload": {"params": "cpu"}, "stages": [2]}, "offload.params"),
+    ],
+)
+def test_bad_input_names_the_field(client: TestClient, extra: dict[str, Any], field: str) -> None:
+    r = client.post("/v1/communication", json={"model": PSI, "dp": 8, **extra})
+    assert r.status_code == 422, r.text
+    assert any(e["field"].startswith(field) for e in r.json()["detail"]), r.json()
+
+
+def test_nan_bandwidth_is_a_422_not_a_500(client: TestClient) -> None:
+    raw = '{"model": {"params": 1000}, "dp": 8, "interconnect": {"bandwidth": NaN}}'
+    r = client.post("/v1/communication", content=raw,
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422

@@ -1,0 +1,138 @@
+"""The torch engine profile: exact partitions from torch's source, no torch import."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from calculators.architecture import Architecture, tensors
+from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
+from calculators.engines import engine_model
+from calculators import communication as comm
+from calculators.engines.torch_engines import MODEL, ParamTensor, zero_partition
+from calculators.errors import InputError
+from calculators.memory import estimate
+from calculators.model_states import Offload, TrainingSetup
+
+GPT = Architecture(layers=2, hidden=256, heads=4, vocab_size=1000, max_seq_len=64)
+PSI = sum(t.numel for t in tensors(GPT))
+
+
+def _setup(dp: int, precision: Precision = Precision.MIXED_BF16, **kw: object) -> TrainingSetup:
+    return TrainingSetup(
+        params=PSI, dp=dp, precision=precision, optimizer=Optimizer.ADAM, engine=Engine.TORCH,
+        architecture=GPT, **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_registered_as_the_torch_engine() -> None:
+    assert engine_model(Engine.TORCH) is MODEL
+    assert estimate(_setup(4), [0, 3]).convention.startswith("torch")
+
+
+@pytest.mark.parametrize(
+    ("numels", "world", "owned"),
+    [
+        # largest first, ties keep their order, each to the first least-loaded rank
+        ([10, 10, 10, 10], 2, [[0, 2], [1, 3]]),
+        ([1, 100, 50, 50], 2, [[1, 0], [2, 3]]),
+        ([5, 3, 3], 4, [[0], [1], [2], []]),
+    ],
+)
+def test_zero_partition_follows_partition_parameters(
+    numels: list[int], world: int, owned: list[list[int]]
+) -> None:
+    assert zero_partition(numels, world) == owned
+
+
+@pytest.mark.parametrize(
+    ("shape", "world", "shard"),
+    [((1000, 256), 64, 16 * 256), ((256,), 64, 4), ((3,), 4, 1), ((7, 2), 1, 14), ((64,), 128, 1)],
+)
+def test_fsdp2_rank0_chunk_is_padded(shape: tuple[int, ...], world: int, shard: int) -> None:
+    assert ParamTensor("p", shape, "g").fsdp_shard_numel(world) == shard
+
+
+def test_stage0_ddp_keeps_buckets_and_full_adam() -> None:
+    est = MODEL.estimate(_setup(8), Stage.NONE)
+    assert est.components == {
+        "fp32_params": 4 * PSI, "ddp_buckets": 4 * PSI, "optimizer_states": 8 * PSI
+    }
+    assert est.resident == 16 * PSI
+    assert est.device.gradients == 4 * PSI  # param.grad during the step
+
+
+def test_stage1_holds_rank0_partition_of_states() -> None:
+    est = MODEL.estimate(_setup(4), Stage.OPTIMIZER)
+    owned = zero_partition([t.numel for t in tensors(GPT)], 4)[0]
+    assert est.device.optimizer_states == 8 * sum(tensors(GPT)[i].numel for i in owned)
+    assert est.resident == 8 * PSI + est.device.optimizer_states
+
+
+@pytest.mark.parametrize("stage", [Stage.GRADIENTS, Stage.PARAMETERS])
+def test_fsdp2_resident_is_padded_shards(stage: Stage) -> None:
+    n = 64
+    shard = sum(-(-t.shape[0] // n) * math.prod(t.shape[1:]) for t in tensors(GPT))
+    est = MODEL.estimate(_setup(n), stage)
+    assert est.resident == (4 + 8) * shard
+    assert est.device.gradients == 4 * shard
+    assert shard * n >= PSI
+
+
+def test_fp32_and_pure_bf16_dtypes() -> None:
+    assert MODEL.estimate(_setup(1, Precision.FP32), Stage.NONE).resident == 16 * PSI
+    assert MODEL.estimate(_setup(1, Precision.BF16), Stage.NONE).resident == 8 * PSI
+
+
+def test_without_shapes_falls_back_to_psi_over_n_and_says_so() -> None:
+    setup = TrainingSetup(params=1000, dp=4, engine=Engine.TORCH, precision=Precision.FP32)
+    est = MODEL.estimate(setup, Stage.OPTIMIZER)
+    assert est.device.optimizer_states == 8 * 250
+    assert any("approximate" in n for n in est.notes)
+
+
+def test_given_tensor_list_is_used() -> None:
+    setup = TrainingSetup(
+        params=30, dp=4, engine=Engine.TORCH, precision=Precision.FP32,
+        engine_config={"tensors": [["a", [5, 3], "l0"], ["b", [15], "l1"]]},
+    )
+    assert MODEL.estimate(setup, Stage.PARAMETERS).device.parameters == 4 * (2 * 3 + 4)
+
+
+@pytest.mark.parametrize(
+    ("field", "kw"),
+    [
+        ("optimizer", {"optimizer": Optimizer.ADAFACTOR}),
+        ("offload", {"offload": Offload(optimizer=OffloadDevice.CPU)}),
+    ],
+)
+def test_unmodelled_inputs_name_their_field(field: str, kw: dict[str, object]) -> None:
+    setup = TrainingSetup(params=PSI, dp=4, engine=Engine.TORCH, **kw)  # type: ignore[arg-type]
+    with pytest.raises(InputError) as err:
+        MODEL.estimate(setup, Stage.OPTIMIZER)
+    assert err.value.field == field
+
+
+def sent_bytes_per_rank(setup: TrainingSetup, stage: Stage) -> int:
+    """/v1/communication's torch convention, every micro-step reducing (as measure/ runs)."""
+    cs = comm.CommunicationSetup(
+        training=setup, topology=comm.make_topology(setup.dp, 1, 1, None, None),
+        grad_accumulation_steps=1, grad_sync=comm.GradSync.PER_MICRO_STEP,
+    )
+    return comm.stage_communication(cs, stage).sent_bytes_per_rank
+
+
+def test_communication_per_stage() -> None:
+    n = 4
+    s = _setup(n)
+    shard = sum(-(-t.shape[0] // n) * math.prod(t.shape[1:]) for t in tensors(GPT))
+    assert sent_bytes_per_rank(s, Stage.NONE) == 4 * PSI * 2 * (n - 1) // n
+    # + broadcast of every fp32 parameter from its owner, (N-1)/N on average
+    ar, bc = 4 * PSI * 2 * (n - 1), 4 * PSI * (n - 1)
+    assert sent_bytes_per_rank(s, Stage.OPTIMIZER) == ar // n + bc // n
+    # stage 2: forward bf16 all-gather + fp32 reduce-scatter of the padded shards
+    assert sent_bytes_per_rank(s, Stage.GRADIENTS) == (n - 1) * shard * (2 + 4)
+    # stage 3 gathers again in backward, root included
+    assert sent_bytes_per_rank(s, Stage.PARAMETERS) == (n - 1) * shard * (2 + 2 + 4)
+

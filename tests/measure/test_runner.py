@@ -1,0 +1,130 @@
+"""The real torch engines on the CPU, simulated world of 4: prediction vs measurement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from calculators.errors import InputError  # noqa: E402
+from measure.runner import run  # noqa: E402
+
+SMALL_GPT = {"layers": 2, "hidden": 256, "heads": 4, "vocab_size": 512, "max_seq_len": 64}
+
+
+def _spec(model: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": model,
+        "dp": 4,
+        "stages": [0, 1, 2, 3],
+        "precision": "fp32",
+        "optimizer": "adam",
+        "engine": "torch",
+        "mode": "simulated",
+        "device": "cpu",
+        "warmup_steps": 1,
+        "steps": 0,
+    }
+    spec.update(extra)
+    return spec
+
+
+@pytest.fixture(scope="module")
+def gpt_result() -> dict[str, Any]:
+    seen: list[tuple[float, str]] = []
+    spec = _spec(
+        {"architecture": SMALL_GPT}, batch={"micro_batch_size": 1, "seq_len": 16}
+    )
+    result = run(spec, lambda f, m: seen.append((f, m)))
+    assert seen[-1] == (1.0, "done")
+    return result
+
+
+def test_every_stage_runs(gpt_result: dict[str, Any]) -> None:
+    assert [r["stage"] for r in gpt_result["runs"]] == [0, 1, 2, 3]
+    assert gpt_result["environment"]["torch"] == torch.__version__
+    for r in gpt_result["runs"]:
+        assert (r["engine"], r["mode"], r["device"], r["world_size"]) == (
+            "torch", "simulated", "cpu", 4
+        )
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_resident_within_two_percent(gpt_result: dict[str, Any], stage: int) -> None:
+    r = gpt_result["runs"][stage]
+    assert abs(r["predicted"]["resident"] - r["measured"]["resident"]) <= 0.02 * r["measured"][
+        "resident"
+    ]
+    for key in ("parameters", "gradients", "optimizer_states", "model_state_resident"):
+        assert abs(r["relative_error"][key]) < 0.02, key
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_sent_bytes_within_two_percent(gpt_result: dict[str, Any], stage: int) -> None:
+    comm = gpt_result["runs"][stage]["communication"]
+    assert comm["measured_sent_bytes_per_rank"] > 0
+    assert abs(comm["relative_error"]) < 0.02
+
+
+def test_stages_shrink_what_they_partition(gpt_result: dict[str, Any]) -> None:
+    m = [r["measured"] for r in gpt_result["runs"]]
+    assert m[1]["optimizer_states"] < m[0]["optimizer_states"] / 3
+    assert m[2]["gradients"] < m[1]["gradients"] / 3
+    assert m[3]["parameters"] < m[1]["parameters"] / 3
+
+
+def test_seeds_mlp_stage1_saves_three_quarters_of_optimizer_states() -> None:
+    # the seeds' notebook showed 0 % here; the 12 x 2048 case runs on the GPU (docs/VALIDATION.md)
+    result = run(_spec({"preset": "mlp-12x256"}, stages=[0, 1]))
+    s0, s1 = (r["measured"]["optimizer_states"] for r in result["runs"])
+    assert s1 == pytest.approx(s0 / 4, rel=0.02)
+    for r in result["runs"]:
+        assert abs(r["relative_error"]["model_state_resident"]) < 0.02
+
+
+def test_plain_param_count_cannot_be_measured() -> None:
+    with pytest.raises(InputError) as err:
+        run(_spec({"params": 1_000_000}))
+    assert err.value.field == "model"
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [({"mode": "sideways"}, "mode"), ({"engine": "deepspeed"}, "engine"),
+     ({"stages": [4]}, "stages"),
+     ({"optimizer": "adafactor"}, "optimizer"), ({"dp": 0}, "dp"), ({"tp": 2}, "tp"),
+     ({"k": 12}, "k"), ({"offload": {"optimizer": "cpu", "params": "none"}}, "offload.optimizer")],
+)
+def test_bad_fields_name_themselves(extra: dict[str, Any], field: str) -> None:
+    with pytest.raises(InputError) as err:
+        run(_spec({"architecture": SMALL_GPT}, **extra))
+    assert err.value.field == field
+
+
+def test_accepts_the_api_body_shape() -> None:
+    # what app/schemas/measure.py dumps: every field, defaults included
+    spec = _spec(
+        {"params": None, "preset": None, "hf_config": None,
+         "architecture": dict(SMALL_GPT, norm="layernorm", position_embedding="learned",
+                              activation="gelu", kv_heads=None, bias=True)},
+        tp=1, pp=1, k=None, offload={"optimizer": "none", "params": "none"},
+        engine_config=None, gradients="paper", batch=None, stages=[3], steps=1, seed=0,
+    )
+    (r,) = run(spec)["runs"]
+    assert abs(r["relative_error"]["model_state_resident"]) < 0.02
+
+
+@pytest.mark.gpu
+def test_cuda_simulated_mixed_bf16() -> None:
+    spec = _spec(
+        {"architecture": SMALL_GPT}, device="cuda", precision="mixed_bf16",
+        batch={"micro_batch_size": 2, "seq_len": 32}, steps=1,
+    )
+    result = run(spec)
+    for r in result["runs"]:
+        m = r["measured"]
+        assert m["peak"] >= m["resident"] > 0
+        assert abs(r["relative_error"]["model_state_resident"]) < 0.02
+        assert abs(r["communication"]["relative_error"]) < 0.02

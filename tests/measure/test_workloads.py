@@ -1,0 +1,90 @@
+"""The measured decoder is the calculator's canonical module, tensor by tensor."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from calculators.architecture import (  # noqa: E402
+    Activation,
+    Architecture,
+    Norm,
+    PositionEmbedding,
+    count_params,
+    tensors,
+)
+from calculators.presets import PRESETS  # noqa: E402
+from measure.workloads import (  # noqa: E402
+    MLPSpec,
+    SeedsMLP,
+    gpt_workload,
+    mlp_preset,
+    mlp_tensors,
+)
+
+ARCHS = {
+    "gpt2-style": Architecture(layers=2, hidden=64, heads=4, vocab_size=100, max_seq_len=32),
+    "tied": Architecture(
+        layers=2, hidden=64, heads=4, vocab_size=100, max_seq_len=32, tied_embeddings=True
+    ),
+    "llama-style": Architecture(
+        layers=2, hidden=64, heads=8, kv_heads=2, ffn_hidden=96, vocab_size=100, bias=False,
+        norm=Norm.RMSNORM, position_embedding=PositionEmbedding.ROPE, gated_mlp=True,
+        activation=Activation.SILU,
+    ),
+    "mixtral-style": Architecture(
+        layers=2, hidden=64, heads=4, kv_heads=2, ffn_hidden=32, vocab_size=100, bias=False,
+        norm=Norm.RMSNORM, position_embedding=PositionEmbedding.ROPE, gated_mlp=True,
+        num_experts=4, experts_per_token=2,
+    ),
+    "qwen2-style": Architecture(
+        layers=1, hidden=64, heads=4, vocab_size=100, bias=False, qkv_bias=True,
+        norm=Norm.RMSNORM, position_embedding=PositionEmbedding.ROPE, gated_mlp=True,
+    ),
+    "opt-style": Architecture(
+        layers=2, hidden=64, heads=4, vocab_size=100, max_seq_len=32, position_offset=2,
+        embed_proj_dim=32, activation=Activation.RELU, tied_embeddings=True,
+    ),
+    "bloom-style": Architecture(
+        layers=2, hidden=64, heads=4, vocab_size=100, position_embedding=PositionEmbedding.ALIBI,
+        embedding_norm=True, tied_embeddings=True,
+    ),
+    "head-bias": Architecture(
+        layers=1, hidden=64, heads=4, vocab_size=100, max_seq_len=8, lm_head_bias=True
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS.values(), ids=ARCHS.keys())
+def test_named_parameters_match_calculator_tensors(arch: Architecture) -> None:
+    module = gpt_workload(arch, 1, 8).build(torch.device("meta"))
+    got = [(name, tuple(p.shape)) for name, p in module.named_parameters()]
+    assert got == [(t.name, t.shape) for t in tensors(arch)]
+    assert sum(p.numel() for p in module.parameters()) == count_params(arch)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama3-8b", "mixtral-8x7b", "bloom-176b"])
+def test_presets_build_with_their_published_layout(name: str) -> None:
+    arch = PRESETS[name].architecture
+    module = gpt_workload(arch, 1, 8).build(torch.device("meta"))
+    got = [(n, tuple(p.shape)) for n, p in module.named_parameters()]
+    assert got == [(t.name, t.shape) for t in tensors(arch)]
+
+
+@pytest.mark.parametrize("arch", ARCHS.values(), ids=ARCHS.keys())
+def test_decoder_trains_one_step(arch: Architecture) -> None:
+    work = gpt_workload(arch, 2, 8)
+    module = work.build(torch.device("cpu"))
+    x, y = work.make_batch(torch.device("cpu"), torch.Generator().manual_seed(0))
+    work.loss(module(x), y).backward()
+    assert all(p.grad is not None for p in module.parameters())
+
+
+def test_seeds_mlp_preset() -> None:
+    assert mlp_preset("seeds-mlp") == MLPSpec(12, 2048, 32)
+    assert mlp_preset("mlp-3x64") == MLPSpec(3, 64, 32)
+    assert mlp_preset("gpt2") is None
+    module = SeedsMLP(MLPSpec(3, 64))
+    got = [(n, tuple(p.shape)) for n, p in module.named_parameters()]
+    assert got == [(n, s) for n, s, _ in mlp_tensors(MLPSpec(3, 64))]
