@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
 from calculators.capacity import MAX_DP, MAX_PARAMS
 
@@ -16,10 +16,10 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, str_max_length=256)
 
 
-Params = Annotated[int, Field(ge=1, le=MAX_PARAMS, description="Parameter count Ψ.")]
-Degree = Annotated[int, Field(ge=1, le=MAX_DP)]
-SmallDegree = Annotated[int, Field(ge=1, le=65536)]
-DeviceBytes = Annotated[int, Field(ge=1, le=2**50, description="Bytes per device.")]
+Params = Annotated[StrictInt, Field(ge=1, le=MAX_PARAMS, description="Parameter count Ψ.")]
+Degree = Annotated[StrictInt, Field(ge=1, le=MAX_DP)]
+SmallDegree = Annotated[StrictInt, Field(ge=1, le=65536)]
+DeviceBytes = Annotated[StrictInt, Field(ge=1, le=2**50, description="Bytes per device.")]
 
 MAX_JSON_DEPTH = 16
 MAX_JSON_ITEMS = 10_000

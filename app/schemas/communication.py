@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool, StrictInt
 
 from app.schemas.common import Degree, StrictModel
 from app.schemas.memory import TrainingIn
@@ -20,12 +20,15 @@ class InterconnectIn(StrictModel):
     """A link given by its numbers."""
 
     bandwidth: Annotated[
-        float, Field(ge=1, le=1e15, description="Bytes per second, one direction, per device "
-                     "(intra-node, host) or per NIC (inter-node).")
+        float,
+        Field(
+            ge=1,
+            le=1e15,
+            description="Bytes per second, one direction, per device "
+            "(intra-node, host) or per NIC (inter-node).",
+        ),
     ]
-    latency: Annotated[
-        float, Field(ge=0, le=1, description="Seconds per ring step (hop).")
-    ] = 0.0
+    latency: Annotated[float, Field(ge=0, le=1, description="Seconds per ring step (hop).")] = 0.0
 
 
 LinkIn = PresetName | InterconnectIn
@@ -34,18 +37,18 @@ LinkIn = PresetName | InterconnectIn
 class ZeroPlusPlusIn(StrictModel):
     """ZeRO++ (arXiv 2306.10209) options; stage 3 only."""
 
-    qwz: bool = Field(False, description="Quantized weights: int8 parameter all-gathers.")
-    hpz: Annotated[int, Field(ge=1, le=2**20)] = Field(
+    qwz: StrictBool = Field(False, description="Quantized weights: int8 parameter all-gathers.")
+    hpz: Annotated[StrictInt, Field(ge=1, le=2**20)] = Field(
         1, description="Secondary partition size: backward all-gathers inside groups of this size."
     )
-    qgz: bool = Field(False, description="Quantized gradients: int4 hierarchical all-to-all.")
+    qgz: StrictBool = Field(False, description="Quantized gradients: int4 hierarchical all-to-all.")
 
 
 class CommunicationRequest(TrainingIn):
     """Communication per optimizer step of one model under the given ZeRO stages."""
 
     model: ModelSpec = Field(description="The model: params, architecture, preset or hf_config.")
-    grad_accumulation_steps: Annotated[int, Field(ge=1, le=65536)] = Field(
+    grad_accumulation_steps: Annotated[StrictInt, Field(ge=1, le=65536)] = Field(
         1, description="Micro-batches per optimizer step."
     )
     grad_sync: GradSync = Field(
@@ -55,12 +58,19 @@ class CommunicationRequest(TrainingIn):
         "Stage 3 gathers and (paper, deepspeed) reduce-scatters on every micro-step regardless; "
         "DeepSpeed decides by itself (stage 2 every micro-step, stages 0/1 once).",
     )
-    nodes: Annotated[Degree | None, Field(description="Hosts; nodes × gpus_per_node = dp × tp "
-                                          "× pp.")] = None
-    gpus_per_node: Annotated[int | None, Field(ge=1, le=1024, description="Devices per host; "
-                                               "default 8 when dp × tp × pp divides by 8.")] = None
-    nics_per_node: Annotated[int | None, Field(ge=1, le=1024, description="Network adapters "
-                                               "per host; default one per device.")] = None
+    nodes: Annotated[
+        Degree | None, Field(description="Hosts; nodes × gpus_per_node = dp × tp × pp.")
+    ] = None
+    gpus_per_node: Annotated[
+        StrictInt | None,
+        Field(
+            ge=1, le=1024, description="Devices per host; default 8 when dp × tp × pp divides by 8."
+        ),
+    ] = None
+    nics_per_node: Annotated[
+        StrictInt | None,
+        Field(ge=1, le=1024, description="Network adapters per host; default one per device."),
+    ] = None
     interconnect: LinkIn = Field(
         DEFAULT_INTRA_NODE,
         description="Link between devices of one node: a preset name (GET /v1/interconnects) or "
@@ -75,10 +85,13 @@ class CommunicationRequest(TrainingIn):
     algorithm: Algorithm = Field(
         Algorithm.RING, description="ring (flat NCCL ring) or hierarchical (2D) across nodes."
     )
-    shard_group_size: Annotated[Degree | None, Field(
-        description="HSDP / MiCS: shard within groups of this many ranks, replicate across "
-        "groups (paper, torch stages 2-3)."
-    )] = None
+    shard_group_size: Annotated[
+        Degree | None,
+        Field(
+            description="HSDP / MiCS: shard within groups of this many ranks, replicate across "
+            "groups (paper, torch stages 2-3)."
+        ),
+    ] = None
     zeropp: ZeroPlusPlusIn = Field(default_factory=ZeroPlusPlusIn, description="ZeRO++ options.")
 
 
@@ -141,8 +154,7 @@ class TopologyOut(BaseModel):
     nics_per_node: int
     dp_group_nodes: int = Field(description="Nodes one data-parallel group spans.")
     dp_ranks_per_node: int
-    assumed: bool = Field(description="True when the request gave neither nodes nor "
-                          "gpus_per_node.")
+    assumed: bool = Field(description="True when the request gave neither nodes nor gpus_per_node.")
     layout: str
 
 

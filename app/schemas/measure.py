@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool, StrictInt
 
 from app.jobs.store import Job, JobStatus
 from app.schemas.memory import TrainingIn
@@ -43,16 +43,16 @@ class MeasureRequest(TrainingIn):
     precision: Precision = Field(
         Precision.MIXED_BF16, description="Training precision (bf16 needs no loss scaling)."
     )
-    steps: Annotated[int, Field(ge=1, le=100)] = Field(
+    steps: Annotated[StrictInt, Field(ge=1, le=100)] = Field(
         2, description="Measured training steps per stage."
     )
-    warmup_steps: Annotated[int, Field(ge=1, le=20)] = Field(
+    warmup_steps: Annotated[StrictInt, Field(ge=1, le=20)] = Field(
         2, description="Steps run first, so lazily created optimizer states are counted."
     )
-    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = Field(
+    seed: Annotated[StrictInt, Field(ge=0, le=2**31 - 1)] = Field(
         0, description="Seed of the weights and the synthetic batch."
     )
-    hold_outputs: bool = Field(
+    hold_outputs: StrictBool = Field(
         True,
         description="Keep the last logits and loss referenced between steps, as a training "
         "loop that rebinds them does (the torch engine's prediction assumes the same).",

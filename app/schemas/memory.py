@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator
 
 from app.schemas.common import Degree, DeviceBytes, JsonObject, SmallDegree, StrictModel
 from app.schemas.model import BatchIn, ModelSpec
 from calculators.conventions import Engine, GradientConvention, OffloadDevice, Optimizer, Precision
 
-StageNumber = Annotated[int, Field(ge=0, le=3)]
+StageNumber = Annotated[StrictInt, Field(ge=0, le=3)]
 
 
 class OffloadIn(StrictModel):
@@ -44,7 +44,7 @@ class TrainingIn(StrictModel):
         description="paper: 16-bit gradients (16 B/param); fp32_grads: fp32 gradient buffers "
         "as Megatron and DeepSpeed's estimators count them (18 B/param).",
     )
-    master_weights: bool = Field(
+    master_weights: StrictBool = Field(
         True,
         description="Mixed precision keeps an fp32 master copy (paper: yes, K = 12 with Adam; "
         "false counts 16-bit params and grads plus fp32 moments, as seed 004 does).",

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from app.schemas.common import JsonObject, Params, StrictModel
 from calculators.architecture import Activation, Norm, PositionEmbedding
 from calculators.batch import Checkpointing
 
-Dim = Annotated[int, Field(ge=1, le=1_048_576)]
+Dim = Annotated[StrictInt, Field(ge=1, le=1_048_576)]
 
 
 class ArchitectureIn(StrictModel):
     """A decoder-only transformer; its parameter count is derived exactly."""
 
-    layers: Annotated[int, Field(ge=1, le=10_000, description="Transformer blocks.")]
+    layers: Annotated[StrictInt, Field(ge=1, le=10_000, description="Transformer blocks.")]
     hidden: Annotated[Dim, Field(description="Model width.")]
-    heads: Annotated[int, Field(ge=1, le=65536, description="Attention (query) heads.")]
-    vocab_size: Annotated[int, Field(ge=1, le=16_777_216, description="Vocabulary rows.")]
+    heads: Annotated[StrictInt, Field(ge=1, le=65536, description="Attention (query) heads.")]
+    vocab_size: Annotated[StrictInt, Field(ge=1, le=16_777_216, description="Vocabulary rows.")]
     ffn_hidden: Annotated[Dim | None, Field(description="MLP inner width; null = 4 × hidden.")] = (
         None
     )
@@ -27,30 +27,32 @@ class ArchitectureIn(StrictModel):
         Dim | None, Field(description="Context length (rows of a learned position table).")
     ] = None
     kv_heads: Annotated[
-        int | None, Field(ge=1, le=65536, description="Key/value heads (GQA); null = heads.")
+        StrictInt | None, Field(ge=1, le=65536, description="Key/value heads (GQA); null = heads.")
     ] = None
     head_dim: Annotated[Dim | None, Field(description="Width of a head; null = hidden/heads.")] = (
         None
     )
-    tied_embeddings: bool = Field(False, description="Output head shares the token embedding.")
-    bias: bool = Field(True, description="Biases on attention and MLP linears and LayerNorm.")
-    qkv_bias: bool | None = Field(None, description="Bias on qkv alone; null follows bias.")
-    lm_head_bias: bool = Field(False, description="Bias on the output head.")
+    tied_embeddings: StrictBool = Field(
+        False, description="Output head shares the token embedding."
+    )
+    bias: StrictBool = Field(True, description="Biases on attention and MLP linears and LayerNorm.")
+    qkv_bias: StrictBool | None = Field(None, description="Bias on qkv alone; null follows bias.")
+    lm_head_bias: StrictBool = Field(False, description="Bias on the output head.")
     norm: Norm = Field(Norm.LAYERNORM, description="layernorm or rmsnorm.")
     position_embedding: PositionEmbedding = Field(
         PositionEmbedding.LEARNED, description="learned, rope, alibi or none."
     )
-    position_offset: Annotated[int, Field(ge=0, le=1024)] = Field(
+    position_offset: Annotated[StrictInt, Field(ge=0, le=1024)] = Field(
         0, description="Extra rows in the learned position table (OPT: 2)."
     )
-    gated_mlp: bool = Field(False, description="SwiGLU-style gate/up/down MLP.")
+    gated_mlp: StrictBool = Field(False, description="SwiGLU-style gate/up/down MLP.")
     activation: Activation = Field(Activation.GELU, description="MLP activation.")
-    num_experts: Annotated[int, Field(ge=1, le=4096)] = Field(1, description="MoE experts.")
-    experts_per_token: Annotated[int, Field(ge=1, le=4096)] = Field(
+    num_experts: Annotated[StrictInt, Field(ge=1, le=4096)] = Field(1, description="MoE experts.")
+    experts_per_token: Annotated[StrictInt, Field(ge=1, le=4096)] = Field(
         1, description="Experts each token is routed to."
     )
-    embedding_norm: bool = Field(False, description="Norm after the embedding (BLOOM).")
-    final_norm: bool = Field(True, description="Norm before the output head.")
+    embedding_norm: StrictBool = Field(False, description="Norm after the embedding (BLOOM).")
+    final_norm: StrictBool = Field(True, description="Norm before the output head.")
     embed_proj_dim: Annotated[Dim | None, Field(description="OPT word_embed_proj_dim.")] = None
 
 
@@ -86,12 +88,12 @@ class BatchIn(StrictModel):
     """The micro-batch each data-parallel rank trains on."""
 
     micro_batch_size: Annotated[
-        int, Field(ge=1, le=65536, description="Sequences per micro-batch.")
+        StrictInt, Field(ge=1, le=65536, description="Sequences per micro-batch.")
     ]
-    seq_len: Annotated[int, Field(ge=1, le=1_048_576, description="Tokens per sequence.")]
+    seq_len: Annotated[StrictInt, Field(ge=1, le=1_048_576, description="Tokens per sequence.")]
     activation_checkpointing: Checkpointing = Field(
         Checkpointing.NONE, description="none, full or selective recomputation."
     )
-    grad_accumulation_steps: Annotated[int, Field(ge=1, le=65536)] = Field(
+    grad_accumulation_steps: Annotated[StrictInt, Field(ge=1, le=65536)] = Field(
         1, description="Micro-batches per optimizer step."
     )

@@ -212,17 +212,6 @@ def body_cases(path: str) -> list[Case]:
 # Cases the service does not refuse yet, each with what it does instead and the fix; the
 # matching test is a strict xfail, so it fails (XPASS) once the gap is closed: then delete the
 # entry. Keys match the end of a case name.
-KNOWN_GAPS: dict[str, str] = {
-    "=bool_for_int": "lax pydantic ints take true as 1 (dp: true answers for dp = 1); "
-                     "fix: Strict() on the bounded int types of app/schemas/common.py",
-    "=numeric_string": 'lax pydantic ints take "8" as 8; fix: Strict() on the bounded int types',
-}
-
-
-def known_gap(name: str) -> str | None:
-    return next((why for key, why in KNOWN_GAPS.items() if name.endswith(key)), None)
-
-
 def readable_reason(response: Any) -> str:
     """The refusal's reason as a person reads it (``detail`` as a string or a list of msgs)."""
     detail = response.json()["detail"]
@@ -273,26 +262,12 @@ def test_examples_are_valid(client: TestClient, path: str) -> None:
 
 @pytest.mark.parametrize("path", POST_PATHS)
 def test_malformed_bodies_get_a_readable_4xx(client: TestClient, path: str) -> None:
-    assert_refused(client, path, [c for c in body_cases(path) if not known_gap(c.name)])
+    assert_refused(client, path, body_cases(path))
 
 
 @pytest.mark.parametrize("path", POST_PATHS)
 def test_bad_field_values_get_a_readable_4xx(client: TestClient, path: str) -> None:
-    assert_refused(client, path, [c for c in field_cases(path) if not known_gap(c.name)])
-
-
-@pytest.mark.parametrize(
-    "gap", [pytest.param(k, marks=pytest.mark.xfail(reason=v, strict=True)) for k, v in
-            KNOWN_GAPS.items()],
-)
-def test_known_gaps(client: TestClient, gap: str) -> None:
-    """Still accepted or a 500 today (see KNOWN_GAPS); passes once the gap is closed."""
-    matched = 0
-    for path in POST_PATHS:
-        cases = [c for c in body_cases(path) + field_cases(path) if c.name.endswith(gap)]
-        matched += len(cases)
-        assert_refused(client, path, cases)
-    assert matched, f"no case named *{gap}: drop it from KNOWN_GAPS"
+    assert_refused(client, path, field_cases(path))
 
 
 def test_service_answers_normally_afterwards(client: TestClient) -> None:
