@@ -13,6 +13,7 @@ from app.api.routes import (
     capacity,
     communication,
     health,
+    inference,
     measure,
     memory,
     metrics,
@@ -57,7 +58,19 @@ def create_app() -> FastAPI:
     errors.install(app)
     app.state.metrics = Metrics()
     middleware.install(app, get_settings(), app.state.metrics)
-    for module in (memory, sweep, capacity, communication, presets, measure, health, metrics, web):
+    routers = (
+        memory,
+        sweep,
+        capacity,
+        communication,
+        inference,
+        presets,
+        measure,
+        health,
+        metrics,
+        web,
+    )
+    for module in routers:
         app.include_router(module.router)
     return app
 

@@ -238,8 +238,3 @@ def activations(
         loss_transient=loss_transient,
         autocast_weights=autocast_weights,
     )
-
-
-def kv_cache_bytes(arch: Architecture, batch_size: int, context: int, element_bytes: int) -> int:
-    """Inference KV cache: keys and values of every layer for ``context`` tokens."""
-    return 2 * arch.layers * batch_size * context * arch.kv_dim * element_bytes
