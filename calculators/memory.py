@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from calculators.conventions import Engine, Stage
+from calculators.errors import InputError
 from calculators.model_states import Placement, TrainingSetup
 
 
@@ -25,6 +26,8 @@ class StageEstimate:
         components: named engine-specific parts of ``resident``/``peak`` (bytes).
         cpu_buffers: host bytes beyond model states (pinned staging buffers).
         notes: what the figure assumes, in short sentences.
+        theory: the ZeRO paper's model states for the same setup (the first rung of the
+            theory → allocated → reserved → device breakdown).
     """
 
     stage: Stage
@@ -38,6 +41,7 @@ class StageEstimate:
     components: Mapping[str, int] = field(default_factory=dict)
     cpu_buffers: int = 0
     notes: tuple[str, ...] = ()
+    theory: int | None = None
 
     @property
     def model_states(self) -> int:
@@ -63,11 +67,18 @@ def estimate(setup: TrainingSetup, stages: Iterable[Stage]) -> MemoryEstimate:
     from calculators.engines import engine_model  # engines import this module's types
 
     model = engine_model(setup.engine)
-    return MemoryEstimate(
-        setup=setup,
-        stages=tuple(model.estimate(setup, Stage(s)) for s in stages),
-        convention=model.convention,
-    )
+    paper = engine_model(Engine.PAPER)
+    results = []
+    for s in stages:
+        est = model.estimate(setup, Stage(s))
+        theory: int | None = est.model_states
+        if setup.engine is not Engine.PAPER:
+            try:
+                theory = paper.estimate(setup, Stage(s)).model_states
+            except InputError:  # a setup the engine runs but the paper's accounting cannot
+                theory = None
+        results.append(replace(est, theory=theory))
+    return MemoryEstimate(setup=setup, stages=tuple(results), convention=model.convention)
 
 
 __all__ = ["Engine", "MemoryEstimate", "StageEstimate", "estimate"]

@@ -10,7 +10,7 @@ from calculators.memory import StageEstimate, estimate
 from calculators.model_states import TrainingSetup
 
 MEMORY_KEYS = ("resident", "model_state_resident", "model_state_requested", "peak", "parameters",
-               "gradients", "optimizer_states")
+               "gradients", "optimizer_states", "after_forward", "after_backward", "after_step")
 
 
 def relative_error(predicted: int | None, measured: int | None) -> float | None:
@@ -39,6 +39,8 @@ def predicted_memory(est: StageEstimate) -> dict[str, Any]:
         "parameters": est.device.parameters,
         "gradients": est.device.gradients,
         "optimizer_states": est.device.optimizer_states,
+        # the phases measure/ probes (activations, gradients), when the estimate has a batch
+        **{k: est.components.get(k) for k in ("after_forward", "after_backward", "after_step")},
         "components": dict(est.components),
         "notes": list(est.notes),
     }

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from app.core.units import readable
-from app.schemas.memory import Convention, HostMemory, MemoryResponse, PerDevice, StageMemory
+from app.schemas.memory import (
+    Breakdown,
+    Convention,
+    HostMemory,
+    MemoryResponse,
+    PerDevice,
+    StageMemory,
+)
 from calculators.conventions import OPTIMIZER_ASSUMPTIONS
 from calculators.memory import MemoryEstimate, StageEstimate
 from calculators.model_states import Placement, bytes_per_param
@@ -16,6 +23,27 @@ def _host(p: Placement, buffers: int = 0) -> HostMemory:
         gradients=p.gradients,
         optimizer_states=p.optimizer_states,
         buffers=buffers,
+    )
+
+
+BREAKDOWN_NOTES = [
+    "reserved is not predicted: PyTorch's caching allocator rounds requests (512 B; small "
+    "tensors share 2 MiB segments) and keeps freed blocks for reuse, so reserved >= peak by an "
+    "amount that depends on the order of allocations; /v1/measure reports it (10-25 % above "
+    "the peak in bench/results/torch_peak.json)",
+    "outside the allocator, nvidia-smi also counts the CUDA context and loaded kernels (about "
+    "1.2-1.3 GiB with torch 2.11 on an H100: nvml_used - reserved in "
+    "bench/results/torch_peak.json) and NCCL's buffers (NCCL_BUFFSIZE, 4 MiB by default, per "
+    "channel and peer; NCCL environment-variable documentation)",
+]
+
+
+def breakdown(est: StageEstimate) -> Breakdown:
+    return Breakdown(
+        theory=est.theory,
+        allocated_resident=est.resident,
+        allocated_peak=est.peak,
+        notes=BREAKDOWN_NOTES,
     )
 
 
@@ -40,6 +68,7 @@ def stage_memory(est: StageEstimate, device_memory: int | None) -> StageMemory:
         nvme=_host(est.nvme),
         fits=None if device_memory is None else est.fits(device_memory),
         components=dict(est.components),
+        breakdown=breakdown(est),
         notes=list(est.notes),
     )
 

@@ -100,6 +100,21 @@ class HostMemory(BaseModel):
     buffers: int = 0
 
 
+class Breakdown(BaseModel):
+    """From the paper's figure to what the device shows, rung by rung (bytes)."""
+
+    theory: int | None = Field(description="The ZeRO paper's model states for this setup.")
+    allocated_resident: int = Field(description="torch.cuda.memory_allocated between steps.")
+    allocated_peak: int | None = Field(description="torch.cuda.max_memory_allocated in a step.")
+    reserved: int | None = Field(
+        None, description="The caching allocator's reserved bytes: not predicted (see notes)."
+    )
+    outside_allocator: int | None = Field(
+        None, description="CUDA context, kernels, NCCL buffers: not predicted (see notes)."
+    )
+    notes: list[str]
+
+
 class StageMemory(BaseModel):
     stage: int
     per_device: PerDevice
@@ -110,6 +125,7 @@ class StageMemory(BaseModel):
     nvme: HostMemory
     fits: bool | None = Field(description="Whether peak (or resident) fits device_memory.")
     components: dict[str, int] = Field(default_factory=dict, description="Engine-specific parts.")
+    breakdown: Breakdown = Field(description="theory → allocated → reserved → device.")
     notes: list[str] = Field(default_factory=list)
 
 

@@ -247,6 +247,11 @@ class TorchEnginesModel:
         components["held_outputs"] = memory.held_outputs
         components.update({f"peak_candidate_{k}": v for k, v in memory.moments.items()})
         base = resident + memory.workspaces + runtime
+        # allocated at the moments measure/ probes: forward done; backward done (the loop now
+        # holds this step's outputs); optimizer step done (nothing new: states exist already)
+        components["after_forward"] = base + memory.end_of_forward
+        components["after_backward"] = base + memory.held_outputs + memory.step_gradients
+        components["after_step"] = components["after_backward"]
         notes.append(
             f"peak at {memory.peak_moment}; resident and peak count the cuBLAS workspaces, the "
             "batch and (holds_outputs) the last logits and loss, as memory_allocated does"

@@ -74,6 +74,9 @@ class StepMemory:
         activations: what forward saves for backward, at the end of forward.
         held_outputs: ``logits`` and ``loss`` of the last step, alive between steps.
         workspaces: cuBLAS workspaces in the caching allocator.
+        end_of_forward: bytes above model states when forward and the loss are done
+            (activations plus parameters still gathered).
+        step_gradients: gradient bytes alive from the end of backward through the step.
         moments: bytes above model states + workspaces at each candidate moment.
         peak_moment: which moment is the peak.
     """
@@ -81,6 +84,8 @@ class StepMemory:
     activations: int
     held_outputs: int
     workspaces: int
+    end_of_forward: int = 0
+    step_gradients: int = 0
     moments: Mapping[str, int] = field(default_factory=dict)
 
     @property
@@ -142,5 +147,7 @@ def step_memory(
         activations=acts.end_of_forward,
         held_outputs=held,
         workspaces=cublas_workspace_bytes(config),
+        end_of_forward=end_of_forward,
+        step_gradients=step_gradients,
         moments=moments,
     )

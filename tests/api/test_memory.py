@@ -222,3 +222,20 @@ def test_non_finite_numbers_are_422_not_500(client: TestClient, literal: bytes) 
         r = client.post("/v1/memory", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 422, r.text
         assert "NaN" not in r.text and "Infinity" not in r.text
+
+
+def test_torch_engine_predicts_peak_with_a_breakdown(client: TestClient) -> None:
+    arch = {"layers": 12, "hidden": 768, "heads": 12, "vocab_size": 50257, "max_seq_len": 1024}
+    body = {"model": {"architecture": arch}, "dp": 8, "precision": "mixed_bf16",
+            "engine": "torch", "batch": {"micro_batch_size": 8, "seq_len": 1024}}
+    torch_stages = post(client, body)["stages"]
+    paper_stages = post(client, body | {"engine": "paper"})["stages"]
+    for t, p in zip(torch_stages, paper_stages, strict=True):
+        d = t["per_device"]
+        assert d["peak"] > d["resident"] > 0
+        assert d["activations"] > 0
+        assert t["breakdown"]["theory"] == p["per_device"]["model_states"]
+        assert t["breakdown"]["allocated_peak"] == d["peak"]
+        assert t["breakdown"]["reserved"] is None and t["breakdown"]["notes"]
+    # FSDP2 with reshard_after_forward=False keeps the 16-bit parameters gathered: higher peak
+    assert torch_stages[2]["per_device"]["peak"] > torch_stages[3]["per_device"]["peak"]
