@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from app.schemas.communication import CommunicationRequest, InterconnectIn, LinkIn
 from app.schemas.memory import MemoryRequest, TrainingIn
 from app.schemas.model import BatchIn, ModelSpec
 from calculators.architecture import Architecture, count_params
 from calculators.batch import Batch
 from calculators.capacity import MAX_PARAMS
+from calculators.communication import CommunicationSetup, Network, ZeroPlusPlus, make_topology
 from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
+from calculators.interconnects import Interconnect, custom_interconnect, get_interconnect
 from calculators.model_states import Offload, TrainingSetup
 from calculators.presets import get_preset
 
@@ -65,3 +68,31 @@ def to_setup(
 def memory_setup(req: MemoryRequest) -> TrainingSetup:
     params, arch = resolve_model(req.model)
     return to_setup(req, params, arch, to_batch(req.batch))
+
+
+def _link(spec: LinkIn, field: str) -> Interconnect:
+    if isinstance(spec, InterconnectIn):
+        return custom_interconnect(spec.bandwidth, spec.latency, field)
+    return get_interconnect(spec, field)
+
+
+def communication_setup(req: CommunicationRequest) -> CommunicationSetup:
+    """The calculators' view of a communication request."""
+    params, arch = resolve_model(req.model)
+    training = to_setup(req, params, arch)
+    return CommunicationSetup(
+        training=training,
+        topology=make_topology(
+            req.dp, req.tp, req.pp, req.nodes, req.gpus_per_node, req.nics_per_node
+        ),
+        network=Network(
+            intra=_link(req.interconnect, "interconnect"),
+            inter=_link(req.inter_node_interconnect, "inter_node_interconnect"),
+            host=_link(req.host_interconnect, "host_interconnect"),
+            algorithm=req.algorithm,
+        ),
+        grad_accumulation_steps=req.grad_accumulation_steps,
+        grad_sync=req.grad_sync,
+        shard_group_size=req.shard_group_size,
+        zeropp=ZeroPlusPlus(qwz=req.zeropp.qwz, hpz=req.zeropp.hpz, qgz=req.zeropp.qgz),
+    )

@@ -41,11 +41,13 @@ def require_api_key(
     ):
         raise HTTPException(
             status_code=status.HTTP_401_UNAUTHORIZED,
-            detail=[{
-                "field": API_KEY_HEADER,
-                "msg": f"missing or wrong {API_KEY_HEADER} header",
-                "type": "unauthorized",
-            }],
+            detail=[
+                {
+                    "field": API_KEY_HEADER,
+                    "msg": f"missing or wrong {API_KEY_HEADER} header",
+                    "type": "unauthorized",
+                }
+            ],
             headers={"WWW-Authenticate": "ApiKey"},
         )
 

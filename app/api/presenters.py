@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 from app.core.units import readable
+from app.schemas.communication import (
+    CollectiveOut,
+    CommunicationConvention,
+    CommunicationResponse,
+    LinkOut,
+    StageCommunicationOut,
+    TopologyOut,
+    TransferOut,
+)
 from app.schemas.memory import (
     Breakdown,
     Convention,
@@ -11,7 +20,9 @@ from app.schemas.memory import (
     PerDevice,
     StageMemory,
 )
+from calculators.communication import CommunicationEstimate, StageCommunication
 from calculators.conventions import OPTIMIZER_ASSUMPTIONS
+from calculators.interconnects import Interconnect
 from calculators.memory import MemoryEstimate, StageEstimate
 from calculators.model_states import Placement, bytes_per_param
 
@@ -47,8 +58,8 @@ def breakdown(est: StageEstimate) -> Breakdown:
     )
 
 
-def stage_memory(est: StageEstimate, device_memory: int | None) -> StageMemory:
-    per = PerDevice(
+def per_device(est: StageEstimate) -> PerDevice:
+    return PerDevice(
         parameters=est.device.parameters,
         gradients=est.device.gradients,
         optimizer_states=est.device.optimizer_states,
@@ -58,6 +69,10 @@ def stage_memory(est: StageEstimate, device_memory: int | None) -> StageMemory:
         resident=est.resident,
         peak=est.peak,
     )
+
+
+def stage_memory(est: StageEstimate, device_memory: int | None) -> StageMemory:
+    per = per_device(est)
     return StageMemory(
         stage=int(est.stage),
         per_device=per,
@@ -101,4 +116,96 @@ def memory_response(result: MemoryEstimate, device_memory: int | None) -> Memory
             },
         ),
         stages=[stage_memory(s, device_memory) for s in result.stages],
+    )
+
+
+TIME_MODEL = (
+    "per call: NCCL base latency 8.4 µs + ring steps × hop latency (NCCL tuning.cc Ring/Simple: "
+    "NVLink 3.4 µs, PCIe 5.7 µs, network 14 µs, or the given latency); plus bus factor × "
+    "payload / bus bandwidth, the bus bandwidth being the slowest link class the ring crosses "
+    "(a node's share of its NICs when the group leaves the node). Offload transfers: bytes / "
+    "host link bandwidth."
+)
+
+
+def _link_out(link: Interconnect) -> LinkOut:
+    return LinkOut(
+        name=link.name,
+        bandwidth=link.bandwidth,
+        latency_seconds=float(link.latency),
+        source=link.source,
+    )
+
+
+def _stage_out(s: StageCommunication) -> StageCommunicationOut:
+    return StageCommunicationOut(
+        stage=int(s.stage),
+        collectives=[
+            CollectiveOut(
+                op=c.collective.op,
+                phase=c.collective.phase,
+                calls=c.collective.calls,
+                payload_bytes=c.collective.payload_bytes,
+                sent_bytes_per_rank=c.collective.sent_bytes_per_rank,
+                dtype=c.collective.dtype,
+                group_size=c.collective.group.size,
+                link=c.collective.group.link,
+                nodes_spanned=c.collective.group.nodes,
+                intra_node_bytes_per_rank=c.intra_node_bytes_per_rank,
+                inter_node_bytes_per_rank=c.inter_node_bytes_per_rank,
+                time_seconds=c.time_seconds,
+                what=c.collective.what,
+            )
+            for c in s.collectives
+        ],
+        sent_bytes_per_rank=s.sent_bytes_per_rank,
+        sent_readable=readable(s.sent_bytes_per_rank),
+        ratio_to_ddp=None if s.ratio_to_ddp is None else float(s.ratio_to_ddp),
+        time_seconds=s.time_seconds,
+        collective_time_seconds=s.collective_time_seconds,
+        offload_transfers=[
+            TransferOut(
+                direction=t.direction, phase=t.phase, bytes=t.bytes, time_seconds=secs, what=t.what
+            )
+            for t, secs in zip(s.transfers, s.transfer_seconds, strict=True)
+        ],
+        offload_time_seconds=s.transfer_time_seconds,
+        notes=list(s.notes),
+    )
+
+
+def communication_response(result: CommunicationEstimate) -> CommunicationResponse:
+    setup = result.setup
+    t, topo, net = setup.training, setup.topology, setup.network
+    dp_group = topo.dp_group()
+    return CommunicationResponse(
+        params=t.params,
+        params_per_device=t.params_per_device,
+        dp=t.dp,
+        tp=t.tp,
+        pp=t.pp,
+        grad_accumulation_steps=setup.grad_accumulation_steps,
+        convention=CommunicationConvention(
+            engine=t.engine,
+            description=result.convention,
+            grad_sync=setup.grad_sync,
+            time_model=TIME_MODEL,
+            ignores=result.ignores,
+        ),
+        topology=TopologyOut(
+            nodes=topo.nodes,
+            gpus_per_node=topo.gpus_per_node,
+            nics_per_node=topo.nics,
+            dp_group_nodes=dp_group.nodes,
+            dp_ranks_per_node=dp_group.per_node,
+            assumed=topo.assumed,
+            layout="global rank = (pp_rank · dp + dp_rank) · tp + tp_rank (tensor parallel "
+            "innermost); node = rank // gpus_per_node",
+        ),
+        links={
+            "intra_node": _link_out(net.intra),
+            "inter_node": _link_out(net.inter),
+            "host": _link_out(net.host),
+        },
+        stages=[_stage_out(s) for s in result.stages],
     )

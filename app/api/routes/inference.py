@@ -33,8 +33,14 @@ def inference(
     params, arch = resolve_model(request.model)
     mem = inference_memory(
         InferenceSetup(
-            params=params, architecture=arch, weights=request.weights, kv_cache=request.kv_cache,
-            batch_size=request.batch_size, context=request.context, tp=request.tp, pp=request.pp,
+            params=params,
+            architecture=arch,
+            weights=request.weights,
+            kv_cache=request.kv_cache,
+            batch_size=request.batch_size,
+            context=request.context,
+            tp=request.tp,
+            pp=request.pp,
         )
     )
     sizes = {"weights": mem.weights, "kv_cache": mem.kv_cache, "total": mem.total}

@@ -61,8 +61,9 @@ def check_measurable(req: MeasureRequest) -> None:
     check_storable(req.model.hf_config, "model.hf_config")
     if req.model.params is not None:
         raise InputError(
-            "model", "a measurement builds and trains the model: give architecture, preset or "
-            "hf_config, not params"
+            "model",
+            "a measurement builds and trains the model: give architecture, preset or "
+            "hf_config, not params",
         )
     if req.model.preset is None or not MLP_PRESET.match(req.model.preset):
         resolve_model(req.model)  # unknown presets and bad hf_config bodies are 422s here

@@ -10,12 +10,11 @@ from fastapi import APIRouter, Body
 from starlette.concurrency import run_in_threadpool
 
 from app.api.convert import memory_setup
-from app.api.presenters import memory_response
-from app.schemas.memory import PerDevice
+from app.api.presenters import memory_response, per_device
 from app.schemas.sweep import MemorySweepRequest, MemorySweepResponse, StageAtDp, SweepPoint
 from calculators.conventions import Stage
 from calculators.errors import InputError
-from calculators.memory import StageEstimate, estimate
+from calculators.memory import estimate
 
 router = APIRouter(prefix="/v1", tags=["memory"])
 
@@ -43,19 +42,6 @@ SWEEP_EXAMPLES = {
 }
 
 
-def _per_device(est: StageEstimate) -> PerDevice:
-    return PerDevice(
-        parameters=est.device.parameters,
-        gradients=est.device.gradients,
-        optimizer_states=est.device.optimizer_states,
-        model_states=est.model_states,
-        activations=est.activations,
-        temporary_buffers=est.temporary_buffers,
-        resident=est.resident,
-        peak=est.peak,
-    )
-
-
 @router.post("/memory/sweep", response_model=MemorySweepResponse)
 async def memory_sweep(
     request: Annotated[MemorySweepRequest, Body(openapi_examples=SWEEP_EXAMPLES)],
@@ -80,14 +66,21 @@ def sweep(request: MemorySweepRequest) -> MemorySweepResponse:
                 f"{len(request.dp_values)} values; send fewer dp_values (or ask /v1/memory)",
             )
         result = estimate(replace(setup, dp=dp), stages)
-        points.append(SweepPoint(dp=dp, stages=[
-            StageAtDp(
-                stage=int(s.stage),
-                per_device=_per_device(s),
-                fits=None if request.device_memory is None else s.fits(request.device_memory),
+        points.append(
+            SweepPoint(
+                dp=dp,
+                stages=[
+                    StageAtDp(
+                        stage=int(s.stage),
+                        per_device=per_device(s),
+                        fits=None
+                        if request.device_memory is None
+                        else s.fits(request.device_memory),
+                    )
+                    for s in result.stages
+                ],
             )
-            for s in result.stages
-        ]))
+        )
     return MemorySweepResponse(
         params=reference.params,
         params_per_device=reference.params_per_device,
