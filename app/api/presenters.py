@@ -54,7 +54,6 @@ def breakdown(est: StageEstimate) -> Breakdown:
         theory=est.theory,
         allocated_resident=est.resident,
         allocated_peak=est.peak,
-        notes=BREAKDOWN_NOTES,
     )
 
 
@@ -116,6 +115,7 @@ def memory_response(result: MemoryEstimate, device_memory: int | None) -> Memory
             },
         ),
         stages=[stage_memory(s, device_memory) for s in result.stages],
+        breakdown_notes=BREAKDOWN_NOTES,
     )
 
 

@@ -107,12 +107,13 @@ class Breakdown(BaseModel):
     allocated_resident: int = Field(description="torch.cuda.memory_allocated between steps.")
     allocated_peak: int | None = Field(description="torch.cuda.max_memory_allocated in a step.")
     reserved: int | None = Field(
-        None, description="The caching allocator's reserved bytes: not predicted (see notes)."
+        None,
+        description="The caching allocator's reserved bytes: not predicted (see breakdown_notes).",
     )
     outside_allocator: int | None = Field(
-        None, description="CUDA context, kernels, NCCL buffers: not predicted (see notes)."
+        None,
+        description="CUDA context, kernels, NCCL buffers: not predicted (see breakdown_notes).",
     )
-    notes: list[str]
 
 
 class StageMemory(BaseModel):
@@ -150,3 +151,7 @@ class MemoryResponse(BaseModel):
     pp: int
     convention: Convention
     stages: list[StageMemory]
+    breakdown_notes: list[str] = Field(
+        description="What the breakdown's rungs mean and why "
+        "reserved and device memory are not predicted."
+    )
