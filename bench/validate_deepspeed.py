@@ -434,7 +434,8 @@ def report(paths: list[Path]) -> None:
         print(f"| {label(r)} | {meas:,} | {pred:,} | {pct(pred, meas):+.2f} | {detail} |")
     print("\nStage 3 all-gathers, elements: measured vs the coordinator simulation "
           "(calculators.engines.deepspeed.stage3_trace, steady state):\n")
-    print("| model | Nd | prec | stage | offload | knobs | forward meas | sim | backward meas | sim |")
+    print("| model | Nd | prec | stage | offload | knobs | forward meas | sim "
+          "| backward meas | sim |")
     print("|---|---:|---|---:|---|---|---:|---:|---:|---:|")
     for r, _, _ in comm_rows:
         if r["stage"] != 3:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from calculators import communication as comm
-from calculators.conventions import Stage
+from calculators.conventions import Engine, Stage
 from calculators.memory import StageEstimate, estimate
 from calculators.model_states import TrainingSetup
 
@@ -30,7 +30,9 @@ def predicted_memory(est: StageEstimate) -> dict[str, Any]:
     and held outputs included, when the estimate knows the batch); ``model_state_resident`` is
     what the engine itself keeps, which ``measured`` gives over its runtime baseline.
     """
-    states = est.components.get("model_states_resident", est.resident)
+    states = est.components.get("model_states_resident")
+    if states is None:  # deepspeed: resident less what the loop holds (workspaces stay in)
+        states = est.resident - est.components.get("held_outputs", 0)
     return {
         "resident": est.resident,
         "model_state_resident": states,
@@ -48,13 +50,15 @@ def predicted_memory(est: StageEstimate) -> dict[str, Any]:
 
 def predicted_communication(setup: TrainingSetup, stage: Stage) -> dict[str, Any]:
     """Bytes rank 0 sends per step: ``calculators.communication`` (the ``/v1/communication``
-    model, engine torch), every micro-step reducing as the measured loop does (no no_sync)."""
+    model) with ``setup.engine``. The torch loop reduces every micro-step (no ``no_sync``);
+    DeepSpeed decides itself when it reduces, as its profile models."""
     micro = setup.batch.grad_accumulation_steps if setup.batch is not None else 1
+    torch_loop = setup.engine is Engine.TORCH
     cs = comm.CommunicationSetup(
         training=setup,
         topology=comm.make_topology(setup.dp, setup.tp, setup.pp, None, None),
         grad_accumulation_steps=micro,
-        grad_sync=comm.GradSync.PER_MICRO_STEP,
+        grad_sync=comm.GradSync.PER_MICRO_STEP if torch_loop else comm.GradSync.PER_STEP,
     )
     sc = comm.stage_communication(cs, stage)
     return {
@@ -70,7 +74,7 @@ def predicted_communication(setup: TrainingSetup, stage: Stage) -> dict[str, Any
             }
             for c in sc.collectives
         ],
-        "source": "calculators.communication (engine torch)",
+        "source": f"calculators.communication (engine {setup.engine.value})",
     }
 
 

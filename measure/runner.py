@@ -15,7 +15,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,12 @@ import torch.distributed as dist
 
 from calculators.architecture import Activation, Architecture, Norm, PositionEmbedding
 from calculators.batch import Batch, Checkpointing
-from calculators.conventions import Engine, Optimizer, Precision, Stage
+from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
-from calculators.model_states import TrainingSetup
+from calculators.model_states import Offload, TrainingSetup
 from calculators.presets import get_preset
+from measure import deepspeed_engine
 from measure.compare import compare_run
 from measure.engines import half_dtype, root_reshards_after_forward
 from measure.session import StepPlan, measure_stage, runtime_warmup
@@ -59,6 +60,9 @@ class MeasureSpec:
     plan: StepPlan
     batch: Batch | None
     seed: int = 0
+    engine: Engine = Engine.TORCH
+    offload: Mapping[str, Any] = field(default_factory=dict)
+    engine_config: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _enum(kind: type[Any], value: Any, name: str) -> Any:
@@ -126,17 +130,30 @@ def resolve_workload(model: Mapping[str, Any], batch: Batch | None) -> Workload:
 
 def parse_spec(spec: Mapping[str, Any]) -> MeasureSpec:
     engine = _enum(Engine, spec.get("engine") or "torch", "engine")
-    if engine is not Engine.TORCH:
-        raise InputError("engine", "measure runs the torch engines (engine: torch)")
+    if engine is Engine.DEEPSPEED:
+        if not deepspeed_engine.available():
+            raise InputError("engine", "DeepSpeed is not installed on this host; use torch")
+        if spec.get("mode") == "simulated":
+            raise InputError(
+                "mode", "DeepSpeed needs a real process group: use distributed (one process "
+                "per GPU, or a world of 1) or auto, not simulated"
+            )
+    elif engine is not Engine.TORCH:
+        raise InputError("engine", "measure runs a real engine: torch or deepspeed")
     for key in ("tp", "pp"):
         if spec.get(key) not in (None, 1):
             raise InputError(key, "measure runs data parallelism only (tp = pp = 1)")
     if spec.get("k") is not None:
         raise InputError("k", "measure runs a real optimizer; its states are what they are")
     offload = spec.get("offload") or {}
+    if not isinstance(offload, Mapping):
+        raise InputError("offload", "must be an object")
     for key in ("optimizer", "params"):
-        if offload.get(key) not in (None, "none"):
+        if offload.get(key) not in (None, "none") and engine is not Engine.DEEPSPEED:
             raise InputError(f"offload.{key}", "the torch engines here run without offload")
+    engine_config = spec.get("engine_config") or {}
+    if not isinstance(engine_config, Mapping):
+        raise InputError("engine_config", "must be an object")
     body = spec.get("batch")
     batch = None
     if body is not None:
@@ -162,11 +179,20 @@ def parse_spec(spec: Mapping[str, Any]) -> MeasureSpec:
     device = spec.get("device") or "auto"
     if device not in DEVICES:
         raise InputError("device", f"must be one of {', '.join(DEVICES)}")
+    precision = _enum(Precision, spec.get("precision") or "mixed_bf16", "precision")
+    workload = resolve_workload(spec.get("model") or {}, batch)
+    if engine is Engine.DEEPSPEED:
+        micro = batch.micro_batch_size if batch else DEFAULT_MICRO_BATCH
+        for stage in stages:  # every stage's config body is checked before anything runs
+            deepspeed_engine.deepspeed_config(
+                stage, precision, micro, batch.grad_accumulation_steps if batch else 1,
+                offload, engine_config,
+            )
     return MeasureSpec(
-        workload=resolve_workload(spec.get("model") or {}, batch),
+        workload=workload,
         dp=_int(spec, "dp", 1, 1, 1 << 20),
         stages=stages,
-        precision=_enum(Precision, spec.get("precision") or "mixed_bf16", "precision"),
+        precision=precision,
         optimizer=_enum(Optimizer, spec.get("optimizer") or "adam", "optimizer"),
         mode=mode,
         device=device,
@@ -178,17 +204,38 @@ def parse_spec(spec: Mapping[str, Any]) -> MeasureSpec:
         ),
         batch=batch,
         seed=_int(spec, "seed", 0, 0, 2**31 - 1),
+        engine=engine,
+        offload=dict(offload),
+        engine_config=dict(engine_config),
+    )
+
+
+def ds_config(ms: MeasureSpec, stage: Stage) -> dict[str, Any]:
+    """The DeepSpeed config body one stage runs with."""
+    micro = ms.batch.micro_batch_size if ms.batch else DEFAULT_MICRO_BATCH
+    return deepspeed_engine.deepspeed_config(
+        stage, ms.precision, micro, ms.plan.grad_accumulation_steps, ms.offload, ms.engine_config
     )
 
 
 def training_setup(
-    ms: MeasureSpec, stage_world: int, device: torch.device | None = None
+    ms: MeasureSpec, stage_world: int, device: torch.device | None = None,
+    stage: Stage | None = None,
 ) -> TrainingSetup:
-    """The calculator's view of the measured run, with the runtime facts of ``device``."""
-    config: dict[str, Any] = {
-        "fsdp_root_reshard_after_forward": root_reshards_after_forward(),
-        "holds_outputs": ms.plan.hold_outputs,
-    }
+    """The calculator's view of the measured run, with the runtime facts of ``device``.
+
+    For DeepSpeed ``engine_config`` is the config body ``stage`` ran with (knobs, offload).
+    """
+    config: dict[str, Any] = {"holds_outputs": ms.plan.hold_outputs}
+    if ms.engine is Engine.DEEPSPEED:
+        config.update(ds_config(ms, stage if stage is not None else ms.stages[0]))
+        if device is not None and device.type != "cuda":
+            config["cublaslt_workspace_bytes"] = 0  # no cuBLASLt on the CPU
+        elif deepspeed_engine.linear_patched() and stage is not Stage.PARAMETERS:
+            # an earlier stage-3 engine of this process replaced F.linear for good
+            config["cublaslt_workspace_bytes"] = 0
+    else:
+        config["fsdp_root_reshard_after_forward"] = root_reshards_after_forward()
     if device is not None and device.type == "cuda":
         major, _ = torch.cuda.get_device_capability(device)
         config["compute_capability_major"] = major
@@ -196,12 +243,17 @@ def training_setup(
         config["cublas_workspace_bytes"] = 0  # no cuBLAS on the CPU
     if ms.workload.architecture is None:
         config["tensors"] = [[n, list(s), g] for n, s, g in ms.workload.tensors]
+    offload = Offload(
+        optimizer=OffloadDevice(ms.offload.get("optimizer") or "none"),
+        params=OffloadDevice(ms.offload.get("params") or "none"),
+    )
     return TrainingSetup(
         params=ms.workload.params,
         dp=stage_world,
         precision=ms.precision,
         optimizer=ms.optimizer,
-        engine=Engine.TORCH,
+        engine=ms.engine,
+        offload=offload,
         architecture=ms.workload.architecture,
         batch=ms.batch,
         engine_config=config,
@@ -242,6 +294,8 @@ def _resolve_mode(ms: MeasureSpec, device: torch.device) -> str:
         return "torchrun"
     if ms.mode != "auto":
         return ms.mode
+    if ms.engine is Engine.DEEPSPEED:
+        return "distributed"  # a real process group, of one rank where one device is asked for
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     return "distributed" if gpus > 1 and ms.dp == gpus else "simulated"
 
@@ -251,16 +305,24 @@ def _stage_runs(
 ) -> list[dict[str, Any]]:
     """Measure every stage on this rank (process group initialised by the caller)."""
     world = dist.get_world_size()
-    runtime_warmup(device, half_dtype(ms.precision))
+    if ms.engine is Engine.TORCH:
+        # not for DeepSpeed: its convention counts the cuBLAS workspaces the first step makes
+        runtime_warmup(device, half_dtype(ms.precision))
     runs = []
     for i, stage in enumerate(ms.stages):
         progress(i / len(ms.stages), f"stage {int(stage)}: measuring")
-        measured = measure_stage(
-            ms.workload, stage, ms.precision, ms.optimizer, device, simulated, ms.plan, ms.seed
-        )
+        if ms.engine is Engine.DEEPSPEED:
+            measured = deepspeed_engine.measure_stage(
+                ms.workload, stage, ms.optimizer, device, ms.plan, ds_config(ms, stage), ms.seed,
+            )
+        else:
+            measured = measure_stage(
+                ms.workload, stage, ms.precision, ms.optimizer, device, simulated, ms.plan,
+                ms.seed,
+            )
         run = {
             "stage": int(stage),
-            "engine": "torch",
+            "engine": ms.engine.value,
             "engine_name": measured["engine_name"],
             "mode": mode,
             "device": device.type,
@@ -269,24 +331,29 @@ def _stage_runs(
             "measured": measured["measured"],
             "step_time_s": measured["step_time_s"],
         }
-        run.update(compare_run(training_setup(ms, world, device), stage, measured))
+        run.update(compare_run(training_setup(ms, world, device, stage), stage, measured))
         runs.append(run)
     return runs
 
 
 def _result(ms: MeasureSpec, device: torch.device, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    from calculators.engines.torch_engines import CONVENTION
+    from calculators.engines import engine_model
 
+    env = environment(device)
+    if ms.engine is Engine.DEEPSPEED:
+        import deepspeed
+
+        env["deepspeed"] = deepspeed.__version__
     return {
         "workload": ms.workload.name,
         "params": ms.workload.params,
         "dp": ms.dp,
         "precision": ms.precision.value,
         "optimizer": ms.optimizer.value,
-        "engine": "torch",
-        "convention": CONVENTION,
+        "engine": ms.engine.value,
+        "convention": engine_model(ms.engine).convention,
         "reported_rank": 0,
-        "environment": environment(device),
+        "environment": env,
         "runs": runs,
     }
 
@@ -325,6 +392,10 @@ def _rank_main(
     init: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world}
     if backend == "nccl":
         init["device_id"] = device
+    if ms.engine is Engine.DEEPSPEED:
+        # what deepspeed.init_distributed and the engine read; set before deepspeed is imported
+        os.environ.setdefault("DS_ACCELERATOR", device.type)
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group(**init)
     try:
         def progress(fraction: float, message: str) -> None:

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
+from calculators import communication as comm
 from calculators.architecture import Architecture, tensors
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines import engine_model
-from calculators import communication as comm
 from calculators.engines.torch_engines import MODEL, ParamTensor, zero_partition
 from calculators.errors import InputError
 from calculators.memory import estimate

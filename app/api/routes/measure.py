@@ -71,6 +71,8 @@ def check_measurable(req: MeasureRequest) -> None:
         raise InputError("engine", "a measurement runs a real engine: torch or deepspeed")
     if req.engine is Engine.DEEPSPEED and importlib.util.find_spec("deepspeed") is None:
         raise InputError("engine", "DeepSpeed is not installed on this host; use torch")
+    if req.engine is Engine.DEEPSPEED and req.mode.value == "simulated":
+        raise InputError("mode", "DeepSpeed needs a real process group: use distributed or auto")
     for field in ("tp", "pp"):
         if getattr(req, field) != 1:
             raise InputError(field, "measure runs data parallelism alone: must be 1")
