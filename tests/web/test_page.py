@@ -499,13 +499,15 @@ def test_no_request_leaves_the_origin(visit: Visit) -> None:
     assert not re.search(r"(src|href)=\"(https?:)?//", html)
 
 
-def test_screenshot(visit: Visit) -> None:
-    """Writes the README's screenshot when ZEROCALC_SCREENSHOT names a path."""
-    target = os.environ.get("ZEROCALC_SCREENSHOT")
-    if not target:
-        pytest.skip("set ZEROCALC_SCREENSHOT=docs/screenshot.png to write the screenshot")
-    visit.open("?dp=64&use_batch=1")
-    path = Path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    visit.page.screenshot(path=str(path), full_page=True)
-    assert path.stat().st_size > 10_000
+def test_screenshot(visit: Visit, tmp_path: Path) -> None:
+    """The page renders whole to a PNG; ZEROCALC_SCREENSHOT=docs/screenshot.png renews the
+    README's picture (GPT-2 XL under the torch engine: activations, buffers and peak)."""
+    target = Path(os.environ.get("ZEROCALC_SCREENSHOT") or tmp_path / "page.png")
+    visit.open(
+        "?preset=gpt2-xl&dp=8&engine=torch&precision=mixed_bf16&use_batch=1"
+        "&micro_batch_size=4&seq_len=1024"
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    visit.page.screenshot(path=str(target), full_page=True)
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert target.stat().st_size > 10_000
