@@ -163,6 +163,11 @@ def _check(setup: TrainingSetup) -> int:
         or setup.offload.params is not OffloadDevice.NONE
     ):
         raise InputError("offload", "the torch engine profile does not model CPU offload yet")
+    for name in ("tp", "pp"):
+        if getattr(setup, name) != 1:
+            raise InputError(
+                name, "the torch engine profile models data parallelism only (DDP, ZeRO, FSDP2)"
+            )
     return STATE_TENSORS[setup.optimizer]
 
 

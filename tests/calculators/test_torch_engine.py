@@ -136,3 +136,14 @@ def test_communication_per_stage() -> None:
     # stage 3 gathers again in backward, root included
     assert sent_bytes_per_rank(s, Stage.PARAMETERS) == (n - 1) * shard * (2 + 2 + 4)
 
+
+
+@pytest.mark.parametrize("field", ["tp", "pp"])
+def test_model_parallelism_is_refused(field: str) -> None:
+    setup = TrainingSetup(
+        params=PSI, dp=4, precision=Precision.MIXED_BF16, engine=Engine.TORCH, architecture=GPT,
+        **{field: 2},  # type: ignore[arg-type]
+    )
+    with pytest.raises(InputError) as err:
+        MODEL.estimate(setup, Stage.GRADIENTS)
+    assert err.value.field == field
