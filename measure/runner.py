@@ -32,8 +32,9 @@ from calculators.presets import get_preset
 from measure import deepspeed_engine
 from measure.compare import compare_run
 from measure.engines import half_dtype, root_reshards_after_forward
+from measure.mlp_presets import mlp_preset
 from measure.session import StepPlan, measure_stage, runtime_warmup
-from measure.workloads import Workload, gpt_workload, mlp_preset, mlp_workload
+from measure.workloads import Workload, gpt_workload, mlp_workload
 
 Progress = Callable[[float, str], None]
 MODES = ("simulated", "distributed", "auto")

@@ -15,13 +15,8 @@ from calculators.architecture import (  # noqa: E402
     tensors,
 )
 from calculators.presets import PRESETS  # noqa: E402
-from measure.workloads import (  # noqa: E402
-    MLPSpec,
-    SeedsMLP,
-    gpt_workload,
-    mlp_preset,
-    mlp_tensors,
-)
+from measure.mlp_presets import MLPSpec, mlp_preset  # noqa: E402
+from measure.workloads import SeedsMLP, gpt_workload, mlp_tensors  # noqa: E402
 
 ARCHS = {
     "gpt2-style": Architecture(layers=2, hidden=64, heads=4, vocab_size=100, max_seq_len=32),

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import math
-import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
@@ -16,17 +14,9 @@ from app.jobs.store import JobStatus
 from app.schemas.measure import JobAccepted, JobPublic, JobsPublic, MeasureRequest
 from calculators.conventions import Engine
 from calculators.errors import InputError
+from measure.mlp_presets import mlp_preset
 
 router = APIRouter(prefix="/v1", tags=["measure"], dependencies=[ApiKeyDep])
-
-# A DeepSpeed config or a config.json nests a few levels; this leaves room and stops a body that
-# would overflow the serialiser's recursion.
-MAX_FREE_FORM_DEPTH = 32
-
-# The MLP presets measure builds beside the calculators' ones (measure/workloads.py mlp_preset:
-# ``mlp``, ``seeds-mlp``, ``mlp-{L}x{h}``). That module imports torch, which the service never
-# does, so only the names are matched here; the child checks the sizes.
-MLP_PRESET = re.compile(r"^(mlp|seeds-mlp|mlp-\d+x\d+)$")
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, description="The id POST answered.")]
 
@@ -40,32 +30,17 @@ def _not_found(job_id: str) -> HTTPException:
     )
 
 
-def check_storable(value: Any, field: str) -> None:
-    """A free-form JSON object goes into the store and back out: strict JSON, bounded depth."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_FREE_FORM_DEPTH:
-            raise InputError(field, f"nested deeper than {MAX_FREE_FORM_DEPTH} levels")
-        if isinstance(item, float) and not math.isfinite(item):
-            raise InputError(field, "NaN and Infinity are not JSON numbers")
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-
-
 def check_measurable(req: MeasureRequest) -> None:
+    # engine_config and model.hf_config are already bounded JSON (app.schemas.common.JsonObject)
     """Refuse up front (422) what no child could run; the runner checks the rest."""
-    check_storable(req.engine_config, "engine_config")
-    check_storable(req.model.hf_config, "model.hf_config")
     if req.model.params is not None:
         raise InputError(
             "model",
             "a measurement builds and trains the model: give architecture, preset or "
             "hf_config, not params",
         )
-    if req.model.preset is None or not MLP_PRESET.match(req.model.preset):
+    # the seeds' MLP presets are measure's own; every other model resolves as /v1/memory's do
+    if req.model.preset is None or mlp_preset(req.model.preset) is None:
         resolve_model(req.model)  # unknown presets and bad hf_config bodies are 422s here
     if req.engine is Engine.PAPER:
         raise InputError("engine", "a measurement runs a real engine: torch or deepspeed")
