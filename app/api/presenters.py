@@ -12,6 +12,7 @@ from app.schemas.communication import (
     TopologyOut,
     TransferOut,
 )
+from app.schemas.inference import InferenceResponse
 from app.schemas.memory import (
     Breakdown,
     Convention,
@@ -22,6 +23,7 @@ from app.schemas.memory import (
 )
 from calculators.communication import CommunicationEstimate, StageCommunication
 from calculators.conventions import OPTIMIZER_ASSUMPTIONS
+from calculators.inference import InferenceMemory
 from calculators.interconnects import Interconnect
 from calculators.memory import MemoryEstimate, StageEstimate
 from calculators.model_states import Placement, bytes_per_param
@@ -208,4 +210,23 @@ def communication_response(result: CommunicationEstimate) -> CommunicationRespon
             "host": _link_out(net.host),
         },
         stages=[_stage_out(s) for s in result.stages],
+    )
+
+
+def inference_response(
+    params: int, mem: InferenceMemory, device_memory: int | None
+) -> InferenceResponse:
+    sizes = {"weights": mem.weights, "kv_cache": mem.kv_cache, "total": mem.total}
+    notes = ["decode-step activations are transient and not counted"]
+    if mem.kv_cache is None:
+        notes.append("give an architecture, preset or hf_config for the KV cache")
+    needed = mem.total if mem.total is not None else mem.weights
+    return InferenceResponse(
+        params=params,
+        weights=mem.weights,
+        kv_cache=mem.kv_cache,
+        total=mem.total,
+        readable={k: readable(v) for k, v in sizes.items() if v is not None},
+        fits=None if device_memory is None else needed <= device_memory,
+        notes=notes,
     )

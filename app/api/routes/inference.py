@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body
 
 from app.api.convert import resolve_model
-from app.core.units import readable
+from app.api.presenters import inference_response
 from app.schemas.inference import InferenceRequest, InferenceResponse
 from calculators.inference import InferenceSetup, inference_memory
 
@@ -43,17 +43,4 @@ def inference(
             pp=request.pp,
         )
     )
-    sizes = {"weights": mem.weights, "kv_cache": mem.kv_cache, "total": mem.total}
-    notes = ["decode-step activations are transient and not counted"]
-    if mem.kv_cache is None:
-        notes.append("give an architecture, preset or hf_config for the KV cache")
-    needed = mem.total if mem.total is not None else mem.weights
-    return InferenceResponse(
-        params=params,
-        weights=mem.weights,
-        kv_cache=mem.kv_cache,
-        total=mem.total,
-        readable={k: readable(v) for k, v in sizes.items() if v is not None},
-        fits=None if request.device_memory is None else needed <= request.device_memory,
-        notes=notes,
-    )
+    return inference_response(params, mem, request.device_memory)
