@@ -36,9 +36,8 @@ from calculators.engines.deepspeed import parse_config
 from calculators.errors import InputError
 from measure.comms import CommCounter
 from measure.engines import make_optimizer_class
-from measure.memory import DeviceMemory, LiveStorages, storage_bytes
-from measure.session import StepPlan
-from measure.session import _release as release
+from measure.memory import DeviceMemory, device_memory, storage_bytes
+from measure.session import StepPlan, release
 from measure.session import _sync as sync
 from measure.workloads import Workload
 
@@ -166,11 +165,8 @@ def measure_stage(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Measure one DeepSpeed stage on this rank; the process group must be initialised."""
-    tracker = LiveStorages(device.type) if device.type != "cuda" else None
-    ctx = tracker if tracker is not None else contextlib.nullcontext()
-    with ctx:
-        result = _measure(workload, stage, optimizer, device, plan, config, seed,
-                          DeviceMemory(device, tracker))
+    with device_memory(device) as mem:
+        result = _measure(workload, stage, optimizer, device, plan, config, seed, mem)
     release(device)
     return result
 

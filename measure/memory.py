@@ -10,10 +10,11 @@ attribute storages to parameters, gradients and optimizer states, deduplicated b
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -170,3 +171,14 @@ class DeviceMemory:
             return int(float(out.splitlines()[0]) * 2**20)  # nvidia-smi reports MiB
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
             return None
+
+
+@contextlib.contextmanager
+def device_memory(device: torch.device) -> Iterator[DeviceMemory]:
+    """Memory readings for ``device``: the CUDA allocator's, or on the CPU the live storages
+    this block allocates (attributed by :class:`LiveStorages`)."""
+    if device.type == "cuda":
+        yield DeviceMemory(device, None)
+        return
+    with LiveStorages(device.type) as tracker:
+        yield DeviceMemory(device, tracker)

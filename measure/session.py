@@ -15,7 +15,7 @@ import torch.distributed as dist
 from calculators.conventions import Optimizer, Precision, Stage
 from measure.comms import CommCounter
 from measure.engines import build_engine
-from measure.memory import DeviceMemory, LiveStorages, attribution
+from measure.memory import DeviceMemory, attribution, device_memory
 from measure.workloads import Workload
 
 Progress = Callable[[float, str], None]
@@ -56,7 +56,7 @@ def runtime_warmup(device: torch.device, dtype: torch.dtype | None) -> None:
     torch.cuda.synchronize(device)
 
 
-def _release(device: torch.device, settle_s: float = 5.0) -> None:
+def release(device: torch.device, settle_s: float = 5.0) -> None:
     """Free what the last stage left and wait until the allocator stops shrinking.
 
     ProcessGroupNCCL keeps each asynchronous collective's tensors (DDP's buckets among them)
@@ -93,14 +93,11 @@ def measure_stage(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Measure one stage on this rank; the process group must already be initialised."""
-    tracker = LiveStorages(device.type) if device.type != "cuda" else None
-    ctx = tracker if tracker is not None else contextlib.nullcontext()
-    with ctx:
+    with device_memory(device) as mem:
         result = _measure(
-            workload, stage, precision, optimizer, device, simulated, plan, seed,
-            DeviceMemory(device, tracker),
+            workload, stage, precision, optimizer, device, simulated, plan, seed, mem
         )
-    _release(device)  # the engine, model and batches died with _measure's frame
+    release(device)  # the engine, model and batches died with _measure's frame
     return result
 
 
@@ -118,7 +115,7 @@ def _measure(
     torch.manual_seed(seed + dist.get_rank())
     gen = torch.Generator().manual_seed(seed + dist.get_rank())
     batches = [workload.make_batch(device, gen) for _ in range(plan.grad_accumulation_steps)]
-    _release(device)
+    release(device)
     baseline = mem.allocated()
     baseline_requested = mem.requested()
 
