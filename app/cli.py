@@ -55,9 +55,16 @@ class CliError(Exception):
 # ---------- parsing sizes and counts (exact integers, units named) ----------
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": GB, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": GIB, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": GB,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": GIB,
+    "tib": 2**40,
 }
 _COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
@@ -145,8 +152,16 @@ def _stages(text: str | None) -> list[int] | None:
 def model_spec(
     params: str | None, preset: str | None, arch: str | None, hf_config: str | None
 ) -> dict[str, Any] | None:
-    given = [n for n, v in (("--params", params), ("--preset", preset), ("--arch", arch),
-                            ("--hf-config", hf_config)) if v is not None]
+    given = [
+        n
+        for n, v in (
+            ("--params", params),
+            ("--preset", preset),
+            ("--arch", arch),
+            ("--hf-config", hf_config),
+        )
+        if v is not None
+    ]
     if len(given) > 1:
         raise CliError(f"give one model, not {' and '.join(given)}")
     if params is not None:
@@ -185,8 +200,12 @@ def build_body(base: str | None, **fields: Any) -> dict[str, Any]:
 def batch_fields(
     micro_batch: int | None, seq_len: int | None, checkpointing: str | None, accum: int | None
 ) -> dict[str, Any] | None:
-    given = {"micro_batch_size": micro_batch, "seq_len": seq_len,
-             "activation_checkpointing": checkpointing, "grad_accumulation_steps": accum}
+    given = {
+        "micro_batch_size": micro_batch,
+        "seq_len": seq_len,
+        "activation_checkpointing": checkpointing,
+        "grad_accumulation_steps": accum,
+    }
     return given if any(v is not None for v in given.values()) else None
 
 
@@ -227,8 +246,9 @@ def _answer(response: httpx.Response) -> dict[str, Any]:
         data = response.json()
     except ValueError:
         data = None
-    if response.status_code == 404 and not (isinstance(data, dict) and "detail" in data
-                                            and isinstance(data["detail"], list)):
+    if response.status_code == 404 and not (
+        isinstance(data, dict) and "detail" in data and isinstance(data["detail"], list)
+    ):
         raise CliError(f"{response.request.url.path}: this service does not offer it (404)")
     if response.status_code >= 400:
         raise CliError(_problem_text(response.status_code, data))
@@ -240,8 +260,11 @@ def _answer(response: httpx.Response) -> dict[str, Any]:
 def _problem_text(status: int, data: Any) -> str:
     detail = data.get("detail") if isinstance(data, dict) else None
     if isinstance(detail, list):
-        lines = [f"{d.get('field') or 'request'}: {d.get('msg', '')}" for d in detail
-                 if isinstance(d, dict)]
+        lines = [
+            f"{d.get('field') or 'request'}: {d.get('msg', '')}"
+            for d in detail
+            if isinstance(d, dict)
+        ]
         return f"the service refused the request ({status}):\n  " + "\n  ".join(lines)
     return f"the service answered {status}: {detail if detail is not None else data}"
 
@@ -253,10 +276,14 @@ def emit_json(data: Any) -> None:
 # ---------- tables ----------
 
 _MEMORY_ROWS = (
-    ("parameters", "parameters"), ("gradients", "gradients"),
-    ("optimizer_states", "optimizer states"), ("model_states", "model states"),
-    ("activations", "activations"), ("temporary_buffers", "buffers"),
-    ("resident", "resident"), ("peak", "peak"),
+    ("parameters", "parameters"),
+    ("gradients", "gradients"),
+    ("optimizer_states", "optimizer states"),
+    ("model_states", "model states"),
+    ("activations", "activations"),
+    ("temporary_buffers", "buffers"),
+    ("resident", "resident"),
+    ("peak", "peak"),
 )
 
 
@@ -276,15 +303,22 @@ def memory_table(data: dict[str, Any]) -> Table:
     for s in data["stages"]:
         table.add_column(f"stage {s['stage']}", justify="right")
     for key, label in _MEMORY_ROWS:
-        table.add_row(label, *(s["per_device_readable"].get(key, _size(s["per_device"][key]))
-                               for s in data["stages"]))
+        table.add_row(
+            label,
+            *(
+                s["per_device_readable"].get(key, _size(s["per_device"][key]))
+                for s in data["stages"]
+            ),
+        )
     for where in ("cpu", "nvme"):
         if any(s[where]["total"] for s in data["stages"]):
-            table.add_row(f"{where.upper()} per rank",
-                          *(_size(s[where]["total"]) for s in data["stages"]))
+            table.add_row(
+                f"{where.upper()} per rank", *(_size(s[where]["total"]) for s in data["stages"])
+            )
     if any(s["fits"] is not None for s in data["stages"]):
-        table.add_row("fits device", *("[green]yes[/]" if s["fits"] else "[red]no[/]"
-                                       for s in data["stages"]))
+        table.add_row(
+            "fits device", *("[green]yes[/]" if s["fits"] else "[red]no[/]" for s in data["stages"])
+        )
     return table
 
 
@@ -310,7 +344,8 @@ def _topology(data: dict[str, Any]) -> str:
     if not isinstance(t, dict):
         return ""
     where = f"{t['nodes']} node(s) × {t['gpus_per_node']} GPUs" + (
-        " (assumed)" if t.get("assumed") else "")
+        " (assumed)" if t.get("assumed") else ""
+    )
     for key, label in (("intra_node", "intra-node"), ("inter_node", "inter-node")):
         link = links.get(key)
         if isinstance(link, dict):
@@ -319,10 +354,17 @@ def _topology(data: dict[str, Any]) -> str:
 
 
 def communication_table(data: dict[str, Any]) -> Table:
-    table = Table(title="Communication per rank per optimizer step",
-                  caption=f"{_topology(data)}GB = 10^9 bytes, GiB = 2^30 bytes.")
-    for name, justify in (("stage", "left"), ("sent per rank", "right"),
-                          ("ratio to DDP", "right"), ("time", "right"), ("collectives", "left")):
+    table = Table(
+        title="Communication per rank per optimizer step",
+        caption=f"{_topology(data)}GB = 10^9 bytes, GiB = 2^30 bytes.",
+    )
+    for name, justify in (
+        ("stage", "left"),
+        ("sent per rank", "right"),
+        ("ratio to DDP", "right"),
+        ("time", "right"),
+        ("collectives", "left"),
+    ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for s in data["stages"]:
         ops = "\n".join(
@@ -332,9 +374,11 @@ def communication_table(data: dict[str, Any]) -> Table:
         ratio = s.get("ratio_to_ddp")
         seconds = s.get("time_seconds")
         table.add_row(
-            str(s["stage"]), _size(s["sent_bytes_per_rank"]),
+            str(s["stage"]),
+            _size(s["sent_bytes_per_rank"]),
             "—" if ratio is None else f"{ratio:.3f}×",
-            "—" if seconds is None else f"{seconds * 1e3:,.1f} ms", ops,
+            "—" if seconds is None else f"{seconds * 1e3:,.1f} ms",
+            ops,
         )
     return table
 
@@ -380,65 +424,108 @@ def _percent(e: float | None) -> str:
 
 
 def measure_table(job: dict[str, Any]) -> Table:
-    table = Table(title=f"Measured vs predicted · job {job['id']}",
-                  caption="relative error = (predicted − measured) / measured; GB = 10^9 "
-                  "bytes, GiB = 2^30 bytes (MB = 10^6, MiB = 2^20).", caption_justify="left")
+    table = Table(
+        title=f"Measured vs predicted · job {job['id']}",
+        caption="relative error = (predicted − measured) / measured; GB = 10^9 "
+        "bytes, GiB = 2^30 bytes (MB = 10^6, MiB = 2^20).",
+        caption_justify="left",
+    )
     for name in ("stage", "figure", "measured", "predicted", "relative error"):
         table.add_column(name, justify="left" if name in ("stage", "figure") else "right")
     for run in (job.get("result") or {}).get("runs", []):
         measured, predicted = run.get("measured") or {}, run.get("predicted") or {}
-        keys = [k for k in ("resident", "peak")
-                if isinstance(measured.get(k), int) or isinstance(predicted.get(k), int)]
-        keys += [k for k, v in measured.items()
-                 if k not in keys and isinstance(v, int) and isinstance(predicted.get(k), int)]
+        keys = [
+            k
+            for k in ("resident", "peak")
+            if isinstance(measured.get(k), int) or isinstance(predicted.get(k), int)
+        ]
+        keys += [
+            k
+            for k, v in measured.items()
+            if k not in keys and isinstance(v, int) and isinstance(predicted.get(k), int)
+        ]
         for key in keys:
-            table.add_row(str(run["stage"]), key.replace("_", " "),
-                          _small_size(measured.get(key)), _small_size(predicted.get(key)),
-                          _percent(_relative(run, key)))
+            table.add_row(
+                str(run["stage"]),
+                key.replace("_", " "),
+                _small_size(measured.get(key)),
+                _small_size(predicted.get(key)),
+                _percent(_relative(run, key)),
+            )
         comm = _communication(run.get("communication") or {})
         if comm is not None:
-            table.add_row(str(run["stage"]), "sent bytes per rank", _small_size(comm[0]),
-                          _small_size(comm[1]), _percent(comm[2]))
+            table.add_row(
+                str(run["stage"]),
+                "sent bytes per rank",
+                _small_size(comm[0]),
+                _small_size(comm[1]),
+                _percent(comm[2]),
+            )
     return table
 
 
 # ---------- options shared by the commands ----------
 
 Json = Annotated[bool, typer.Option("--json", help="Print the API's JSON answer.")]
-Url = Annotated[str | None, typer.Option(
-    "--url", envvar="ZEROCALC_URL",
-    help="A running service; without it the answer is computed in-process by the same app.")]
-Body = Annotated[str | None, typer.Option(
-    "--body", help="A JSON request body (file, or - for stdin); options given override it.")]
+Url = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="ZEROCALC_URL",
+        help="A running service; without it the answer is computed in-process by the same app.",
+    ),
+]
+Body = Annotated[
+    str | None,
+    typer.Option(
+        "--body", help="A JSON request body (file, or - for stdin); options given override it."
+    ),
+]
 Params = Annotated[str | None, typer.Option("--params", "-p", help="Ψ: 7.5e9, 7.5B, 7500000000.")]
 Preset = Annotated[str | None, typer.Option("--preset", help="A model from GET /v1/presets.")]
-Arch = Annotated[str | None, typer.Option(
-    "--arch", help="Architecture as name=value,... (layers=12,hidden=1024,heads=16,"
-    "vocab_size=32000) or a JSON file.")]
-HfConfig = Annotated[str | None, typer.Option(
-    "--hf-config", help="A Hugging Face config.json (file, or - for stdin).")]
+Arch = Annotated[
+    str | None,
+    typer.Option(
+        "--arch",
+        help="Architecture as name=value,... (layers=12,hidden=1024,heads=16,"
+        "vocab_size=32000) or a JSON file.",
+    ),
+]
+HfConfig = Annotated[
+    str | None,
+    typer.Option("--hf-config", help="A Hugging Face config.json (file, or - for stdin)."),
+]
 Dp = Annotated[int | None, typer.Option("--dp", "-n", help="Data-parallel degree Nd.")]
 Tp = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.")]
 Pp = Annotated[int | None, typer.Option("--pp", help="Pipeline-parallel degree.")]
 Stages = Annotated[str | None, typer.Option("--stages", "-s", help="ZeRO stages, e.g. 1,2,3.")]
-Precision = Annotated[str | None, typer.Option(
-    "--precision", help="mixed_fp16, mixed_bf16, fp32 or bf16.")]
-Optimizer = Annotated[str | None, typer.Option(
-    "--optimizer", help="adam, adamw, sgd, sgd_momentum, adafactor, adam_8bit.")]
+Precision = Annotated[
+    str | None, typer.Option("--precision", help="mixed_fp16, mixed_bf16, fp32 or bf16.")
+]
+Optimizer = Annotated[
+    str | None,
+    typer.Option("--optimizer", help="adam, adamw, sgd, sgd_momentum, adafactor, adam_8bit."),
+]
 K = Annotated[float | None, typer.Option("--k", help="Optimizer-state bytes per parameter.")]
 Gradients = Annotated[str | None, typer.Option("--gradients", help="paper or fp32_grads.")]
-OffloadOpt = Annotated[str | None, typer.Option(
-    "--offload-optimizer", help="none, cpu or nvme.")]
+OffloadOpt = Annotated[str | None, typer.Option("--offload-optimizer", help="none, cpu or nvme.")]
 OffloadParams = Annotated[str | None, typer.Option("--offload-params", help="none, cpu or nvme.")]
 Engine = Annotated[str | None, typer.Option("--engine", "-e", help="paper, deepspeed or torch.")]
 MicroBatch = Annotated[int | None, typer.Option("--micro-batch", help="Sequences per micro-batch.")]
 SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Tokens per sequence.")]
-Checkpointing = Annotated[str | None, typer.Option(
-    "--checkpointing", help="Activation checkpointing: none, full or selective.")]
-GradAccum = Annotated[int | None, typer.Option(
-    "--grad-accum", help="Micro-batches per optimizer step.")]
-DeviceMemory = Annotated[str | None, typer.Option(
-    "--device-memory", "-m", help="Bytes per device: 80GB (10^9), 80GiB (2^30) or bytes.")]
+Checkpointing = Annotated[
+    str | None,
+    typer.Option("--checkpointing", help="Activation checkpointing: none, full or selective."),
+]
+GradAccum = Annotated[
+    int | None, typer.Option("--grad-accum", help="Micro-batches per optimizer step.")
+]
+DeviceMemory = Annotated[
+    str | None,
+    typer.Option(
+        "--device-memory", "-m", help="Bytes per device: 80GB (10^9), 80GiB (2^30) or bytes."
+    ),
+]
 
 
 def _run(fn: Any) -> Any:
@@ -455,22 +542,47 @@ def _size_option(text: str | None, what: str) -> int | None:
 
 @cli.command()
 def memory(
-    params: Params = None, preset: Preset = None, arch: Arch = None, hf_config: HfConfig = None,
-    dp: Dp = None, tp: Tp = None, pp: Pp = None, stages: Stages = None,
-    precision: Precision = None, optimizer: Optimizer = None, k: K = None,
-    gradients: Gradients = None, offload_optimizer: OffloadOpt = None,
-    offload_params: OffloadParams = None, engine: Engine = None,
-    micro_batch: MicroBatch = None, seq_len: SeqLen = None, checkpointing: Checkpointing = None,
-    grad_accum: GradAccum = None, device_memory: DeviceMemory = None,
-    body: Body = None, url: Url = None, as_json: Json = False,
+    params: Params = None,
+    preset: Preset = None,
+    arch: Arch = None,
+    hf_config: HfConfig = None,
+    dp: Dp = None,
+    tp: Tp = None,
+    pp: Pp = None,
+    stages: Stages = None,
+    precision: Precision = None,
+    optimizer: Optimizer = None,
+    k: K = None,
+    gradients: Gradients = None,
+    offload_optimizer: OffloadOpt = None,
+    offload_params: OffloadParams = None,
+    engine: Engine = None,
+    micro_batch: MicroBatch = None,
+    seq_len: SeqLen = None,
+    checkpointing: Checkpointing = None,
+    grad_accum: GradAccum = None,
+    device_memory: DeviceMemory = None,
+    body: Body = None,
+    url: Url = None,
+    as_json: Json = False,
 ) -> None:
     """Per-device memory of one model under each ZeRO stage (POST /v1/memory)."""
+
     def go() -> None:
         request = build_body(
-            body, model=model_spec(params, preset, arch, hf_config), dp=dp, tp=tp, pp=pp,
-            stages=_stages(stages), precision=precision, optimizer=optimizer, k=k,
-            gradients=gradients, offload={"optimizer": offload_optimizer, "params": offload_params},
-            engine=engine, batch=batch_fields(micro_batch, seq_len, checkpointing, grad_accum),
+            body,
+            model=model_spec(params, preset, arch, hf_config),
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            stages=_stages(stages),
+            precision=precision,
+            optimizer=optimizer,
+            k=k,
+            gradients=gradients,
+            offload={"optimizer": offload_optimizer, "params": offload_params},
+            engine=engine,
+            batch=batch_fields(micro_batch, seq_len, checkpointing, grad_accum),
             device_memory=_size_option(device_memory, "--device-memory"),
         )
         data = call("/v1/memory", request, url)
@@ -478,66 +590,118 @@ def memory(
             emit_json(data)
         else:
             out.print(memory_table(data))
+
     _run(go)
 
 
 @cli.command()
 def capacity(
     device_memory: DeviceMemory = None,
-    dp: Dp = None, stages: Stages = None, precision: Precision = None,
-    optimizer: Optimizer = None, k: K = None, gradients: Gradients = None,
-    offload_optimizer: OffloadOpt = None, offload_params: OffloadParams = None,
+    dp: Dp = None,
+    stages: Stages = None,
+    precision: Precision = None,
+    optimizer: Optimizer = None,
+    k: K = None,
+    gradients: Gradients = None,
+    offload_optimizer: OffloadOpt = None,
+    offload_params: OffloadParams = None,
     engine: Engine = None,
-    params: Params = None, preset: Preset = None, arch: Arch = None, hf_config: HfConfig = None,
+    params: Params = None,
+    preset: Preset = None,
+    arch: Arch = None,
+    hf_config: HfConfig = None,
     max_dp: Annotated[int | None, typer.Option("--max-dp", help="Largest Nd to search.")] = None,
-    body: Body = None, url: Url = None, as_json: Json = False,
+    body: Body = None,
+    url: Url = None,
+    as_json: Json = False,
 ) -> None:
     """Largest model per stage for a device; with a model, the smallest Nd (POST /v1/capacity)."""
+
     def go() -> None:
         request = build_body(
-            body, device_memory=_size_option(device_memory, "--device-memory"), dp=dp,
-            stages=_stages(stages), precision=precision, optimizer=optimizer, k=k,
-            gradients=gradients, offload={"optimizer": offload_optimizer, "params": offload_params},
-            engine=engine, model=model_spec(params, preset, arch, hf_config), max_dp=max_dp,
+            body,
+            device_memory=_size_option(device_memory, "--device-memory"),
+            dp=dp,
+            stages=_stages(stages),
+            precision=precision,
+            optimizer=optimizer,
+            k=k,
+            gradients=gradients,
+            offload={"optimizer": offload_optimizer, "params": offload_params},
+            engine=engine,
+            model=model_spec(params, preset, arch, hf_config),
+            max_dp=max_dp,
         )
         data = call("/v1/capacity", request, url)
         if as_json:
             emit_json(data)
         else:
             out.print(capacity_table(data))
+
     _run(go)
 
 
 @cli.command()
 def comm(
-    params: Params = None, preset: Preset = None, arch: Arch = None, hf_config: HfConfig = None,
-    dp: Dp = None, tp: Tp = None, pp: Pp = None, stages: Stages = None,
-    precision: Precision = None, engine: Engine = None, grad_accum: GradAccum = None,
-    offload_optimizer: OffloadOpt = None, offload_params: OffloadParams = None,
+    params: Params = None,
+    preset: Preset = None,
+    arch: Arch = None,
+    hf_config: HfConfig = None,
+    dp: Dp = None,
+    tp: Tp = None,
+    pp: Pp = None,
+    stages: Stages = None,
+    precision: Precision = None,
+    engine: Engine = None,
+    grad_accum: GradAccum = None,
+    offload_optimizer: OffloadOpt = None,
+    offload_params: OffloadParams = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes.")] = None,
-    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node.")]
-    = None,
-    interconnect: Annotated[str | None, typer.Option(
-        "--interconnect", help="Link inside a node: a name from GET /v1/interconnects.")] = None,
-    inter_node: Annotated[str | None, typer.Option(
-        "--inter-node-interconnect", help="Link between nodes: a name from GET /v1/interconnects."
-    )] = None,
-    body: Body = None, url: Url = None, as_json: Json = False,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", help="GPUs per node.")
+    ] = None,
+    interconnect: Annotated[
+        str | None,
+        typer.Option(
+            "--interconnect", help="Link inside a node: a name from GET /v1/interconnects."
+        ),
+    ] = None,
+    inter_node: Annotated[
+        str | None,
+        typer.Option(
+            "--inter-node-interconnect",
+            help="Link between nodes: a name from GET /v1/interconnects.",
+        ),
+    ] = None,
+    body: Body = None,
+    url: Url = None,
+    as_json: Json = False,
 ) -> None:
     """Bytes each rank sends per step, and the time (POST /v1/communication)."""
+
     def go() -> None:
         request = build_body(
-            body, model=model_spec(params, preset, arch, hf_config), dp=dp, tp=tp, pp=pp,
-            stages=_stages(stages), precision=precision, engine=engine,
+            body,
+            model=model_spec(params, preset, arch, hf_config),
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            stages=_stages(stages),
+            precision=precision,
+            engine=engine,
             offload={"optimizer": offload_optimizer, "params": offload_params},
-            grad_accumulation_steps=grad_accum, nodes=nodes, gpus_per_node=gpus_per_node,
-            interconnect=interconnect, inter_node_interconnect=inter_node,
+            grad_accumulation_steps=grad_accum,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            interconnect=interconnect,
+            inter_node_interconnect=inter_node,
         )
         data = call("/v1/communication", request, url)
         if as_json:
             emit_json(data)
         else:
             out.print(communication_table(data))
+
     _run(go)
 
 
@@ -555,8 +719,11 @@ def _fraction(progress: Any) -> float:
 def wait_for_job(client: httpx.Client, job_id: str, interval: float) -> dict[str, Any]:
     """Poll GET /v1/measure/{id} until the job ends, drawing a progress bar on stderr."""
     with Progress(
-        TextColumn("[bold]{task.fields[status]}"), BarColumn(), TaskProgressColumn(),
-        TimeElapsedColumn(), TextColumn("{task.description}"),
+        TextColumn("[bold]{task.fields[status]}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
         console=err,
     ) as bar:
         task = bar.add_task("", total=1.0, status="queued")
@@ -564,8 +731,9 @@ def wait_for_job(client: httpx.Client, job_id: str, interval: float) -> dict[str
             job = _answer(client.get(f"/v1/measure/{job_id}"))
             progress = job.get("progress")
             message = progress.get("message", "") if isinstance(progress, dict) else ""
-            bar.update(task, completed=_fraction(progress), status=job["status"],
-                       description=message)
+            bar.update(
+                task, completed=_fraction(progress), status=job["status"], description=message
+            )
             if job["status"] in FINAL:
                 if job["status"] == "succeeded":
                     bar.update(task, completed=1.0)
@@ -575,32 +743,51 @@ def wait_for_job(client: httpx.Client, job_id: str, interval: float) -> dict[str
 
 @cli.command()
 def measure(
-    arch: Arch = None, preset: Preset = None, hf_config: HfConfig = None,
-    dp: Dp = None, stages: Stages = None, precision: Precision = None,
-    optimizer: Optimizer = None, engine: Engine = None,
-    micro_batch: MicroBatch = None, seq_len: SeqLen = None, checkpointing: Checkpointing = None,
+    arch: Arch = None,
+    preset: Preset = None,
+    hf_config: HfConfig = None,
+    dp: Dp = None,
+    stages: Stages = None,
+    precision: Precision = None,
+    optimizer: Optimizer = None,
+    engine: Engine = None,
+    micro_batch: MicroBatch = None,
+    seq_len: SeqLen = None,
+    checkpointing: Checkpointing = None,
     grad_accum: GradAccum = None,
-    mode: Annotated[str | None, typer.Option(
-        "--mode", help="simulated (one device), distributed (one process per GPU) or auto.")]
-    = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            "--mode", help="simulated (one device), distributed (one process per GPU) or auto."
+        ),
+    ] = None,
     device: Annotated[str | None, typer.Option("--device", help="cuda, cpu or auto.")] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="Measured steps per stage.")]
-    = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Measured steps per stage.")] = None,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between polls.")] = 1.0,
-    api_key: Annotated[str | None, typer.Option(
-        "--api-key", envvar="ZEROCALC_API_KEY", help="Sent as X-API-Key.")] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="ZEROCALC_API_KEY", help="Sent as X-API-Key.")
+    ] = None,
     body: Body = None,
-    url: Annotated[str, typer.Option("--url", envvar="ZEROCALC_URL",
-                                     help="The running service that measures.")] = DEFAULT_URL,
+    url: Annotated[
+        str, typer.Option("--url", envvar="ZEROCALC_URL", help="The running service that measures.")
+    ] = DEFAULT_URL,
     as_json: Json = False,
 ) -> None:
     """Measure real runs on the service's device and compare with the prediction."""
+
     def go() -> None:
         request = build_body(
-            body, model=model_spec(None, preset, arch, hf_config), dp=dp,
-            stages=_stages(stages), precision=precision, optimizer=optimizer, engine=engine,
+            body,
+            model=model_spec(None, preset, arch, hf_config),
+            dp=dp,
+            stages=_stages(stages),
+            precision=precision,
+            optimizer=optimizer,
+            engine=engine,
             batch=batch_fields(micro_batch, seq_len, checkpointing, grad_accum),
-            mode=mode, device=device, steps=steps,
+            mode=mode,
+            device=device,
+            steps=steps,
         )
         try:
             with remote_client(url, api_key) as client:
@@ -614,6 +801,7 @@ def measure(
             out.print(measure_table(job))
         if job["status"] != "succeeded":
             raise CliError(f"job {job['id']} {job['status']}: {job.get('error') or ''}".rstrip())
+
     _run(go)
 
 

@@ -84,14 +84,23 @@ def parse_wrk(text: str) -> dict[str, Any]:
     }
 
 
-def wrk(url: str, duration_s: int, connections: int, threads: int,
-        script: str | None) -> dict[str, Any]:
-    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration_s}s", "--latency",
-           "--timeout", "5s"]
+def wrk(
+    url: str, duration_s: int, connections: int, threads: int, script: str | None
+) -> dict[str, Any]:
+    cmd = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{duration_s}s",
+        "--latency",
+        "--timeout",
+        "5s",
+    ]
     if script:
         cmd += ["-s", script]
-    out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True,
-                         timeout=duration_s + 30)
+    out = subprocess.run(
+        [*cmd, url], capture_output=True, text=True, check=True, timeout=duration_s + 30
+    )
     return parse_wrk(out.stdout)
 
 
@@ -127,10 +136,18 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="wrk threads")
     parser.add_argument("--warmup", type=int, default=2, help="seconds of warm-up per endpoint")
-    parser.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"],
-                        help="uvicorn's HTTP parser (auto: httptools when installed)")
-    parser.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
-                        help="uvicorn's event loop (auto: uvloop when installed)")
+    parser.add_argument(
+        "--http",
+        default="auto",
+        choices=["auto", "h11", "httptools"],
+        help="uvicorn's HTTP parser (auto: httptools when installed)",
+    )
+    parser.add_argument(
+        "--loop",
+        default="auto",
+        choices=["auto", "asyncio", "uvloop"],
+        help="uvicorn's event loop (auto: uvloop when installed)",
+    )
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -142,23 +159,40 @@ def main() -> int:
     base = f"http://{HOST}:{port}"
     env = {**os.environ, "ZEROCALC_DATA_DIR": tempfile.mkdtemp(prefix="zerocalc-bench-")}
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", HOST, "--port", str(port),
-         "--workers", "1", "--log-level", "warning", "--no-access-log",
-         "--http", args.http, "--loop", args.loop],
-        cwd=ROOT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:app",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--http",
+            args.http,
+            "--loop",
+            args.loop,
+        ],
+        cwd=ROOT,
+        env=env,
     )
     try:
         wait_ready(f"{base}/healthz")
         with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as lua:
             lua.write(LUA_POST.format(body=json.dumps(json.dumps(MEMORY_BODY))))
         check = urllib.request.Request(
-            f"{base}/v1/memory", data=json.dumps(MEMORY_BODY).encode(),
+            f"{base}/v1/memory",
+            data=json.dumps(MEMORY_BODY).encode(),
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(check, timeout=5) as response:
             assert response.status == 200, response.status
-        targets = {"healthz": (f"{base}/healthz", None),
-                   "memory": (f"{base}/v1/memory", lua.name)}
+        targets = {"healthz": (f"{base}/healthz", None), "memory": (f"{base}/v1/memory", lua.name)}
         for url, script in targets.values():
             wrk(url, args.warmup, args.connections, args.threads, script)
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
@@ -189,11 +223,15 @@ def main() -> int:
     }
     for name in targets:
         r = result[name]
-        print(f"{name:8s} {r['rate']:9.1f} req/s  p50 {r['p50_ms']:6.2f} ms  "
-              f"p99 {r['p99_ms']:6.2f} ms  ({r['requests']} requests, {r['non_2xx']} non-2xx)")
+        print(
+            f"{name:8s} {r['rate']:9.1f} req/s  p50 {r['p50_ms']:6.2f} ms  "
+            f"p99 {r['p99_ms']:6.2f} ms  ({r['requests']} requests, {r['non_2xx']} non-2xx)"
+        )
     print(f"server: --http {args.http} --loop {args.loop}; installed {installed()}")
-    print(f"ratio memory/healthz = {ratio:.3f} (target >= {TARGET_RATIO}); "
-          f"memory p99 = {result['memory']['p99_ms']:.2f} ms (target < {TARGET_P99_MS} ms)")
+    print(
+        f"ratio memory/healthz = {ratio:.3f} (target >= {TARGET_RATIO}); "
+        f"memory p99 = {result['memory']['p99_ms']:.2f} ms (target < {TARGET_P99_MS} ms)"
+    )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     failed = result["memory"]["non_2xx"] or result["healthz"]["non_2xx"]

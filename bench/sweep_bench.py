@@ -37,19 +37,35 @@ BODIES: dict[str, dict[str, Any]] = {
     "paper_7.5B": {"model": {"params": 7_500_000_000}, "dp": 64},
     # What the page sends with an architecture and a batch: activations and peak, per engine.
     "gpt_1.3B_batch_torch": {
-        "model": {"architecture": {"layers": 24, "hidden": 2048, "heads": 16,
-                                   "vocab_size": 50257, "max_seq_len": 2048}},
-        "dp": 8, "precision": "mixed_bf16", "engine": "torch",
+        "model": {
+            "architecture": {
+                "layers": 24,
+                "hidden": 2048,
+                "heads": 16,
+                "vocab_size": 50257,
+                "max_seq_len": 2048,
+            }
+        },
+        "dp": 8,
+        "precision": "mixed_bf16",
+        "engine": "torch",
         "batch": {"micro_batch_size": 4, "seq_len": 2048},
         "device_memory": 80_000_000_000,
     },
     "llama3_8b_batch_torch": {
-        "model": {"preset": "llama3-8b"}, "dp": 8, "precision": "mixed_bf16", "engine": "torch",
-        "batch": {"micro_batch_size": 1, "seq_len": 4096}, "device_memory": 80_000_000_000,
+        "model": {"preset": "llama3-8b"},
+        "dp": 8,
+        "precision": "mixed_bf16",
+        "engine": "torch",
+        "batch": {"micro_batch_size": 1, "seq_len": 4096},
+        "device_memory": 80_000_000_000,
     },
     "llama3_8b_batch_deepspeed": {
-        "model": {"preset": "llama3-8b"}, "dp": 8, "precision": "mixed_bf16",
-        "engine": "deepspeed", "batch": {"micro_batch_size": 1, "seq_len": 4096},
+        "model": {"preset": "llama3-8b"},
+        "dp": 8,
+        "precision": "mixed_bf16",
+        "engine": "deepspeed",
+        "batch": {"micro_batch_size": 1, "seq_len": 4096},
         "device_memory": 80_000_000_000,
     },
 }
@@ -119,9 +135,23 @@ def main() -> int:
     port = free_port()
     env = {**os.environ, "ZEROCALC_DATA_DIR": tempfile.mkdtemp(prefix="zerocalc-bench-")}
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", HOST, "--port", str(port),
-         "--workers", "1", "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:app",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        cwd=ROOT,
+        env=env,
     )
     try:
         wait_ready(port)
@@ -130,16 +160,28 @@ def main() -> int:
         server.terminate()
         server.wait(timeout=10)
     for name, r in results.items():
-        print(f"{name:28s} server median {r['server_median_ms']:6.2f} ms  "
-              f"p99 {r['server_p99_ms']:6.2f} ms  max {r['server_max_ms']:6.2f} ms  "
-              f"(client median {r['client_median_ms']:.2f} ms, {r['response_bytes']} B)  "
-              f"{'ok' if r['ok'] else 'over'} (< {TARGET_MS} ms)")
+        print(
+            f"{name:28s} server median {r['server_median_ms']:6.2f} ms  "
+            f"p99 {r['server_p99_ms']:6.2f} ms  max {r['server_max_ms']:6.2f} ms  "
+            f"(client median {r['client_median_ms']:.2f} ms, {r['response_bytes']} B)  "
+            f"{'ok' if r['ok'] else 'over'} (< {TARGET_MS} ms)"
+        )
     if args.json:
-        args.json.write_text(json.dumps({
-            "command": " ".join(sys.argv), "cpus": os.cpu_count(),
-            "python": sys.version.split()[0], "stages": STAGES, "dp_values": ND,
-            "bodies": BODIES, "results": results,
-        }, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "command": " ".join(sys.argv),
+                    "cpus": os.cpu_count(),
+                    "python": sys.version.split()[0],
+                    "stages": STAGES,
+                    "dp_values": ND,
+                    "bodies": BODIES,
+                    "results": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -44,10 +44,14 @@ from calculators.architecture import Architecture  # noqa: E402
 MODELS: dict[str, tuple[Architecture, int, int]] = {
     # name: (architecture, micro-batch, sequence length); GPT-2 small / large with untied heads
     "gpt2-small-untied": (
-        Architecture(layers=12, hidden=768, heads=12, vocab_size=50257, max_seq_len=1024), 4, 1024
+        Architecture(layers=12, hidden=768, heads=12, vocab_size=50257, max_seq_len=1024),
+        4,
+        1024,
     ),
     "gpt2-large-untied": (
-        Architecture(layers=36, hidden=1280, heads=20, vocab_size=50257, max_seq_len=1024), 2, 1024
+        Architecture(layers=36, hidden=1280, heads=20, vocab_size=50257, max_seq_len=1024),
+        2,
+        1024,
     ),
 }
 TINY = (Architecture(layers=2, hidden=64, heads=2, vocab_size=128, max_seq_len=32), 2, 32)
@@ -62,11 +66,20 @@ def knob_configs() -> list[dict[str, Any]]:
     out += [
         {**base, "stage": 1, "zero": {"reduce_bucket_size": 50_000_000}},
         {**base, "stage": 2, "zero": {"reduce_bucket_size": 50_000_000, "overlap_comm": True}},
-        {**base, "stage": 3, "zero": {"reduce_bucket_size": 50_000_000,
-                                      "stage3_max_live_parameters": 30_000_000,
-                                      "stage3_prefetch_bucket_size": 10_000_000}},
-        {**base, "stage": 3, "zero": {"stage3_param_persistence_threshold": 0,
-                                      "stage3_max_reuse_distance": 0}},
+        {
+            **base,
+            "stage": 3,
+            "zero": {
+                "reduce_bucket_size": 50_000_000,
+                "stage3_max_live_parameters": 30_000_000,
+                "stage3_prefetch_bucket_size": 10_000_000,
+            },
+        },
+        {
+            **base,
+            "stage": 3,
+            "zero": {"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0},
+        },
         {**base, "stage": 2, "offload": True, "ga": 2},
         {"model": "gpt2-large-untied", "precision": "bf16", "offload": False, "stage": 0},
     ]
@@ -76,8 +89,12 @@ def knob_configs() -> list[dict[str, Any]]:
 def single_gpu_configs() -> list[dict[str, Any]]:
     """Nd = 1: the small model, bf16, every stage, offload at stages 2 and 3."""
     base = {"model": "gpt2-small-untied", "precision": "bf16"}
-    return [{**base, "stage": st, "offload": off} for st in range(4)
-            for off in (False, True) if not off or st >= 2]
+    return [
+        {**base, "stage": st, "offload": off}
+        for st in range(4)
+        for off in (False, True)
+        if not off or st >= 2
+    ]
 
 
 def configs(models: list[str]) -> list[dict[str, Any]]:
@@ -90,8 +107,9 @@ def configs(models: list[str]) -> list[dict[str, Any]]:
                         continue
                     if model == "gpt2-large-untied" and offload and precision == "fp16":
                         continue  # CPU Adam on 4e8 elements is slow; bf16 covers the path
-                    out.append({"model": model, "precision": precision, "stage": stage,
-                                "offload": offload})
+                    out.append(
+                        {"model": model, "precision": precision, "stage": stage, "offload": offload}
+                    )
     return out
 
 
@@ -210,8 +228,9 @@ def run_one(c: dict[str, Any], rank: int) -> dict[str, Any]:
     mem = Mem()
     dev = torch.device("cuda", torch.cuda.current_device()) if mem.cuda else torch.device("cpu")
     base = mem.alloc()
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt,
-                                           config=ds_config(c, micro_batch))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=opt, config=ds_config(c, micro_batch)
+    )
     gen = torch.Generator().manual_seed(rank)
 
     def batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,8 +277,9 @@ def run_one(c: dict[str, Any], rank: int) -> dict[str, Any]:
         "dp": torch.distributed.get_world_size(),
         "micro_batch": micro_batch,
         "seq_len": seq,
-        "params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
-                      for p in engine.module.parameters()),
+        "params": sum(
+            p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()
+        ),
         "baseline": base,
         "start_of_step": start_alloc,
         "after_backward": after_backward,
@@ -298,8 +318,9 @@ def run(out: Path, budget_s: float, only: str | None, which: str) -> None:
     start = time.time()
     results = []
     models = ["tiny"] if only == "tiny" else [m for m in MODELS if not only or only in m]
-    chosen = {"main": lambda: configs(models), "knobs": knob_configs,
-              "single": single_gpu_configs}[which]()
+    chosen = {"main": lambda: configs(models), "knobs": knob_configs, "single": single_gpu_configs}[
+        which
+    ]()
     if only == "tiny":  # CPU smoke test of any set
         chosen = [{**c, "model": "tiny"} for c in chosen]
     for c in chosen:
@@ -318,10 +339,17 @@ def run(out: Path, budget_s: float, only: str | None, which: str) -> None:
         results.append(r)
         if rank == 0:
             print(json.dumps({k: v for k, v in r.items() if k != "collectives"}), flush=True)
-            out.write_text(json.dumps({"torch": torch.__version__,
-                                       "deepspeed": deepspeed.__version__,
-                                       "device": torch.cuda.get_device_name() if cuda else "cpu",
-                                       "results": results}, indent=1))
+            out.write_text(
+                json.dumps(
+                    {
+                        "torch": torch.__version__,
+                        "deepspeed": deepspeed.__version__,
+                        "device": torch.cuda.get_device_name() if cuda else "cpu",
+                        "results": results,
+                    },
+                    indent=1,
+                )
+            )
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -344,18 +372,25 @@ def predict(r: dict[str, Any], linear_patched: bool = False) -> tuple[Any, Any]:
 
     arch, micro_batch, seq = MODELS.get(r["model"], TINY)
     setup = TrainingSetup(
-        params=r["params"], dp=r["dp"],
+        params=r["params"],
+        dp=r["dp"],
         precision=Precision.MIXED_BF16 if r["precision"] == "bf16" else Precision.MIXED_FP16,
-        engine=Engine.DEEPSPEED, architecture=arch,
+        engine=Engine.DEEPSPEED,
+        architecture=arch,
         batch=Batch(micro_batch, seq, grad_accumulation_steps=r.get("ga", 1)),
         offload=Offload(optimizer=OffloadDevice.CPU if r["offload"] else OffloadDevice.NONE),
-        engine_config={**ds_config(r, micro_batch),
-                       **({"cublaslt_workspace_bytes": 0} if linear_patched else {})},
+        engine_config={
+            **ds_config(r, micro_batch),
+            **({"cublaslt_workspace_bytes": 0} if linear_patched else {}),
+        },
     )
     memory = MODEL.estimate(setup, Stage(r["stage"]))
     comm = stage_communication(
-        CommunicationSetup(training=setup, topology=Topology(1, r["dp"], r["dp"]),
-                           grad_accumulation_steps=r.get("ga", 1)),
+        CommunicationSetup(
+            training=setup,
+            topology=Topology(1, r["dp"], r["dp"]),
+            grad_accumulation_steps=r.get("ga", 1),
+        ),
         Stage(r["stage"]),
     )
     return memory, comm
@@ -365,19 +400,28 @@ def pct(pred: int, meas: int) -> float:
     return 100.0 * (pred - meas) / meas if meas else float("nan")
 
 
-OPS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
-       "_all_gather_base": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-       "_reduce_scatter_base": "reduce_scatter", "broadcast": "broadcast", "reduce": "reduce",
-       "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-       "all_to_all_single": "all_to_all"}
+OPS = {
+    "all_reduce": "all_reduce",
+    "all_gather_into_tensor": "all_gather",
+    "_all_gather_base": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+}
 
 
 def label(r: dict[str, Any]) -> str:
     knobs = [f"GA {r['ga']}"] if r.get("ga", 1) > 1 else []
     knobs += [f"{k}={v}" for k, v in r.get("zero", {}).items()]
     short = r["model"].replace("gpt2-", "").replace("-untied", "")
-    return (f"{short} | {r['dp']} | {r['precision']} | {r['stage']} | "
-            f"{'cpu' if r['offload'] else '-'} | {', '.join(knobs) or '-'}")
+    return (
+        f"{short} | {r['dp']} | {r['precision']} | {r['stage']} | "
+        f"{'cpu' if r['offload'] else '-'} | {', '.join(knobs) or '-'}"
+    )
 
 
 def report(paths: list[Path]) -> None:
@@ -387,21 +431,27 @@ def report(paths: list[Path]) -> None:
     rows = []
     for path in paths:
         data = json.loads(path.read_text())
-        print(f"{path.name}: torch {data['torch']}, DeepSpeed {data['deepspeed']}, "
-              f"{data['device']}, rank 0")
+        print(
+            f"{path.name}: torch {data['torch']}, DeepSpeed {data['deepspeed']}, "
+            f"{data['device']}, rank 0"
+        )
         patched = False  # one process per file: stage 3 patches F.linear for the rest of it
         for r in data["results"]:
             rows.append((r, patched))
             patched = patched or r["stage"] == 3
     print()
-    print("| model | Nd | prec | stage | offload | knobs | resident meas | pred | err % | "
-          "peak meas | pred | err % | peak moment |")
+    print(
+        "| model | Nd | prec | stage | offload | knobs | resident meas | pred | err % | "
+        "peak meas | pred | err % | peak moment |"
+    )
     print("|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|")
     errs_r, errs_p, comm_rows = [], [], []
     for r, patched in rows:
         if "error" in r:
-            print(f"| {r['model']} | {r.get('dp', '?')} | {r['precision']} | {r['stage']} | "
-                  f"error: {r['error'][:100]} |")
+            print(
+                f"| {r['model']} | {r.get('dp', '?')} | {r['precision']} | {r['stage']} | "
+                f"error: {r['error'][:100]} |"
+            )
             continue
         memory, comm = predict(r, patched)
         meas_r = r["resident"] - r["baseline"]
@@ -410,32 +460,49 @@ def report(paths: list[Path]) -> None:
         errs_r.append(abs(er))
         errs_p.append(abs(ep))
         moment = next((n.split(": ")[1] for n in memory.notes if n.startswith("peak moment")), "")
-        print(f"| {label(r)}{' ¹' if patched else ''} | {meas_r:,} | {memory.resident:,} | "
-              f"{er:+.2f} | {meas_p:,} | {memory.peak:,} | {ep:+.2f} | {moment} |")
-        sent = sum(int(c["payload_bytes"] * sent_factor(Op(OPS[c["op"]]), r["dp"]))
-                   for c in r["collectives"])
+        print(
+            f"| {label(r)}{' ¹' if patched else ''} | {meas_r:,} | {memory.resident:,} | "
+            f"{er:+.2f} | {meas_p:,} | {memory.peak:,} | {ep:+.2f} | {moment} |"
+        )
+        sent = sum(
+            int(c["payload_bytes"] * sent_factor(Op(OPS[c["op"]]), r["dp"]))
+            for c in r["collectives"]
+        )
         comm_rows.append((r, sent, comm.sent_bytes_per_rank))
     if errs_r:
         errs_r.sort()
         errs_p.sort()
-        print("\n¹ after a stage-3 engine in the same process: F.linear is zero3_linear_wrap, "
-              "no cuBLASLt workspace (and the allocator holds blocks of earlier engines)")
-        print(f"\n{len(errs_r)} runs: resident |err| median {errs_r[len(errs_r) // 2]:.2f} % "
-              f"max {errs_r[-1]:.2f} %; peak |err| median {errs_p[len(errs_p) // 2]:.2f} % "
-              f"max {errs_p[-1]:.2f} %\n")
-    print("Communication, bytes sent per rank per optimizer step (ring factors), measured vs "
-          "calculators.communication (engine deepspeed):\n")
-    print("| model | Nd | prec | stage | offload | knobs | sent meas | pred | err % | "
-          "measured collectives (op phase dtype calls payload) |")
+        print(
+            "\n¹ after a stage-3 engine in the same process: F.linear is zero3_linear_wrap, "
+            "no cuBLASLt workspace (and the allocator holds blocks of earlier engines)"
+        )
+        print(
+            f"\n{len(errs_r)} runs: resident |err| median {errs_r[len(errs_r) // 2]:.2f} % "
+            f"max {errs_r[-1]:.2f} %; peak |err| median {errs_p[len(errs_p) // 2]:.2f} % "
+            f"max {errs_p[-1]:.2f} %\n"
+        )
+    print(
+        "Communication, bytes sent per rank per optimizer step (ring factors), measured vs "
+        "calculators.communication (engine deepspeed):\n"
+    )
+    print(
+        "| model | Nd | prec | stage | offload | knobs | sent meas | pred | err % | "
+        "measured collectives (op phase dtype calls payload) |"
+    )
     print("|---|---:|---|---:|---|---|---:|---:|---:|---|")
     for r, meas, pred in comm_rows:
-        detail = "; ".join(f"{OPS[c['op']]} {c['phase']} {c['dtype']} x{c['calls']} "
-                           f"{c['payload_bytes']:,}" for c in r["collectives"])
+        detail = "; ".join(
+            f"{OPS[c['op']]} {c['phase']} {c['dtype']} x{c['calls']} {c['payload_bytes']:,}"
+            for c in r["collectives"]
+        )
         print(f"| {label(r)} | {meas:,} | {pred:,} | {pct(pred, meas):+.2f} | {detail} |")
-    print("\nStage 3 all-gathers, elements: measured vs the coordinator simulation "
-          "(calculators.engines.deepspeed.stage3_trace, steady state):\n")
-    print("| model | Nd | prec | stage | offload | knobs | forward meas | sim "
-          "| backward meas | sim |")
+    print(
+        "\nStage 3 all-gathers, elements: measured vs the coordinator simulation "
+        "(calculators.engines.deepspeed.stage3_trace, steady state):\n"
+    )
+    print(
+        "| model | Nd | prec | stage | offload | knobs | forward meas | sim | backward meas | sim |"
+    )
     print("|---|---:|---|---:|---|---|---:|---:|---:|---:|")
     for r, _, _ in comm_rows:
         if r["stage"] != 3:
@@ -450,8 +517,10 @@ def report(paths: list[Path]) -> None:
         for c in r["collectives"]:
             if OPS[c["op"]] == "all_gather" and c["phase"] in gathered:
                 gathered[c["phase"]] += c["payload_bytes"] // 2
-        print(f"| {label(r)} | {gathered['forward']:,} | {ga * trace.forward_gathered:,} | "
-              f"{gathered['backward']:,} | {ga * trace.backward_gathered:,} |")
+        print(
+            f"| {label(r)} | {gathered['forward']:,} | {ga * trace.forward_gathered:,} | "
+            f"{gathered['backward']:,} | {ga * trace.backward_gathered:,} |"
+        )
 
 
 def main() -> None:

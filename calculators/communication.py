@@ -255,8 +255,13 @@ def make_topology(
             raise InputError("nodes", f"{nodes} does not divide dp × tp × pp = {world}")
         gpus_per_node = world // nodes
     return Topology(
-        nodes=nodes, gpus_per_node=gpus_per_node, dp=dp, tp=tp, pp=pp,
-        nics_per_node=nics_per_node or 0, assumed=assumed,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        nics_per_node=nics_per_node or 0,
+        assumed=assumed,
     )
 
 
@@ -487,8 +492,10 @@ def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
         transfer = per_call * bus_factor(c.op, g.size) / net.intra.bandwidth
         return CollectiveCost(c, sent, 0, float(c.calls * (latency + transfer)))
     node_bw = _node_bandwidth(setup, g)
-    hierarchical = net.algorithm is Algorithm.HIERARCHICAL and per > 1 and c.op in (
-        Op.ALL_REDUCE, Op.ALL_GATHER, Op.REDUCE_SCATTER
+    hierarchical = (
+        net.algorithm is Algorithm.HIERARCHICAL
+        and per > 1
+        and c.op in (Op.ALL_REDUCE, Op.ALL_GATHER, Op.REDUCE_SCATTER)
     )
     if hierarchical:
         # In-node phases on the whole payload, the cross-node phase on 1/per of it.
@@ -616,49 +623,99 @@ def _paper(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
     if zpp.any and stage < Stage.PARAMETERS:
         notes.append("ZeRO++ options apply to stage 3 only; ignored here")
     if stage is Stage.NONE:
-        out.append(Collective(Op.ALL_REDUCE, Phase.BACKWARD, r, r * b * psi, dt, dp_group,
-                              "gradients"))
+        out.append(
+            Collective(Op.ALL_REDUCE, Phase.BACKWARD, r, r * b * psi, dt, dp_group, "gradients")
+        )
         return EngineTraffic(tuple(out), notes=tuple(notes))
     if stage < Stage.PARAMETERS:
-        out.append(Collective(Op.REDUCE_SCATTER, Phase.BACKWARD, r, r * b * psi, dt, shard,
-                              "gradients"))
+        out.append(
+            Collective(Op.REDUCE_SCATTER, Phase.BACKWARD, r, r * b * psi, dt, shard, "gradients")
+        )
         if replica.size > 1:
-            out.append(Collective(Op.ALL_REDUCE, Phase.BACKWARD, r,
-                                  r * ceil_div(b * psi, shard.size), dt, replica,
-                                  "gradient shard across replicas"))
-        out.append(Collective(Op.ALL_GATHER, Phase.STEP, 1, b * psi, dt, shard,
-                              "updated parameters"))
+            out.append(
+                Collective(
+                    Op.ALL_REDUCE,
+                    Phase.BACKWARD,
+                    r,
+                    r * ceil_div(b * psi, shard.size),
+                    dt,
+                    replica,
+                    "gradient shard across replicas",
+                )
+            )
+        out.append(
+            Collective(Op.ALL_GATHER, Phase.STEP, 1, b * psi, dt, shard, "updated parameters")
+        )
         if stage is Stage.GRADIENTS and r == 1 and k > 1:
-            notes.append("per_step gradient sync under stage 2 holds full gradients between "
-                         "micro-steps, which the paper's P_g memory does not count")
+            notes.append(
+                "per_step gradient sync under stage 2 holds full gradients between "
+                "micro-steps, which the paper's P_g memory does not count"
+            )
         return EngineTraffic(tuple(out), notes=tuple(notes))
     # Stage 3: gathers on every micro-step; partitioned gradients are reduced every micro-step.
     fwd_b, fwd_dt = b, dt
     if zpp.qwz:  # ZeRO++ §3.1: int8 weights, forward all-gather 0.5M instead of M
         fwd_b, fwd_dt = 1, "int8"
-    out.append(Collective(Op.ALL_GATHER, Phase.FORWARD, k, k * fwd_b * psi, fwd_dt, shard,
-                          "parameters"))
+    out.append(
+        Collective(Op.ALL_GATHER, Phase.FORWARD, k, k * fwd_b * psi, fwd_dt, shard, "parameters")
+    )
     bwd_group = shard if zpp.hpz == 1 else setup.topology.dp_group(zpp.hpz)
-    out.append(Collective(Op.ALL_GATHER, Phase.BACKWARD, k, k * fwd_b * psi, fwd_dt, bwd_group,
-                          "parameters" + (" (hpZ secondary partition)" if zpp.hpz > 1 else "")))
+    out.append(
+        Collective(
+            Op.ALL_GATHER,
+            Phase.BACKWARD,
+            k,
+            k * fwd_b * psi,
+            fwd_dt,
+            bwd_group,
+            "parameters" + (" (hpZ secondary partition)" if zpp.hpz > 1 else ""),
+        )
+    )
     if zpp.qgz:
         # ZeRO++ §3.3: int4 gradients, hierarchical all-to-all: in the node on all of them,
         # across nodes on 1/g of them.
         topo = setup.topology
         in_node = topo.dp_group(min(shard.per_node, shard.size))
         across = topo.dp_group(shard.nodes, in_node.size)
-        out.append(Collective(Op.ALL_TO_ALL, Phase.BACKWARD, k, k * psi // 2, "int4", in_node,
-                              "gradients (qgZ, in node)"))
+        out.append(
+            Collective(
+                Op.ALL_TO_ALL,
+                Phase.BACKWARD,
+                k,
+                k * psi // 2,
+                "int4",
+                in_node,
+                "gradients (qgZ, in node)",
+            )
+        )
         if across.size > 1:
-            out.append(Collective(Op.ALL_TO_ALL, Phase.BACKWARD, k,
-                                  k * ceil_div(psi, 2 * in_node.size), "int4", across,
-                                  "gradients (qgZ, across nodes)"))
+            out.append(
+                Collective(
+                    Op.ALL_TO_ALL,
+                    Phase.BACKWARD,
+                    k,
+                    k * ceil_div(psi, 2 * in_node.size),
+                    "int4",
+                    across,
+                    "gradients (qgZ, across nodes)",
+                )
+            )
     else:
-        out.append(Collective(Op.REDUCE_SCATTER, Phase.BACKWARD, k, k * b * psi, dt, shard,
-                              "gradients"))
+        out.append(
+            Collective(Op.REDUCE_SCATTER, Phase.BACKWARD, k, k * b * psi, dt, shard, "gradients")
+        )
     if replica.size > 1:
-        out.append(Collective(Op.ALL_REDUCE, Phase.BACKWARD, r, r * ceil_div(b * psi, shard.size),
-                              dt, replica, "gradient shard across replicas"))
+        out.append(
+            Collective(
+                Op.ALL_REDUCE,
+                Phase.BACKWARD,
+                r,
+                r * ceil_div(b * psi, shard.size),
+                dt,
+                replica,
+                "gradient shard across replicas",
+            )
+        )
     return EngineTraffic(tuple(out), notes=tuple(notes))
 
 
@@ -690,8 +747,12 @@ def deepspeed_knobs(config: Mapping[str, Any] | None, zeropp: ZeroPlusPlus) -> D
     """The DeepSpeed config body's knobs (engines.deepspeed.parse_config), with the request's
     ZeRO++ options switched on where the config leaves them off."""
     knobs = parse_config(config)
-    return replace(knobs, qwz=knobs.qwz or zeropp.qwz, qgz=knobs.qgz or zeropp.qgz,
-                   hpz=zeropp.hpz if zeropp.hpz > 1 else knobs.hpz)
+    return replace(
+        knobs,
+        qwz=knobs.qwz or zeropp.qwz,
+        qgz=knobs.qgz or zeropp.qgz,
+        hpz=zeropp.hpz if zeropp.hpz > 1 else knobs.hpz,
+    )
 
 
 def deepspeed_params(setup: TrainingSetup) -> tuple[list[DeepSpeedParam], bool]:
@@ -772,30 +833,58 @@ def _ds_stage12(setup: CommunicationSetup, stage: Stage, knobs: DeepSpeedKnobs) 
     if knobs.reduce_scatter and not knobs.use_multi_rank_bucket_allreduce:
         # average_tensor: one dist.reduce per destination partition touched by each bucket.
         psi12 = padded(psi, 2 * n)
-        calls = sum(_partitions_touched(start, size, psi12 // n)
-                    for start, size in _bucket_spans(order, buckets))
-        out.append(Collective(Op.REDUCE, Phase.BACKWARD, reductions * calls,
-                              reductions * grad_bytes, dtype_name(cb, t.precision), dp_group,
-                              "gradient buckets, one reduce per owning rank"))
+        calls = sum(
+            _partitions_touched(start, size, psi12 // n)
+            for start, size in _bucket_spans(order, buckets)
+        )
+        out.append(
+            Collective(
+                Op.REDUCE,
+                Phase.BACKWARD,
+                reductions * calls,
+                reductions * grad_bytes,
+                dtype_name(cb, t.precision),
+                dp_group,
+                "gradient buckets, one reduce per owning rank",
+            )
+        )
     else:
         # reduce_scatter=True + use_multi_rank_bucket_allreduce=True: allreduce_bucket (all_reduce)
         # of the flattened bucket; reduce_scatter=False: gradient_reduction_w_predivide, in place.
-        out.append(Collective(Op.ALL_REDUCE, Phase.BACKWARD, reductions * len(buckets),
-                              reductions * grad_bytes, dtype_name(cb, t.precision), dp_group,
-                              "gradient buckets"))
+        out.append(
+            Collective(
+                Op.ALL_REDUCE,
+                Phase.BACKWARD,
+                reductions * len(buckets),
+                reductions * grad_bytes,
+                dtype_name(cb, t.precision),
+                dp_group,
+                "gradient buckets",
+            )
+        )
     # step(): utils.py all_gather_dp_groups -> all_gather_into_tensor of the flat 16-bit buffer,
     # padded to a multiple of 2N (nccl_start_alignment_factor = 2); skipped when N = 1.
     if n > 1:
-        out.append(Collective(Op.ALL_GATHER, Phase.STEP, 1, pb * padded(psi, 2 * n),
-                              dtype_name(pb, t.precision), dp_group,
-                              "updated 16-bit partitions (flat buffer)"))
+        out.append(
+            Collective(
+                Op.ALL_GATHER,
+                Phase.STEP,
+                1,
+                pb * padded(psi, 2 * n),
+                dtype_name(pb, t.precision),
+                dp_group,
+                "updated 16-bit partitions (flat buffer)",
+            )
+        )
     notes = [
         "allgather_bucket_size is not used: DeepSpeed calls all_gather_into_tensor once per "
         "parameter group whenever torch has it (runtime/utils.py all_gather_dp_groups)",
     ]
     if stage is Stage.GRADIENTS and k > 1:
-        notes.append("stage 2 reduces gradients on every micro-step (engine.py: 'ZeRO stage >= 2 "
-                     "communicates during non gradient accumulation boundaries as well')")
+        notes.append(
+            "stage 2 reduces gradients on every micro-step (engine.py: 'ZeRO stage >= 2 "
+            "communicates during non gradient accumulation boundaries as well')"
+        )
     return EngineTraffic(tuple(out), notes=tuple(notes))
 
 
@@ -834,8 +923,9 @@ class Stage3Plan:
     params: int
 
 
-def stage3_plan(params: Sequence[DeepSpeedParam], n: int, knobs: DeepSpeedKnobs, *,
-                exact: bool = True) -> Stage3Plan:
+def stage3_plan(
+    params: Sequence[DeepSpeedParam], n: int, knobs: DeepSpeedKnobs, *, exact: bool = True
+) -> Stage3Plan:
     """What DeepSpeed stage 3 all-gathers and reduces per micro-step on N ranks.
 
     - Gathers: the coordinator simulation's per-parameter counts (stage3_trace: module fetches,
@@ -862,13 +952,19 @@ def stage3_plan(params: Sequence[DeepSpeedParam], n: int, knobs: DeepSpeedKnobs,
     return Stage3Plan(
         forward_padded=moved(trace.forward_gathers),
         backward_padded=moved(trace.backward_gathers),
-        persistent_padded=sum(padded(x, n) for x, f in zip(numels, trace.persistent,
-                                                            strict=True) if f) if gathers else 0,
-        reduce_padded=sum(padded(x, n) for x in numels), reduce_plain=sum(numels),
+        persistent_padded=sum(
+            padded(x, n) for x, f in zip(numels, trace.persistent, strict=True) if f
+        )
+        if gathers
+        else 0,
+        reduce_padded=sum(padded(x, n) for x in numels),
+        reduce_plain=sum(numels),
         forward_calls=trace.forward_calls if gathers else 0,
         backward_calls=trace.backward_calls if gathers else 0,
         reduce_buckets=len(whole),
-        persistent=sum(trace.persistent), kept=sum(trace.kept), params=len(params),
+        persistent=sum(trace.persistent),
+        kept=sum(trace.kept),
+        params=len(params),
     )
 
 
@@ -898,13 +994,16 @@ def _ds_stage3(setup: CommunicationSetup, knobs: DeepSpeedKnobs) -> EngineTraffi
         "gather (all_gather_coalesced), as the simulation issues them",
     ]
     if not exact:
-        notes.append("approximate: without an architecture (or with tp/pp > 1) the coordinator "
-                     "sees Ψ per device as one tensor, which is never re-gathered in backward; "
-                     "a real model larger than stage3_max_live_parameters re-gathers what the "
-                     "prefetcher cannot reach, so give model.architecture")
+        notes.append(
+            "approximate: without an architecture (or with tp/pp > 1) the coordinator "
+            "sees Ψ per device as one tensor, which is never re-gathered in backward; "
+            "a real model larger than stage3_max_live_parameters re-gathers what the "
+            "prefetcher cannot reach, so give model.architecture"
+        )
     if knobs.hpz > 1 and n % knobs.hpz:  # zero_hpz_partition_size 0 and 1 both mean off
-        raise InputError("engine_config.zero_optimization.zero_hpz_partition_size",
-                         f"must divide dp = {n}")
+        raise InputError(
+            "engine_config.zero_optimization.zero_hpz_partition_size", f"must divide dp = {n}"
+        )
     gather_b, gather_dt = pb, dtype_name(pb, t.precision)
     if knobs.qwz:
         gather_b, gather_dt = 1, "int8"  # partition_parameters.py CUDAQuantizer, 8 bits
@@ -912,53 +1011,118 @@ def _ds_stage3(setup: CommunicationSetup, knobs: DeepSpeedKnobs) -> EngineTraffi
     def gathers(phase: Phase, elements: int, calls: int, group: Group, what: str) -> None:
         if not elements:
             return
-        out.append(Collective(Op.ALL_GATHER, phase, k * calls, k * gather_b * elements,
-                              gather_dt, group, what))
+        out.append(
+            Collective(
+                Op.ALL_GATHER, phase, k * calls, k * gather_b * elements, gather_dt, group, what
+            )
+        )
         if knobs.qwz:
             scales = FP32_BYTES * ceil_div(elements, QWZ_GROUP)
-            out.append(Collective(Op.ALL_GATHER, phase, k * calls, k * scales, "fp32", group,
-                                  "qwZ quantization scales"))
-    gathers(Phase.FORWARD, plan.forward_padded, plan.forward_calls, dp_group,
-            "parameters (non-persistent)")
+            out.append(
+                Collective(
+                    Op.ALL_GATHER,
+                    phase,
+                    k * calls,
+                    k * scales,
+                    "fp32",
+                    group,
+                    "qwZ quantization scales",
+                )
+            )
+
+    gathers(
+        Phase.FORWARD,
+        plan.forward_padded,
+        plan.forward_calls,
+        dp_group,
+        "parameters (non-persistent)",
+    )
     bwd_group = dp_group if knobs.hpz <= 1 else topo.dp_group(knobs.hpz)
-    gathers(Phase.BACKWARD, plan.backward_padded, plan.backward_calls, bwd_group,
-            "parameters the coordinator released in forward"
-            + (" (hpZ secondary partition)" if knobs.hpz > 1 else ""))
+    gathers(
+        Phase.BACKWARD,
+        plan.backward_padded,
+        plan.backward_calls,
+        bwd_group,
+        "parameters the coordinator released in forward"
+        + (" (hpZ secondary partition)" if knobs.hpz > 1 else ""),
+    )
     if knobs.qgz and topo.dp_group().nodes > 1:
         # coalesced_collectives.py all_to_all_quant_reduce: int4 all-to-all within the node,
         # quantized reduction, int4 all-to-all across nodes on 1/local_world_size of it.
         local = topo.dp_group(min(dp_group.per_node, n))
         across = topo.dp_group(dp_group.nodes, local.size)
-        out.append(Collective(Op.ALL_TO_ALL, Phase.BACKWARD, k * plan.reduce_buckets,
-                              k * ceil_div(plan.reduce_plain, 2), "int4", local,
-                              "gradients (qgZ, in node)"))
-        out.append(Collective(Op.ALL_TO_ALL, Phase.BACKWARD, k * plan.reduce_buckets,
-                              k * ceil_div(plan.reduce_plain, 2 * local.size), "int4", across,
-                              "gradients (qgZ, across nodes)"))
-        notes.append("qgZ: 1-D tensors and tensors whose numel does not divide by 2 × world "
-                     "fall back to reduce-scatter; scales are not counted")
+        out.append(
+            Collective(
+                Op.ALL_TO_ALL,
+                Phase.BACKWARD,
+                k * plan.reduce_buckets,
+                k * ceil_div(plan.reduce_plain, 2),
+                "int4",
+                local,
+                "gradients (qgZ, in node)",
+            )
+        )
+        out.append(
+            Collective(
+                Op.ALL_TO_ALL,
+                Phase.BACKWARD,
+                k * plan.reduce_buckets,
+                k * ceil_div(plan.reduce_plain, 2 * local.size),
+                "int4",
+                across,
+                "gradients (qgZ, across nodes)",
+            )
+        )
+        notes.append(
+            "qgZ: 1-D tensors and tensors whose numel does not divide by 2 × world "
+            "fall back to reduce-scatter; scales are not counted"
+        )
     elif knobs.reduce_scatter:
         # stage3.py __avg_scatter_grads -> reduce_scatter_coalesced: padded, interleaved flat
         # buffer, one reduce_scatter_tensor per IPG bucket.
-        out.append(Collective(Op.REDUCE_SCATTER, Phase.BACKWARD, k * plan.reduce_buckets,
-                              k * cb * plan.reduce_padded, dtype_name(cb, t.precision), dp_group,
-                              "gradient buckets (padded per parameter)"))
+        out.append(
+            Collective(
+                Op.REDUCE_SCATTER,
+                Phase.BACKWARD,
+                k * plan.reduce_buckets,
+                k * cb * plan.reduce_padded,
+                dtype_name(cb, t.precision),
+                dp_group,
+                "gradient buckets (padded per parameter)",
+            )
+        )
     else:
         # __avg_scatter_contiguous_grads: all-reduce of the contiguous bucket.
-        out.append(Collective(Op.ALL_REDUCE, Phase.BACKWARD, k * plan.reduce_buckets,
-                              k * cb * plan.reduce_plain, dtype_name(cb, t.precision), dp_group,
-                              "gradient buckets"))
+        out.append(
+            Collective(
+                Op.ALL_REDUCE,
+                Phase.BACKWARD,
+                k * plan.reduce_buckets,
+                k * cb * plan.reduce_plain,
+                dtype_name(cb, t.precision),
+                dp_group,
+                "gradient buckets",
+            )
+        )
     if plan.persistent_padded:
         # one all_gather_into_tensor per persistent parameter (_allgather_params_coalesced)
-        out.append(Collective(Op.ALL_GATHER, Phase.STEP, plan.persistent,
-                              pb * plan.persistent_padded,
-                              dtype_name(pb, t.precision), dp_group,
-                              f"{plan.persistent} persistent parameters (stage3.py _post_step)"))
+        out.append(
+            Collective(
+                Op.ALL_GATHER,
+                Phase.STEP,
+                plan.persistent,
+                pb * plan.persistent_padded,
+                dtype_name(pb, t.precision),
+                dp_group,
+                f"{plan.persistent} persistent parameters (stage3.py _post_step)",
+            )
+        )
     return EngineTraffic(tuple(out), notes=tuple(notes))
 
 
-def _ds_offload(setup: CommunicationSetup, stage: Stage, plan_fwd_bwd: tuple[int, int] | None
-                ) -> tuple[Transfer, ...]:
+def _ds_offload(
+    setup: CommunicationSetup, stage: Stage, plan_fwd_bwd: tuple[int, int] | None
+) -> tuple[Transfer, ...]:
     """PCIe traffic of DeepSpeed offload per step (docs/engines/deepspeed.md §4.6, §5.7, §5.8).
 
     Stage 1/2 with optimizer offload: each rank's fp32 gradient partition down
@@ -983,18 +1147,37 @@ def _ds_offload(setup: CommunicationSetup, stage: Stage, plan_fwd_bwd: tuple[int
                 # stage 1 once, at micro-step k - 1. Whole in-partition parameters move; we
                 # count the partition.
                 downs, ups = (k, k - 1) if stage is Stage.GRADIENTS else (1, 1)
-                out.append(Transfer("d2h", Phase.BACKWARD, downs * pb * part,
-                                    "16-bit gradient accumulation copy (accumulated_grads_in_cpu)"))
-                out.append(Transfer("h2d", Phase.BACKWARD, ups * pb * part,
-                                    "16-bit gradient accumulation copy back"))
-            out.append(Transfer("d2h", Phase.BACKWARD, FP32_BYTES * part,
-                                "fp32 gradient partition"))
+                out.append(
+                    Transfer(
+                        "d2h",
+                        Phase.BACKWARD,
+                        downs * pb * part,
+                        "16-bit gradient accumulation copy (accumulated_grads_in_cpu)",
+                    )
+                )
+                out.append(
+                    Transfer(
+                        "h2d",
+                        Phase.BACKWARD,
+                        ups * pb * part,
+                        "16-bit gradient accumulation copy back",
+                    )
+                )
+            out.append(
+                Transfer("d2h", Phase.BACKWARD, FP32_BYTES * part, "fp32 gradient partition")
+            )
             out.append(Transfer("h2d", Phase.STEP, pb * part, "updated 16-bit partition"))
         else:
             part = ceil_div(psi, n)
             out.append(Transfer("d2h", Phase.BACKWARD, k * pb * part, "16-bit gradient partition"))
-            out.append(Transfer("h2d", Phase.BACKWARD, k * pb * part,
-                                "16-bit gradient partition back (partition_grads)"))
+            out.append(
+                Transfer(
+                    "h2d",
+                    Phase.BACKWARD,
+                    k * pb * part,
+                    "16-bit gradient partition back (partition_grads)",
+                )
+            )
             out.append(Transfer("d2h", Phase.STEP, FP32_BYTES * part, "fp32 gradient partition"))
             out.append(Transfer("h2d", Phase.STEP, pb * part, "updated 16-bit partition"))
     if t.offload.params is not OffloadDevice.NONE and stage is Stage.PARAMETERS and plan_fwd_bwd:
@@ -1008,12 +1191,17 @@ def _ds_offload(setup: CommunicationSetup, stage: Stage, plan_fwd_bwd: tuple[int
 def _deepspeed(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
     t = setup.training
     if setup.shard_group_size is not None and setup.shard_group_size != t.dp:
-        raise InputError("shard_group_size",
-                         "DeepSpeed 0.19.8 removed MiCS sharding (runtime/config.py); use engine "
-                         "paper or torch (HSDP) for shard groups")
+        raise InputError(
+            "shard_group_size",
+            "DeepSpeed 0.19.8 removed MiCS sharding (runtime/config.py); use engine "
+            "paper or torch (HSDP) for shard groups",
+        )
     knobs = deepspeed_knobs(t.engine_config, setup.zeropp)
-    zpp_note = ("ZeRO++ (qwZ/hpZ/qgZ) acts on stage 3 only; ignored here",) if (
-        knobs.qwz or knobs.qgz or knobs.hpz > 1) and stage < Stage.PARAMETERS else ()
+    zpp_note = (
+        ("ZeRO++ (qwZ/hpZ/qgZ) acts on stage 3 only; ignored here",)
+        if (knobs.qwz or knobs.qgz or knobs.hpz > 1) and stage < Stage.PARAMETERS
+        else ()
+    )
     if stage is Stage.NONE:
         pb = PRECISION_BYTES[t.precision].parameter
         cb = knobs.communication_bytes or pb
@@ -1022,13 +1210,21 @@ def _deepspeed(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         # engine.py allreduce_gradients -> buffered_allreduce_fallback(MEMORY_OPT_ALLREDUCE_SIZE
         # = 5e8 elements), at the accumulation boundary only.
         buckets = fallback_buckets(numels, 500_000_000, whole_run=not exact)
-        c = Collective(Op.ALL_REDUCE, Phase.BACKWARD, len(buckets), cb * t.params_per_device,
-                       dtype_name(cb, t.precision), setup.topology.dp_group(), "gradient buckets")
+        c = Collective(
+            Op.ALL_REDUCE,
+            Phase.BACKWARD,
+            len(buckets),
+            cb * t.params_per_device,
+            dtype_name(cb, t.precision),
+            setup.topology.dp_group(),
+            "gradient buckets",
+        )
         return EngineTraffic((c,), notes=zpp_note)
     if stage < Stage.PARAMETERS:
         traffic = _ds_stage12(setup, stage, knobs)
-        return EngineTraffic(traffic.collectives, _ds_offload(setup, stage, None),
-                             traffic.notes + zpp_note)
+        return EngineTraffic(
+            traffic.collectives, _ds_offload(setup, stage, None), traffic.notes + zpp_note
+        )
     traffic = _ds_stage3(setup, knobs)
     params, exact = deepspeed_params(t)
     plan = stage3_plan(params, t.dp, knobs, exact=exact)
@@ -1111,73 +1307,141 @@ def _torch(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
     notes: list[str] = []
     if stage < Stage.GRADIENTS:
         if setup.shard_group_size not in (None, n):
-            raise InputError("shard_group_size",
-                             "shard groups apply to FSDP2 (stages 2 and 3) under engine torch")
+            raise InputError(
+                "shard_group_size",
+                "shard groups apply to FSDP2 (stages 2 and 3) under engine torch",
+            )
         buckets = ddp_buckets(numels, ddp_b, whole_run=params is None)
-        out.append(Collective(Op.ALL_REDUCE, Phase.BACKWARD, r * buckets, r * ddp_b * psi,
-                              dtype_name(ddp_b, t.precision), dp_group, "DDP gradient buckets"))
+        out.append(
+            Collective(
+                Op.ALL_REDUCE,
+                Phase.BACKWARD,
+                r * buckets,
+                r * ddp_b * psi,
+                dtype_name(ddp_b, t.precision),
+                dp_group,
+                "DDP gradient buckets",
+            )
+        )
         if stage is Stage.OPTIMIZER and n > 1:
             # zero_redundancy_optimizer.py _sync_params: for every rank, dist.broadcast of each
             # parameter it owns (parameters_as_bucket_view=False).
             calls = len(numels) if params is not None else n
-            out.append(Collective(Op.BROADCAST, Phase.STEP, calls, ddp_b * psi,
-                                  dtype_name(ddp_b, t.precision), dp_group,
-                                  "updated parameters from their owners"))
-            notes.append("ZeroRedundancyOptimizer broadcasts each parameter from its owner: "
-                         "the owner sends all of it, the ring's last rank none; "
-                         "sent_bytes_per_rank is the mean, (N−1)/N of the payload")
+            out.append(
+                Collective(
+                    Op.BROADCAST,
+                    Phase.STEP,
+                    calls,
+                    ddp_b * psi,
+                    dtype_name(ddp_b, t.precision),
+                    dp_group,
+                    "updated parameters from their owners",
+                )
+            )
+            notes.append(
+                "ZeroRedundancyOptimizer broadcasts each parameter from its owner: "
+                "the owner sends all of it, the ring's last rank none; "
+                "sent_bytes_per_rank is the mean, (N−1)/N of the payload"
+            )
             if params is None:
-                notes.append("broadcast calls: one per parameter tensor; without an "
-                             "architecture N is listed")
+                notes.append(
+                    "broadcast calls: one per parameter tensor; without an architecture N is listed"
+                )
         return EngineTraffic(tuple(out), notes=tuple(notes))
     elems = _fsdp_padded(params, psi, shard.size)
     groups = _fsdp_groups(params)
-    out.append(Collective(Op.ALL_GATHER, Phase.FORWARD, k * groups, k * gather_b * elems,
-                          dtype_name(gather_b, t.precision), shard, "parameters"))
+    out.append(
+        Collective(
+            Op.ALL_GATHER,
+            Phase.FORWARD,
+            k * groups,
+            k * gather_b * elems,
+            dtype_name(gather_b, t.precision),
+            shard,
+            "parameters",
+        )
+    )
     if stage is Stage.PARAMETERS:
         # An explicit reshard_after_forward=True reshards the root too (_fsdp_state.py keeps the
         # root unsharded only when the flag was defaulted); engine_config
         # {"fsdp_root_reshard_after_forward": false} models a root left unsharded.
         root_reshards = (t.engine_config or {}).get("fsdp_root_reshard_after_forward", True)
         if not isinstance(root_reshards, bool):
-            raise InputError("engine_config.fsdp_root_reshard_after_forward",
-                             "must be true or false")
+            raise InputError(
+                "engine_config.fsdp_root_reshard_after_forward", "must be true or false"
+            )
         again, again_groups = elems, groups
         if not root_reshards:
             again -= _fsdp_padded(_root_params(params), 0, shard.size) if params else elems
             again_groups -= 1
         if again:
-            out.append(Collective(Op.ALL_GATHER, Phase.BACKWARD, k * again_groups,
-                                  k * gather_b * again, dtype_name(gather_b, t.precision), shard,
-                                  "parameters (reshard_after_forward=True"
-                                  + (", root included)" if root_reshards else ", root kept)")))
-    out.append(Collective(Op.REDUCE_SCATTER, Phase.BACKWARD, r * groups, r * reduce_b * elems,
-                          dtype_name(reduce_b, t.precision), shard, "gradients"))
+            out.append(
+                Collective(
+                    Op.ALL_GATHER,
+                    Phase.BACKWARD,
+                    k * again_groups,
+                    k * gather_b * again,
+                    dtype_name(gather_b, t.precision),
+                    shard,
+                    "parameters (reshard_after_forward=True"
+                    + (", root included)" if root_reshards else ", root kept)"),
+                )
+            )
+    out.append(
+        Collective(
+            Op.REDUCE_SCATTER,
+            Phase.BACKWARD,
+            r * groups,
+            r * reduce_b * elems,
+            dtype_name(reduce_b, t.precision),
+            shard,
+            "gradients",
+        )
+    )
     if replica.size > 1:
         # _fsdp_collectives.py foreach_reduce: HSDP all-reduces the reduce-scatter output
         # across the replicate dimension.
-        out.append(Collective(Op.ALL_REDUCE, Phase.BACKWARD, r * groups,
-                              r * reduce_b * elems // shard.size,
-                              dtype_name(reduce_b, t.precision), replica,
-                              "gradient shard across replicas (HSDP)"))
+        out.append(
+            Collective(
+                Op.ALL_REDUCE,
+                Phase.BACKWARD,
+                r * groups,
+                r * reduce_b * elems // shard.size,
+                dtype_name(reduce_b, t.precision),
+                replica,
+                "gradient shard across replicas (HSDP)",
+            )
+        )
     if params is None:
-        notes.append("FSDP2 calls: one per fully_shard group; without an architecture 1 is "
-                     "listed and padding is per Ψ, not per parameter")
+        notes.append(
+            "FSDP2 calls: one per fully_shard group; without an architecture 1 is "
+            "listed and padding is per Ψ, not per parameter"
+        )
     else:
         notes.append(f"FSDP2 groups: {groups} (one per block + root)")
-    notes.append("forward all-gathers repeat on every micro-step (parameters are resharded "
-                 "after backward by default)")
+    notes.append(
+        "forward all-gathers repeat on every micro-step (parameters are resharded "
+        "after backward by default)"
+    )
     transfers: list[Transfer] = []
     if t.offload.params is not OffloadDevice.NONE:
         # CPUOffloadPolicy: sharded fp32 parameters copied up for each all-gather, reduced
         # gradient shards copied down.
         shard_param_b = FP32_BYTES if t.precision.is_mixed else gather_b
         gathers = k * (2 if stage is Stage.PARAMETERS else 1)
-        transfers.append(Transfer("h2d", Phase.FORWARD,
-                                  gathers * shard_param_b * elems // shard.size,
-                                  "sharded parameters (CPUOffloadPolicy)"))
-        transfers.append(Transfer("d2h", Phase.BACKWARD, r * reduce_b * elems // shard.size,
-                                  "reduced gradient shards"))
+        transfers.append(
+            Transfer(
+                "h2d",
+                Phase.FORWARD,
+                gathers * shard_param_b * elems // shard.size,
+                "sharded parameters (CPUOffloadPolicy)",
+            )
+        )
+        transfers.append(
+            Transfer(
+                "d2h", Phase.BACKWARD, r * reduce_b * elems // shard.size, "reduced gradient shards"
+            )
+        )
     return EngineTraffic(tuple(out), tuple(transfers), tuple(notes))
 
 
@@ -1189,8 +1453,11 @@ def _check_offload(setup: CommunicationSetup, stage: Stage) -> None:
         raise InputError("offload.params", "parameter offload needs ZeRO stage 3")
     if setup.training.engine is Engine.TORCH:
         if off.optimizer is not OffloadDevice.NONE and off.params is OffloadDevice.NONE:
-            raise InputError("offload.optimizer", "torch engines offload optimizer state only "
-                             "with parameters (FSDP2 CPUOffloadPolicy); set offload.params too")
+            raise InputError(
+                "offload.optimizer",
+                "torch engines offload optimizer state only "
+                "with parameters (FSDP2 CPUOffloadPolicy); set offload.params too",
+            )
         if OffloadDevice.NVME in (off.optimizer, off.params):
             raise InputError("offload", "torch engines offload to CPU only")
         if off.params is not OffloadDevice.NONE and stage < Stage.GRADIENTS:
@@ -1223,8 +1490,10 @@ def _ddp_reference(setup: CommunicationSetup) -> EngineTraffic:
 
 def _split_note(t: TrainingSetup) -> tuple[str, ...]:
     if t.architecture is not None and t.tp * t.pp > 1:
-        return ("with tp or pp > 1 the per-tensor rules (buckets, padding, persistence, reuse "
-                "distance) see the device's Ψ as one run of elements",)
+        return (
+            "with tp or pp > 1 the per-tensor rules (buckets, padding, persistence, reuse "
+            "distance) see the device's Ψ as one run of elements",
+        )
     return ()
 
 

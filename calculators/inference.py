@@ -90,8 +90,12 @@ def inference_memory(setup: InferenceSetup) -> InferenceMemory:
         raise InputError("tp", f"{setup.tp} does not split {arch.n_kv_heads} kv heads")
     kv_heads_here = max(1, arch.n_kv_heads // setup.tp)  # replicated when tp > kv heads
     elements = (
-        2 * (arch.layers // setup.pp) * setup.batch_size * setup.context
-        * kv_heads_here * arch.d_head
+        2
+        * (arch.layers // setup.pp)
+        * setup.batch_size
+        * setup.context
+        * kv_heads_here
+        * arch.d_head
     )
     cache = ceil_div(DTYPE_BYTES[setup.kv_cache] * elements)
     return InferenceMemory(weight_bytes, cache)

@@ -65,39 +65,94 @@ PRESETS: dict[str, Interconnect] = {
     p.name: p
     for p in (
         # NVIDIA A100 Tensor Core GPU datasheet: "NVLink 600GB/s" (3rd gen, 12 links, both ways).
-        Interconnect("nvlink3", _half(600), NVLINK_HOP_LATENCY, LinkKind.NVLINK,
-                     "NVIDIA A100 datasheet: NVLink 600 GB/s bidirectional per GPU"),
+        Interconnect(
+            "nvlink3",
+            _half(600),
+            NVLINK_HOP_LATENCY,
+            LinkKind.NVLINK,
+            "NVIDIA A100 datasheet: NVLink 600 GB/s bidirectional per GPU",
+        ),
         # NVIDIA H100 Tensor Core GPU datasheet (SXM): "NVLink: 900GB/s" (4th gen, 18 links).
-        Interconnect("nvlink4", _half(900), NVLINK_HOP_LATENCY, LinkKind.NVLINK,
-                     "NVIDIA H100 datasheet (SXM): NVLink 900 GB/s bidirectional per GPU"),
+        Interconnect(
+            "nvlink4",
+            _half(900),
+            NVLINK_HOP_LATENCY,
+            LinkKind.NVLINK,
+            "NVIDIA H100 datasheet (SXM): NVLink 900 GB/s bidirectional per GPU",
+        ),
         # NVIDIA DGX B200 / Blackwell datasheet: 5th-gen NVLink 1.8 TB/s per GPU (bidirectional).
-        Interconnect("nvlink5", _half(1800), NVLINK_HOP_LATENCY, LinkKind.NVLINK,
-                     "NVIDIA Blackwell (B200) datasheet: NVLink 1.8 TB/s bidirectional per GPU"),
+        Interconnect(
+            "nvlink5",
+            _half(1800),
+            NVLINK_HOP_LATENCY,
+            LinkKind.NVLINK,
+            "NVIDIA Blackwell (B200) datasheet: NVLink 1.8 TB/s bidirectional per GPU",
+        ),
         # PCI-SIG PCIe 4.0: 16 GT/s per lane, 128b/130b; x16 = 64 GB/s bidirectional (A100 PCIe
         # datasheet: "PCIe Gen4: 64GB/s").
-        Interconnect("pcie4", _half(64), PCIE_HOP_LATENCY, LinkKind.PCIE,
-                     "PCI-SIG PCIe 4.0 x16 / A100 PCIe datasheet: 64 GB/s bidirectional"),
+        Interconnect(
+            "pcie4",
+            _half(64),
+            PCIE_HOP_LATENCY,
+            LinkKind.PCIE,
+            "PCI-SIG PCIe 4.0 x16 / A100 PCIe datasheet: 64 GB/s bidirectional",
+        ),
         # PCI-SIG PCIe 5.0: 32 GT/s per lane; x16 = 128 GB/s bidirectional (H100 datasheet:
         # "PCIe Gen5: 128GB/s").
-        Interconnect("pcie5", _half(128), PCIE_HOP_LATENCY, LinkKind.PCIE,
-                     "PCI-SIG PCIe 5.0 x16 / H100 datasheet: 128 GB/s bidirectional"),
+        Interconnect(
+            "pcie5",
+            _half(128),
+            PCIE_HOP_LATENCY,
+            LinkKind.PCIE,
+            "PCI-SIG PCIe 5.0 x16 / H100 datasheet: 128 GB/s bidirectional",
+        ),
         # NVIDIA ConnectX-6 VPI product brief: InfiniBand HDR 200 Gb/s per port.
-        Interconnect("ib_hdr", 200 * GB // 8, NET_HOP_LATENCY, LinkKind.NETWORK,
-                     "NVIDIA ConnectX-6: InfiniBand HDR 200 Gb/s per port"),
+        Interconnect(
+            "ib_hdr",
+            200 * GB // 8,
+            NET_HOP_LATENCY,
+            LinkKind.NETWORK,
+            "NVIDIA ConnectX-6: InfiniBand HDR 200 Gb/s per port",
+        ),
         # NVIDIA ConnectX-7 product brief: InfiniBand NDR 400 Gb/s per port.
-        Interconnect("ib_ndr", 400 * GB // 8, NET_HOP_LATENCY, LinkKind.NETWORK,
-                     "NVIDIA ConnectX-7: InfiniBand NDR 400 Gb/s per port"),
+        Interconnect(
+            "ib_ndr",
+            400 * GB // 8,
+            NET_HOP_LATENCY,
+            LinkKind.NETWORK,
+            "NVIDIA ConnectX-7: InfiniBand NDR 400 Gb/s per port",
+        ),
         # NVIDIA ConnectX-8 SuperNIC product brief: InfiniBand XDR 800 Gb/s per port.
-        Interconnect("ib_xdr", 800 * GB // 8, NET_HOP_LATENCY, LinkKind.NETWORK,
-                     "NVIDIA ConnectX-8 SuperNIC: InfiniBand XDR 800 Gb/s per port"),
+        Interconnect(
+            "ib_xdr",
+            800 * GB // 8,
+            NET_HOP_LATENCY,
+            LinkKind.NETWORK,
+            "NVIDIA ConnectX-8 SuperNIC: InfiniBand XDR 800 Gb/s per port",
+        ),
         # IEEE 802.3 Ethernet line rates, RoCE v2 over them (ConnectX-6 Dx: 100/200 GbE,
         # ConnectX-7: 400 GbE).
-        Interconnect("roce_100g", 100 * GB // 8, NET_HOP_LATENCY, LinkKind.NETWORK,
-                     "IEEE 802.3 100 GbE (RoCE v2), e.g. ConnectX-6 Dx"),
-        Interconnect("roce_200g", 200 * GB // 8, NET_HOP_LATENCY, LinkKind.NETWORK,
-                     "IEEE 802.3 200 GbE (RoCE v2), e.g. ConnectX-6 Dx"),
-        Interconnect("roce_400g", 400 * GB // 8, NET_HOP_LATENCY, LinkKind.NETWORK,
-                     "IEEE 802.3 400 GbE (RoCE v2), e.g. ConnectX-7"),
+        Interconnect(
+            "roce_100g",
+            100 * GB // 8,
+            NET_HOP_LATENCY,
+            LinkKind.NETWORK,
+            "IEEE 802.3 100 GbE (RoCE v2), e.g. ConnectX-6 Dx",
+        ),
+        Interconnect(
+            "roce_200g",
+            200 * GB // 8,
+            NET_HOP_LATENCY,
+            LinkKind.NETWORK,
+            "IEEE 802.3 200 GbE (RoCE v2), e.g. ConnectX-6 Dx",
+        ),
+        Interconnect(
+            "roce_400g",
+            400 * GB // 8,
+            NET_HOP_LATENCY,
+            LinkKind.NETWORK,
+            "IEEE 802.3 400 GbE (RoCE v2), e.g. ConnectX-7",
+        ),
     )
 }
 

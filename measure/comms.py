@@ -90,8 +90,11 @@ class CommCounter(TorchDispatchMode):
             output, inp = _tensors(args[0]), _tensors(args[1])
         elif name in ("allgather_", "allgather_coalesced_", "reduce_scatter_", "alltoall_"):
             output, inp = _tensors(args[0]), _tensors(args[1])
-        elif name in ("allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_",
-                      "alltoall_base_"):
+        elif name in (
+            "allgather_into_tensor_coalesced_",
+            "reduce_scatter_tensor_coalesced_",
+            "alltoall_base_",
+        ):
             output, inp = _tensors(args[0]), _tensors(args[1])
         else:  # in-place: allreduce_, broadcast_, reduce_
             output = inp = _tensors(args[0])

@@ -9,8 +9,18 @@ from calculators.conventions import Engine, Stage
 from calculators.memory import StageEstimate, estimate
 from calculators.model_states import TrainingSetup
 
-MEMORY_KEYS = ("resident", "model_state_resident", "model_state_requested", "peak", "parameters",
-               "gradients", "optimizer_states", "after_forward", "after_backward", "after_step")
+MEMORY_KEYS = (
+    "resident",
+    "model_state_resident",
+    "model_state_requested",
+    "peak",
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "after_forward",
+    "after_backward",
+    "after_step",
+)
 
 
 def relative_error(predicted: int | None, measured: int | None) -> float | None:

@@ -72,8 +72,8 @@ def linear_patched() -> bool:
 def check_precision(precision: Precision) -> None:
     if precision not in SECTIONS:
         raise InputError(
-            "precision", "the deepspeed engine runs its bf16 or fp16 section: mixed_bf16 or "
-            "mixed_fp16"
+            "precision",
+            "the deepspeed engine runs its bf16 or fp16 section: mixed_bf16 or mixed_fp16",
         )
 
 
@@ -102,8 +102,9 @@ def deepspeed_config(
         raise InputError("engine_config.zero_optimization", "must be an object")
     for key, field in OWNED_ZERO_KEYS.items():
         if key in zero_in:
-            raise InputError(f"engine_config.zero_optimization.{key}",
-                             f"set by the request's {field}")
+            raise InputError(
+                f"engine_config.zero_optimization.{key}", f"set by the request's {field}"
+            )
     zero: dict[str, Any] = {**zero_in, "stage": int(stage)}
     config: dict[str, Any] = {
         "steps_per_print": 1_000_000,
@@ -262,7 +263,9 @@ def _measure(
         "nvml_used": nvml,
         "skipped_steps": skipped,
         "components": {
-            "engine_buffers_and_other": resident - held_bytes - parts["parameters"]
+            "engine_buffers_and_other": resident
+            - held_bytes
+            - parts["parameters"]
             - parts["optimizer_states"],
         },
     }

@@ -135,4 +135,3 @@ def build_engine(
     opt = opt_cls(model.parameters(), **opt_kwargs)
     flag = "True" if stage is Stage.PARAMETERS else "False"
     return Engine(stage, f"FSDP2 fully_shard(reshard_after_forward={flag})", model, opt, autocast)
-

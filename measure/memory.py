@@ -166,7 +166,10 @@ class DeviceMemory:
         try:
             out = subprocess.run(
                 [smi, f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=10, check=True,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
             ).stdout.strip()
             return int(float(out.splitlines()[0]) * 2**20)  # nvidia-smi reports MiB
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):

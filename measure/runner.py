@@ -136,8 +136,9 @@ def parse_spec(spec: Mapping[str, Any]) -> MeasureSpec:
             raise InputError("engine", "DeepSpeed is not installed on this host; use torch")
         if spec.get("mode") == "simulated":
             raise InputError(
-                "mode", "DeepSpeed needs a real process group: use distributed (one process "
-                "per GPU, or a world of 1) or auto, not simulated"
+                "mode",
+                "DeepSpeed needs a real process group: use distributed (one process "
+                "per GPU, or a world of 1) or auto, not simulated",
             )
     elif engine is not Engine.TORCH:
         raise InputError("engine", "measure runs a real engine: torch or deepspeed")
@@ -163,7 +164,8 @@ def parse_spec(spec: Mapping[str, Any]) -> MeasureSpec:
                 micro_batch_size=int(body["micro_batch_size"]),
                 seq_len=int(body["seq_len"]),
                 activation_checkpointing=_enum(
-                    Checkpointing, body.get("activation_checkpointing") or "none",
+                    Checkpointing,
+                    body.get("activation_checkpointing") or "none",
                     "batch.activation_checkpointing",
                 ),
                 grad_accumulation_steps=int(body.get("grad_accumulation_steps") or 1),
@@ -186,8 +188,12 @@ def parse_spec(spec: Mapping[str, Any]) -> MeasureSpec:
         micro = batch.micro_batch_size if batch else DEFAULT_MICRO_BATCH
         for stage in stages:  # every stage's config body is checked before anything runs
             deepspeed_engine.deepspeed_config(
-                stage, precision, micro, batch.grad_accumulation_steps if batch else 1,
-                offload, engine_config,
+                stage,
+                precision,
+                micro,
+                batch.grad_accumulation_steps if batch else 1,
+                offload,
+                engine_config,
             )
     return MeasureSpec(
         workload=workload,
@@ -220,7 +226,9 @@ def ds_config(ms: MeasureSpec, stage: Stage) -> dict[str, Any]:
 
 
 def training_setup(
-    ms: MeasureSpec, stage_world: int, device: torch.device | None = None,
+    ms: MeasureSpec,
+    stage_world: int,
+    device: torch.device | None = None,
     stage: Stage | None = None,
 ) -> TrainingSetup:
     """The calculator's view of the measured run, with the runtime facts of ``device``.
@@ -314,11 +322,23 @@ def _stage_runs(
         progress(i / len(ms.stages), f"stage {int(stage)}: measuring")
         if ms.engine is Engine.DEEPSPEED:
             measured = deepspeed_engine.measure_stage(
-                ms.workload, stage, ms.optimizer, device, ms.plan, ds_config(ms, stage), ms.seed,
+                ms.workload,
+                stage,
+                ms.optimizer,
+                device,
+                ms.plan,
+                ds_config(ms, stage),
+                ms.seed,
             )
         else:
             measured = measure_stage(
-                ms.workload, stage, ms.precision, ms.optimizer, device, simulated, ms.plan,
+                ms.workload,
+                stage,
+                ms.precision,
+                ms.optimizer,
+                device,
+                simulated,
+                ms.plan,
                 ms.seed,
             )
         run = {
@@ -399,6 +419,7 @@ def _rank_main(
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group(**init)
     try:
+
         def progress(fraction: float, message: str) -> None:
             if rank == 0 and queue is not None:
                 queue.put((fraction, message))
@@ -430,8 +451,9 @@ def _distributed(
 
     if device.type == "cuda" and ms.dp != torch.cuda.device_count():
         raise InputError(
-            "dp", f"distributed mode runs one process per GPU: dp must be "
-            f"{torch.cuda.device_count()} here (or use mode simulated)"
+            "dp",
+            f"distributed mode runs one process per GPU: dp must be "
+            f"{torch.cuda.device_count()} here (or use mode simulated)",
         )
     ctx = mp.get_context("spawn")
     merged: dict[str, Any] = {}
@@ -446,7 +468,9 @@ def _distributed(
         with tempfile.TemporaryDirectory() as tmp:
             out = str(Path(tmp) / "result.json")
             procs = mp.spawn(
-                _rank_main, args=(one, ms.dp, _free_port(), out, queue), nprocs=ms.dp,
+                _rank_main,
+                args=(one, ms.dp, _free_port(), out, queue),
+                nprocs=ms.dp,
                 join=False,
             )
             while not procs.join(timeout=0.5):

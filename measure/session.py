@@ -94,9 +94,7 @@ def measure_stage(
 ) -> dict[str, Any]:
     """Measure one stage on this rank; the process group must already be initialised."""
     with device_memory(device) as mem:
-        result = _measure(
-            workload, stage, precision, optimizer, device, simulated, plan, seed, mem
-        )
+        result = _measure(workload, stage, precision, optimizer, device, simulated, plan, seed, mem)
     release(device)  # the engine, model and batches died with _measure's frame
     return result
 

@@ -67,16 +67,31 @@ def part_a(tiny: bool, device: str) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for dp in (1, 8, 64):
         spec = {
-            "model": {"architecture": gpt}, "dp": dp, "stages": [0, 1, 2, 3],
-            "precision": "mixed_bf16", "optimizer": "adam", "engine": "torch",
-            "mode": "simulated", "device": device, "batch": batch, "steps": 2, "warmup_steps": 2,
+            "model": {"architecture": gpt},
+            "dp": dp,
+            "stages": [0, 1, 2, 3],
+            "precision": "mixed_bf16",
+            "optimizer": "adam",
+            "engine": "torch",
+            "mode": "simulated",
+            "device": device,
+            "batch": batch,
+            "steps": 2,
+            "warmup_steps": 2,
         }
         out.append((f"GPT {'tiny' if tiny else '1.1B'} bf16", run(spec, _log)))
     mlp = "mlp-12x128" if tiny else "seeds-mlp"
     spec = {
-        "model": {"preset": mlp}, "dp": 4, "stages": [0, 1, 2, 3], "precision": "fp32",
-        "optimizer": "adam", "engine": "torch", "mode": "simulated", "device": device,
-        "steps": 2, "warmup_steps": 2,
+        "model": {"preset": mlp},
+        "dp": 4,
+        "stages": [0, 1, 2, 3],
+        "precision": "fp32",
+        "optimizer": "adam",
+        "engine": "torch",
+        "mode": "simulated",
+        "device": device,
+        "steps": 2,
+        "warmup_steps": 2,
     }
     out.append((f"seeds' MLP {mlp} fp32", run(spec, _log)))
     return out
@@ -85,11 +100,17 @@ def part_a(tiny: bool, device: str) -> list[tuple[str, dict[str, Any]]]:
 def part_b(tiny: bool, device: str, dp: int) -> list[tuple[str, dict[str, Any]]]:
     gpt = GPT_TINY if tiny else GPT_1B
     spec = {
-        "model": {"architecture": gpt}, "dp": dp, "stages": [0, 1, 2, 3],
-        "precision": "mixed_bf16", "optimizer": "adam", "engine": "torch",
-        "mode": "distributed", "device": device,
+        "model": {"architecture": gpt},
+        "dp": dp,
+        "stages": [0, 1, 2, 3],
+        "precision": "mixed_bf16",
+        "optimizer": "adam",
+        "engine": "torch",
+        "mode": "distributed",
+        "device": device,
         "batch": {"micro_batch_size": 1, "seq_len": 32 if tiny else 512},
-        "steps": 2, "warmup_steps": 2,
+        "steps": 2,
+        "warmup_steps": 2,
     }
     return [(f"GPT {'tiny' if tiny else '1.1B'} bf16", run(spec, _log))]
 
@@ -97,10 +118,14 @@ def part_b(tiny: bool, device: str, dp: int) -> list[tuple[str, dict[str, Any]]]
 # Issue 5's sweep: a GPT-2-small-sized and a ~1.4B decoder, GPT-2 style (learned positions,
 # LayerNorm, biased linears, ffn 4h GELU, untied bias-free head), mixed bf16, Adam.
 PEAK_MODELS = {
-    "GPT 124M": ({"layers": 12, "hidden": 768, "heads": 12, "vocab_size": 50257,
-                  "max_seq_len": 1024}, {"micro_batch_size": 8, "seq_len": 1024}),
-    "GPT 1.4B": ({"layers": 24, "hidden": 2048, "heads": 16, "vocab_size": 50304,
-                  "max_seq_len": 1024}, {"micro_batch_size": 4, "seq_len": 1024}),
+    "GPT 124M": (
+        {"layers": 12, "hidden": 768, "heads": 12, "vocab_size": 50257, "max_seq_len": 1024},
+        {"micro_batch_size": 8, "seq_len": 1024},
+    ),
+    "GPT 1.4B": (
+        {"layers": 24, "hidden": 2048, "heads": 16, "vocab_size": 50304, "max_seq_len": 1024},
+        {"micro_batch_size": 4, "seq_len": 1024},
+    ),
 }
 PEAK_TINY = {"GPT tiny": (GPT_TINY, {"micro_batch_size": 2, "seq_len": 32})}
 
@@ -111,11 +136,17 @@ def part_peak(tiny: bool, device: str) -> list[tuple[str, dict[str, Any]]]:
         for ckpt in ("none", "full"):
             for dp in (1, 2, 4, 8, 64):
                 spec = {
-                    "model": {"architecture": arch}, "dp": dp, "stages": [0, 1, 2, 3],
-                    "precision": "mixed_bf16", "optimizer": "adam", "engine": "torch",
-                    "mode": "simulated", "device": device,
+                    "model": {"architecture": arch},
+                    "dp": dp,
+                    "stages": [0, 1, 2, 3],
+                    "precision": "mixed_bf16",
+                    "optimizer": "adam",
+                    "engine": "torch",
+                    "mode": "simulated",
+                    "device": device,
                     "batch": dict(batch, activation_checkpointing=ckpt),
-                    "steps": 0, "warmup_steps": 2,
+                    "steps": 0,
+                    "warmup_steps": 2,
                 }
                 out.append((f"{name} ckpt={ckpt}", run(spec, _log)))
     return out
@@ -145,8 +176,12 @@ def peak_summary(results: list[tuple[str, dict[str, Any]]]) -> str:
 
     lines = []
     for key in ("resident", "peak"):
-        errs = [abs(r["relative_error"][key]) for _, res in results for r in res["runs"]
-                if r["relative_error"][key] is not None]
+        errs = [
+            abs(r["relative_error"][key])
+            for _, res in results
+            for r in res["runs"]
+            if r["relative_error"][key] is not None
+        ]
         if errs:
             lines.append(
                 f"{key}: {len(errs)} runs, median |error| {100 * statistics.median(errs):.2f} %, "

@@ -260,8 +260,7 @@ def gpt_tensors(arch: Architecture) -> list[tuple[str, tuple[int, ...], str]]:
     from calculators.architecture import tensors
 
     return [
-        (t.name, t.shape, "root" if t.layer is None else f"blocks.{t.layer}")
-        for t in tensors(arch)
+        (t.name, t.shape, "root" if t.layer is None else f"blocks.{t.layer}") for t in tensors(arch)
     ]
 
 

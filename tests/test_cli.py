@@ -40,8 +40,9 @@ def forward_to(client: TestClient) -> httpx.MockTransport:
     """A transport that hands each request to the app, as a running service would."""
 
     def handle(request: httpx.Request) -> httpx.Response:
-        r = client.request(request.method, request.url.path,
-                           content=request.content, headers=dict(request.headers))
+        r = client.request(
+            request.method, request.url.path, content=request.content, headers=dict(request.headers)
+        )
         return httpx.Response(r.status_code, content=r.content, headers=r.headers)
 
     return httpx.MockTransport(handle)
@@ -52,22 +53,64 @@ def forward_to(client: TestClient) -> httpx.MockTransport:
     [
         # ZeRO paper Figure 1: 7.5B, Nd = 64, K = 12.
         (["--params", "7.5B", "--dp", "64"], {"model": {"params": 7_500_000_000}, "dp": 64}),
-        (["--preset", "llama3-8b", "-n", "8", "--precision", "mixed_bf16", "-s", "1,2,3",
-          "--offload-optimizer", "cpu", "-m", "80GB"],
-         {"model": {"preset": "llama3-8b"}, "dp": 8, "precision": "mixed_bf16",
-          "stages": [1, 2, 3], "offload": {"optimizer": "cpu"}, "device_memory": 80 * 10**9}),
-        (["--arch", "layers=12,hidden=1024,heads=16,vocab_size=32000,ffn_hidden=4096,"
-          "max_seq_len=512", "--dp", "8", "--micro-batch", "8", "--seq-len", "512",
-          "--device-memory", "24GiB"],
-         {"model": {"architecture": {"layers": 12, "hidden": 1024, "heads": 16,
-                                     "vocab_size": 32000, "ffn_hidden": 4096,
-                                     "max_seq_len": 512}},
-          "dp": 8, "batch": {"micro_batch_size": 8, "seq_len": 512},
-          "device_memory": 24 * 2**30}),
+        (
+            [
+                "--preset",
+                "llama3-8b",
+                "-n",
+                "8",
+                "--precision",
+                "mixed_bf16",
+                "-s",
+                "1,2,3",
+                "--offload-optimizer",
+                "cpu",
+                "-m",
+                "80GB",
+            ],
+            {
+                "model": {"preset": "llama3-8b"},
+                "dp": 8,
+                "precision": "mixed_bf16",
+                "stages": [1, 2, 3],
+                "offload": {"optimizer": "cpu"},
+                "device_memory": 80 * 10**9,
+            },
+        ),
+        (
+            [
+                "--arch",
+                "layers=12,hidden=1024,heads=16,vocab_size=32000,ffn_hidden=4096,max_seq_len=512",
+                "--dp",
+                "8",
+                "--micro-batch",
+                "8",
+                "--seq-len",
+                "512",
+                "--device-memory",
+                "24GiB",
+            ],
+            {
+                "model": {
+                    "architecture": {
+                        "layers": 12,
+                        "hidden": 1024,
+                        "heads": 16,
+                        "vocab_size": 32000,
+                        "ffn_hidden": 4096,
+                        "max_seq_len": 512,
+                    }
+                },
+                "dp": 8,
+                "batch": {"micro_batch_size": 8, "seq_len": 512},
+                "device_memory": 24 * 2**30,
+            },
+        ),
     ],
 )
-def test_memory_json_equals_the_api(client: TestClient, args: list[str],
-                                    body: dict[str, Any]) -> None:
+def test_memory_json_equals_the_api(
+    client: TestClient, args: list[str], body: dict[str, Any]
+) -> None:
     result = invoke("memory", *args, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == api(client, "/v1/memory", body)
@@ -97,8 +140,9 @@ def test_memory_over_http_sends_the_same_body(
 
     monkeypatch.setattr(cli, "remote_client", remote)
     local = invoke("memory", "--params", "13B", "--dp", "16", "--json")
-    remote_run = invoke("memory", "--params", "13B", "--dp", "16", "--json",
-                        "--url", "http://gpu-node:8000")
+    remote_run = invoke(
+        "memory", "--params", "13B", "--dp", "16", "--json", "--url", "http://gpu-node:8000"
+    )
     assert remote_run.exit_code == 0, remote_run.output
     assert seen == ["http://gpu-node:8000"]
     assert json.loads(remote_run.stdout) == json.loads(local.stdout)
@@ -144,8 +188,8 @@ def test_refusals_name_the_field(args: list[str], field: str) -> None:
 @pytest.mark.parametrize(
     ("text", "n_bytes"),
     [
-        ("80GB", 80_000_000_000),        # GB = 10^9 bytes
-        ("80 GiB", 85_899_345_920),      # GiB = 2^30 bytes
+        ("80GB", 80_000_000_000),  # GB = 10^9 bytes
+        ("80 GiB", 85_899_345_920),  # GiB = 2^30 bytes
         ("1.5TB", 1_500_000_000_000),
         ("40960MiB", 42_949_672_960),
         ("123", 123),
@@ -164,8 +208,13 @@ def test_sizes_refuse_what_is_not_whole_bytes(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "count"),
-    [("7.5B", 7_500_000_000), ("7.5e9", 7_500_000_000), ("175b", 175_000_000_000),
-     ("124,439,808", 124_439_808), ("350M", 350_000_000)],
+    [
+        ("7.5B", 7_500_000_000),
+        ("7.5e9", 7_500_000_000),
+        ("175b", 175_000_000_000),
+        ("124,439,808", 124_439_808),
+        ("350M", 350_000_000),
+    ],
 )
 def test_counts_parse_exactly(text: str, count: int) -> None:
     assert cli.parse_count(text) == count
@@ -176,42 +225,85 @@ def test_measure_polls_with_progress_and_prints_the_comparison(
 ) -> None:
     """The client side of /v1/measure against a job whose answers this test scripts."""
     posted: list[dict[str, Any]] = []
-    states = iter([
-        {"status": "running", "progress": {"fraction": 0.5, "message": "stage 2"}, "result": None},
-        {"status": "succeeded", "progress": {"fraction": 1.0, "message": "done"}, "result": {
-            "runs": [{
-                "stage": 2,
-                "measured": {"resident": 1_000_000_000, "peak": 2_000_000_000},
-                "predicted": {"resident": 1_100_000_000, "peak": 1_900_000_000},
-                "relative_error": {"resident": 0.1, "peak": -0.05},
-                "communication": {"measured_sent_bytes_per_rank": 4_000_000,
-                                  "predicted_sent_bytes_per_rank": 4_200_000,
-                                  "relative_error": 0.05},
-            }],
-        }},
-    ])
+    states = iter(
+        [
+            {
+                "status": "running",
+                "progress": {"fraction": 0.5, "message": "stage 2"},
+                "result": None,
+            },
+            {
+                "status": "succeeded",
+                "progress": {"fraction": 1.0, "message": "done"},
+                "result": {
+                    "runs": [
+                        {
+                            "stage": 2,
+                            "measured": {"resident": 1_000_000_000, "peak": 2_000_000_000},
+                            "predicted": {"resident": 1_100_000_000, "peak": 1_900_000_000},
+                            "relative_error": {"resident": 0.1, "peak": -0.05},
+                            "communication": {
+                                "measured_sent_bytes_per_rank": 4_000_000,
+                                "predicted_sent_bytes_per_rank": 4_200_000,
+                                "relative_error": 0.05,
+                            },
+                        }
+                    ],
+                },
+            },
+        ]
+    )
 
     def handle(request: httpx.Request) -> httpx.Response:
         assert request.headers.get("X-API-Key") == "s3cret"
         if request.method == "POST":
             posted.append(json.loads(request.content))
-            return httpx.Response(202, json={"id": "j1", "status": "queued"},
-                                  headers={"Location": "/v1/measure/j1"})
+            return httpx.Response(
+                202, json={"id": "j1", "status": "queued"}, headers={"Location": "/v1/measure/j1"}
+            )
         assert request.url.path == "/v1/measure/j1"
         return httpx.Response(200, json={"id": "j1", "error": None, **next(states)})
 
     def remote(url: str, api_key: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=url, transport=httpx.MockTransport(handle),
-                            headers={"X-API-Key": api_key} if api_key else {})
+        return httpx.Client(
+            base_url=url,
+            transport=httpx.MockTransport(handle),
+            headers={"X-API-Key": api_key} if api_key else {},
+        )
 
     monkeypatch.setattr(cli, "remote_client", remote)
-    result = invoke("measure", "--preset", "gpt2", "--dp", "4", "-s", "2", "--mode",
-                    "simulated", "--device", "cpu", "--micro-batch", "2", "--seq-len", "128",
-                    "--interval", "0", "--api-key", "s3cret")
+    result = invoke(
+        "measure",
+        "--preset",
+        "gpt2",
+        "--dp",
+        "4",
+        "-s",
+        "2",
+        "--mode",
+        "simulated",
+        "--device",
+        "cpu",
+        "--micro-batch",
+        "2",
+        "--seq-len",
+        "128",
+        "--interval",
+        "0",
+        "--api-key",
+        "s3cret",
+    )
     assert result.exit_code == 0, result.output
-    assert posted == [{"model": {"preset": "gpt2"}, "dp": 4, "stages": [2],
-                       "batch": {"micro_batch_size": 2, "seq_len": 128},
-                       "mode": "simulated", "device": "cpu"}]
+    assert posted == [
+        {
+            "model": {"preset": "gpt2"},
+            "dp": 4,
+            "stages": [2],
+            "batch": {"micro_batch_size": 2, "seq_len": 128},
+            "mode": "simulated",
+            "device": "cpu",
+        }
+    ]
     assert "2.00 GB (1.86 GiB)" in result.stdout  # measured peak
     assert "+10.00%" in result.stdout and "-5.00%" in result.stdout
     # Below 0.01 GB the table writes MB / MiB rather than 0.00 GB.
@@ -223,9 +315,16 @@ def test_measure_reports_a_failed_job(monkeypatch: pytest.MonkeyPatch) -> None:
     def handle(request: httpx.Request) -> httpx.Response:
         if request.method == "POST":
             return httpx.Response(202, json={"id": "j2", "status": "queued"})
-        return httpx.Response(200, json={"id": "j2", "status": "failed", "error": "CUDA OOM",
-                                         "progress": {"fraction": 0.3, "message": ""},
-                                         "result": None})
+        return httpx.Response(
+            200,
+            json={
+                "id": "j2",
+                "status": "failed",
+                "error": "CUDA OOM",
+                "progress": {"fraction": 0.3, "message": ""},
+                "result": None,
+            },
+        )
 
     def remote(url: str, api_key: str | None = None) -> httpx.Client:
         assert api_key is None

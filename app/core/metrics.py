@@ -15,7 +15,20 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Latency bucket bounds in seconds: 0.5 ms (a /healthz) to 10 s (a slow sweep), as Prometheus's
 # client libraries space them (≈ 1-2.5-5 per decade).
 BUCKETS: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 
 # The job states of the public contract (shared/API.md, GET /v1/measure/{id}).

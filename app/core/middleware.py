@@ -61,17 +61,20 @@ async def send_problem(
     headers: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
     """A JSON error in the shape of ``app.core.errors`` (``{"detail": [{field, msg, type}]}``)."""
-    body = json.dumps({"detail": [{"field": "body" if status == 413 else "", "msg": msg,
-                                   "type": kind}]}).encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            *headers,
-        ],
-    })
+    body = json.dumps(
+        {"detail": [{"field": "body" if status == 413 else "", "msg": msg, "type": kind}]}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -98,10 +101,13 @@ class MetricsMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 elapsed_ms = (time.perf_counter() - start) * 1000
-                message = {**message, "headers": [
-                    *message.get("headers", ()),
-                    (b"server-timing", f"app;dur={elapsed_ms:.3f}".encode()),
-                ]}
+                message = {
+                    **message,
+                    "headers": [
+                        *message.get("headers", ()),
+                        (b"server-timing", f"app;dur={elapsed_ms:.3f}".encode()),
+                    ],
+                }
             await send(message)
 
         self.metrics.in_flight += 1
@@ -168,9 +174,10 @@ class ConcurrencyLimitMiddleware:
         if self.in_flight >= self.limit:
             self.metrics.reject("busy")
             await send_problem(
-                send, 503, "busy",
-                f"the service is answering {self.limit} requests; retry after "
-                f"{self.retry_after} s",
+                send,
+                503,
+                "busy",
+                f"the service is answering {self.limit} requests; retry after {self.retry_after} s",
                 ((b"retry-after", str(self.retry_after).encode()),),
             )
             return
@@ -197,7 +204,9 @@ class BodySizeLimitMiddleware:
     async def _too_large(self, send: Send) -> None:
         self.metrics.reject("too_large")
         await send_problem(
-            send, 413, "too_large",
+            send,
+            413,
+            "too_large",
             f"the request body is larger than {self.max_bytes} bytes",
             ((b"connection", b"close"),),
         )
@@ -275,7 +284,8 @@ def install(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
             allow_headers=["Content-Type", "X-API-Key"],
             expose_headers=["Location", "Retry-After"],
         )
-    docs = frozenset(p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
-                     if p)
+    docs = frozenset(
+        p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p
+    )
     app.add_middleware(SecurityHeadersMiddleware, docs_paths=docs)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -235,10 +235,15 @@ class JobManager:
             if self._stopping and outcome.status is JobStatus.FAILED:
                 outcome = Outcome(JobStatus.FAILED, STOPPED_RUNNING)
         message = "done" if outcome.status is JobStatus.SUCCEEDED else "failed"
-        if self.store.finish(job.id, outcome.status, error=outcome.error,
-                             result=outcome.result, message=message):
-            log.info("job %s %s%s", job.id, outcome.status.value,
-                     f": {outcome.error}" if outcome.error else "")
+        if self.store.finish(
+            job.id, outcome.status, error=outcome.error, result=outcome.result, message=message
+        ):
+            log.info(
+                "job %s %s%s",
+                job.id,
+                outcome.status.value,
+                f": {outcome.error}" if outcome.error else "",
+            )
 
     def _supervise(self, job: Job, proc: BaseProcess, recv: Connection) -> Outcome:
         """Relay progress until the child reports, dies or runs out of time."""
@@ -263,8 +268,10 @@ class JobManager:
             if progress is not None and now - stored_at >= self.poll_s:
                 self.store.progress(job.id, *progress)
                 progress, stored_at = None, now
-            ready = wait([proc.sentinel, *([recv] if pipe_open else [])],
-                         timeout=min(deadline - now, self.poll_s))
+            ready = wait(
+                [proc.sentinel, *([recv] if pipe_open else [])],
+                timeout=min(deadline - now, self.poll_s),
+            )
             if pipe_open and recv in ready:
                 outcome, pipe_open, progress = self._relay(recv, progress)
             elif proc.sentinel in ready:

@@ -145,8 +145,15 @@ class JobStore:
             conn.execute(
                 "INSERT INTO jobs (id, status, request, runner, time_limit_s, message, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (job_id, JobStatus.QUEUED.value, json.dumps(request), runner, time_limit_s,
-                 "queued", now),
+                (
+                    job_id,
+                    JobStatus.QUEUED.value,
+                    json.dumps(request),
+                    runner,
+                    time_limit_s,
+                    "queued",
+                    now,
+                ),
             )
         job = self.get(job_id)
         assert job is not None  # just inserted
@@ -206,8 +213,10 @@ class JobStore:
                 ).fetchall()
             ]
             now = time.time()
-            for status, error in ((JobStatus.QUEUED, queued_error),
-                                  (JobStatus.RUNNING, running_error)):
+            for status, error in (
+                (JobStatus.QUEUED, queued_error),
+                (JobStatus.RUNNING, running_error),
+            ):
                 conn.execute(
                     "UPDATE jobs SET status = ?, error = ?, finished_at = ?, message = 'failed'"
                     " WHERE status = ?",
@@ -231,8 +240,7 @@ class JobStore:
             if conn is None:
                 return []
             rows = conn.execute(
-                f"SELECT * FROM jobs {where} ORDER BY created_at DESC, rowid DESC"
-                " LIMIT ? OFFSET ?",
+                f"SELECT * FROM jobs {where} ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?",
                 (*args, limit, offset),
             ).fetchall()
         return [_decode(row) for row in rows]

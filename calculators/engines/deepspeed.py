@@ -142,8 +142,11 @@ _BOOL_KNOBS = {
 }
 # runtime/config.py:119-130 _REMOVED_ZERO_CONFIG_KEYS, rejected by _reject_removed_config_keys
 # (:133-141) with a DeepSpeedConfigError.
-_REMOVED_ZERO_KEYS = {"mics_shard_size": "MiCS", "mics_hierarchical_params_gather": "MiCS",
-                      "zeropp_loco_param": "LoCo-Zero++"}
+_REMOVED_ZERO_KEYS = {
+    "mics_shard_size": "MiCS",
+    "mics_hierarchical_params_gather": "MiCS",
+    "zeropp_loco_param": "LoCo-Zero++",
+}
 # runtime/config.py:216-230 get_communication_data_type: lower-cased, these three only.
 _COMMUNICATION_BYTES = {"fp16": HALF_BYTES, "bf16": HALF_BYTES, "fp32": FP32_BYTES}
 
@@ -188,8 +191,11 @@ def parse_config(config: Mapping[str, Any] | None) -> Knobs:
     zp = f"{prefix}.zero_optimization"
     for key, feature in _REMOVED_ZERO_KEYS.items():
         if key in zero:
-            raise InputError(f"{zp}.{key}", f"{feature} was removed in DeepSpeed 0.19.8 "
-                             "(runtime/config.py _REMOVED_ZERO_CONFIG_KEYS)")
+            raise InputError(
+                f"{zp}.{key}",
+                f"{feature} was removed in DeepSpeed 0.19.8 "
+                "(runtime/config.py _REMOVED_ZERO_CONFIG_KEYS)",
+            )
     for key, attr in _INT_KNOBS.items():
         if key in zero:
             least = 1 if key == "reduce_bucket_size" else 0
@@ -216,8 +222,10 @@ def parse_config(config: Mapping[str, Any] | None) -> Knobs:
     comm = config.get("communication_data_type")
     if comm is not None:
         if not isinstance(comm, str) or comm.lower() not in _COMMUNICATION_BYTES:
-            raise InputError(f"{prefix}.communication_data_type",
-                             f"must be one of {', '.join(_COMMUNICATION_BYTES)}")
+            raise InputError(
+                f"{prefix}.communication_data_type",
+                f"must be one of {', '.join(_COMMUNICATION_BYTES)}",
+            )
         values["communication_bytes"] = _COMMUNICATION_BYTES[comm.lower()]
     if "train_micro_batch_size_per_gpu" in config:
         values["micro_batch"] = _whole(
@@ -306,8 +314,9 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
     return StepShape(acts, held, 2 * fp32_logits, fp32_logits)
 
 
-def forward_moments(shape: StepShape, first_grad: int, gathered: int = 0,
-                    bucket_first_hook: int = 0) -> dict[str, Moment]:
+def forward_moments(
+    shape: StepShape, first_grad: int, gathered: int = 0, bucket_first_hook: int = 0
+) -> dict[str, Moment]:
     """Moments of the loss and the start of backward, common to every stage.
 
     - ``loss_backward``: everything forward saved, and the two fp32 tokens × vocab gradients
@@ -320,25 +329,36 @@ def forward_moments(shape: StepShape, first_grad: int, gathered: int = 0,
         return {}
     eof = shape.end_of_forward
     out = {
-        "loss_backward": Moment(eof, {"loss_gradients": shape.loss_grads,
-                                      "gathered_parameters": gathered}),
-        "first_gradient": Moment(eof - shape.log_softmax_out,
-                                 {"first_gradient": first_grad, "ipg_buckets": bucket_first_hook,
-                                  "gathered_parameters": gathered}),
+        "loss_backward": Moment(
+            eof, {"loss_gradients": shape.loss_grads, "gathered_parameters": gathered}
+        ),
+        "first_gradient": Moment(
+            eof - shape.log_softmax_out,
+            {
+                "first_gradient": first_grad,
+                "ipg_buckets": bucket_first_hook,
+                "gathered_parameters": gathered,
+            },
+        ),
     }
     assert shape.acts is not None  # shape.known
     if shape.acts.recompute:
         # activation checkpointing: the last block's forward runs again at the start of
         # backward (torch.utils.checkpoint); not validated against DeepSpeed runs
-        out["recompute"] = Moment(eof - shape.log_softmax_out + shape.acts.recompute,
-                                  {"first_gradient": first_grad,
-                                   "ipg_buckets": bucket_first_hook,
-                                   "gathered_parameters": gathered})
+        out["recompute"] = Moment(
+            eof - shape.log_softmax_out + shape.acts.recompute,
+            {
+                "first_gradient": first_grad,
+                "ipg_buckets": bucket_first_hook,
+                "gathered_parameters": gathered,
+            },
+        )
     return out
 
 
-def later_micro_steps(moments: dict[str, Moment], accumulation: int,
-                      carried: Mapping[str, int], names: Sequence[str]) -> None:
+def later_micro_steps(
+    moments: dict[str, Moment], accumulation: int, carried: Mapping[str, int], names: Sequence[str]
+) -> None:
     """With gradient accumulation, micro-steps 2..k repeat ``names`` with ``carried`` alive."""
     if accumulation <= 1:
         return
@@ -347,8 +367,9 @@ def later_micro_steps(moments: dict[str, Moment], accumulation: int,
             m = moments[name]
             buffers = dict(m.buffers)
             for k, v in carried.items():
-                buffers[k] = max(buffers.get(k, 0), v) if k == "ipg_buckets" else (
-                    buffers.get(k, 0) + v)
+                buffers[k] = (
+                    max(buffers.get(k, 0), v) if k == "ipg_buckets" else (buffers.get(k, 0) + v)
+                )
             moments[f"{name}_later_micro_step"] = Moment(m.activations, buffers)
 
 
@@ -495,8 +516,9 @@ def stage0_unsplit_bytes(numels: tuple[int, ...], n_states: int, adam: bool) -> 
     return persistent, step
 
 
-def _stage0(params: list[Param], n_states: int, shape: StepShape, adam: bool,
-            accumulation: int) -> Layout:
+def _stage0(
+    params: list[Param], n_states: int, shape: StepShape, adam: bool, accumulation: int
+) -> Layout:
     numels = [p.numel for p in params]
     p16 = blocks(HALF_BYTES, numels)  # module cast to 16-bit, per tensor (engine.py)
     master = blocks(FP32_BYTES, numels)  # p.clone().float() per tensor (unfused_optimizer.py:72-77)
@@ -515,34 +537,66 @@ def _stage0(params: list[Param], n_states: int, shape: StepShape, adam: bool,
     flat = block(HALF_BYTES * largest) if len(numels) > 1 else 0
     moments = forward_moments(shape, block(HALF_BYTES * numels[-1]))
     # autograd accumulates into param.grad; the all-reduce runs at the boundary only
-    later_micro_steps(moments, accumulation, {"accumulated_gradients": g16},
-                      ("loss_backward", "first_gradient"))
-    moments["gradient_allreduce"] = Moment(0, {"held_outputs": shape.held, "gradients": g16,
-                                               "allreduce_flatten": flat})
+    later_micro_steps(
+        moments, accumulation, {"accumulated_gradients": g16}, ("loss_backward", "first_gradient")
+    )
+    moments["gradient_allreduce"] = Moment(
+        0, {"held_outputs": shape.held, "gradients": g16, "allreduce_flatten": flat}
+    )
     # get_weight_norm: p.grad.float().norm() one tensor at a time (runtime/utils.py:578)
-    moments["grad_norm"] = Moment(0, {"held_outputs": shape.held, "gradients": g16,
-                                      "norm_fp32_copy": block(FP32_BYTES * max(numels))})
-    moments["optimizer_step"] = Moment(0, {"held_outputs": shape.held, "gradients": g16,
-                                           "fp32_gradients": g32, "adam_foreach_temp": foreach})
+    moments["grad_norm"] = Moment(
+        0,
+        {
+            "held_outputs": shape.held,
+            "gradients": g16,
+            "norm_fp32_copy": block(FP32_BYTES * max(numels)),
+        },
+    )
+    moments["optimizer_step"] = Moment(
+        0,
+        {
+            "held_outputs": shape.held,
+            "gradients": g16,
+            "fp32_gradients": g32,
+            "adam_foreach_temp": foreach,
+        },
+    )
     unsplit, unsplit_step = stage0_unsplit_bytes(tuple(numels), n_states, adam)
-    moments["optimizer_step"] = Moment(0, {**moments["optimizer_step"].buffers,
-                                           "allocator_unsplit_transients": unsplit_step})
+    moments["optimizer_step"] = Moment(
+        0, {**moments["optimizer_step"].buffers, "allocator_unsplit_transients": unsplit_step}
+    )
     return Layout(
-        resident_parts={"params_16bit": p16, "fp32_master": master, "optimizer_states": states,
-                        "allocator_unsplit_blocks": unsplit},
+        resident_parts={
+            "params_16bit": p16,
+            "fp32_master": master,
+            "optimizer_states": states,
+            "allocator_unsplit_blocks": unsplit,
+        },
         device=Placement(parameters=p16, gradients=g16, optimizer_states=master + states),
-        cpu=Placement(), cpu_buffers=0, moments=moments,
-        notes=["stage 0: FP16_UnfusedOptimizer keeps per-tensor fp32 masters and creates Adam "
-               "states at construction; fp32 gradients exist only inside step()",
-               "stage 0 allocates one tensor per parameter and state: allocator_unsplit_blocks "
-               "replays DeepSpeed's initialisation on the caching allocator (cached blocks up "
-               "to 1 MiB too big are handed out whole); the step's share is replayed on the "
-               "init-time step, an estimate"],
+        cpu=Placement(),
+        cpu_buffers=0,
+        moments=moments,
+        notes=[
+            "stage 0: FP16_UnfusedOptimizer keeps per-tensor fp32 masters and creates Adam "
+            "states at construction; fp32 gradients exist only inside step()",
+            "stage 0 allocates one tensor per parameter and state: allocator_unsplit_blocks "
+            "replays DeepSpeed's initialisation on the caching allocator (cached blocks up "
+            "to 1 MiB too big are handed out whole); the step's share is replayed on the "
+            "init-time step, an estimate",
+        ],
     )
 
 
-def _stage12(params: list[Param], world: int, stage: Stage, knobs: Knobs, n_states: int,
-             shape: StepShape, adam: bool, accumulation: int) -> Layout:
+def _stage12(
+    params: list[Param],
+    world: int,
+    stage: Stage,
+    knobs: Knobs,
+    n_states: int,
+    shape: StepShape,
+    adam: bool,
+    accumulation: int,
+) -> Layout:
     numels = [p.numel for p in params]
     psi = sum(numels)
     # stage_1_and_2.py:387, 446: the flat group is padded to a multiple of 2 x N
@@ -565,8 +619,10 @@ def _stage12(params: list[Param], world: int, stage: Stage, knobs: Knobs, n_stat
             max_slice = max(max_slice, min(n, part - start))
         start += n
     gip = block(HALF_BYTES * g_p)  # grads_in_partition (copy_grads_in_partition :2183-2197)
-    notes = [f"stage {int(stage)}: flat 16-bit group padded to {padded} elements, partition "
-             f"{part}; IPG bucket {rbs} elements x {2 if overlap else 1}"]
+    notes = [
+        f"stage {int(stage)}: flat 16-bit group padded to {padded} elements, partition "
+        f"{part}; IPG bucket {rbs} elements x {2 if overlap else 1}"
+    ]
 
     # reduction: walk the gradients in bucket order; a bucket is reduced when the next gradient
     # would overflow it (:1422-1428) and flattened into a new 16-bit tensor when it spans more
@@ -578,8 +634,10 @@ def _stage12(params: list[Param], world: int, stage: Stage, knobs: Knobs, n_stat
     if in_hooks:
         order.reverse()
     if in_hooks and psi > rbs:
-        notes.append("buckets reduced during backward are counted without the activations "
-                     "still alive at that point")
+        notes.append(
+            "buckets reduced during backward are counted without the activations "
+            "still alive at that point"
+        )
     offsets = []
     pos = 0
     for n in numels:
@@ -615,23 +673,36 @@ def _stage12(params: list[Param], world: int, stage: Stage, knobs: Knobs, n_stat
     if not in_hooks:
         # overlap_comm off: hooks only set up the bucket; autograd keeps every gradient until
         # engine.allreduce_gradients -> reduce_gradients walks them (engine.py:3088-3092)
-        moments["end_of_backward"] = Moment(0, {
-            "held_outputs": shape.held, "gradients": blocks(HALF_BYTES, numels),
-            "ipg_buckets": ipg})
+        moments["end_of_backward"] = Moment(
+            0,
+            {
+                "held_outputs": shape.held,
+                "gradients": blocks(HALF_BYTES, numels),
+                "ipg_buckets": ipg,
+            },
+        )
     if stage is Stage.OPTIMIZER:
         # stage 1 reduces only at the boundary (reduce_ready_partitions_and_remove_grads
         # :2293): the gradients and the bucket (allocated by the first hook, released only by
         # the boundary epilogue) stay into the next micro-step
-        later_micro_steps(moments, accumulation,
-                          {"accumulated_gradients": blocks(HALF_BYTES, numels),
-                           "ipg_buckets": ipg}, ("loss_backward", "first_gradient"))
-    moments["gradient_reduction"] = Moment(0, {
-        "held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak})
+        later_micro_steps(
+            moments,
+            accumulation,
+            {"accumulated_gradients": blocks(HALF_BYTES, numels), "ipg_buckets": ipg},
+            ("loss_backward", "first_gradient"),
+        )
+    moments["gradient_reduction"] = Moment(
+        0, {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak}
+    )
     if stage is Stage.GRADIENTS and not offload:
         # each micro-step's epilogue keeps the partition's gradients in all_grad_tensors
         # (views of that step's grads_in_partition) and adds the next ones to it (:1041-1051)
-        later_micro_steps(moments, accumulation, {"accumulated_gradients": gip},
-                          ("loss_backward", "first_gradient", "gradient_reduction"))
+        later_micro_steps(
+            moments,
+            accumulation,
+            {"accumulated_gradients": gip},
+            ("loss_backward", "first_gradient", "gradient_reduction"),
+        )
 
     master = block(FP32_BYTES * part)
     states = n_states * master
@@ -642,17 +713,28 @@ def _stage12(params: list[Param], world: int, stage: Stage, knobs: Knobs, n_stat
         # temp_grad_buffer_for_gpu_offload (:659-661) stays on the device
         resident["offload_grad_staging"] = block(HALF_BYTES * max(numels))
         # host: fp32 master, fp32 grad partition (kept), 16-bit staging, Adam states
-        cpu = Placement(parameters=0, gradients=FP32_BYTES * part,
-                        optimizer_states=FP32_BYTES * part * (1 + n_states))
+        cpu = Placement(
+            parameters=0,
+            gradients=FP32_BYTES * part,
+            optimizer_states=FP32_BYTES * part * (1 + n_states),
+        )
         cpu_buffers = HALF_BYTES * part + HALF_BYTES * max(numels) if knobs.pin_memory else 0
         # per in-partition gradient: fp64 norm copy and an fp32 copy before the host copy
         # (set_norm_for_param_grad_in_gpu, async_inplace_copy_grad_to_fp32_buffer_from_gpu)
-        moments["gradient_reduction"] = Moment(0, {
-            "held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak,
-            "offload_norm_copy": block(FP64_BYTES * max_slice)})
+        moments["gradient_reduction"] = Moment(
+            0,
+            {
+                "held_outputs": shape.held,
+                "ipg_buckets": ipg,
+                "reduction_buffers": reduce_peak,
+                "offload_norm_copy": block(FP64_BYTES * max_slice),
+            },
+        )
         device = Placement(parameters=flat16, gradients=0, optimizer_states=0)
-        notes.append("optimizer offload: fp32 master, fp32 gradient partition and optimizer "
-                     "states live in host memory; the step runs on the CPU")
+        notes.append(
+            "optimizer offload: fp32 master, fp32 gradient partition and optimizer "
+            "states live in host memory; the step runs on the CPU"
+        )
     else:
         resident["fp32_master_partition"] = master
         resident["optimizer_states"] = states
@@ -660,13 +742,21 @@ def _stage12(params: list[Param], world: int, stage: Stage, knobs: Knobs, n_stat
         g32 = block(FP32_BYTES * part)
         base = {"held_outputs": shape.held}
         # step() (:3013-3169): fp64 per-gradient norms, flatten + .to(fp32), Adam
-        moments["grad_norm"] = Moment(0, {**base, "grads_in_partition": gip,
-                                          "norm_fp64_copy": block(FP64_BYTES * max_slice)})
-        moments["fp32_gradient"] = Moment(0, {**base, "grads_in_partition": gip,
-                                              "flat_16bit_gradient": flat_grad,
-                                              "fp32_gradient": g32})
-        moments["optimizer_step"] = Moment(0, {**base, "fp32_gradient": g32,
-                                               "adam_foreach_temp": master if adam else 0})
+        moments["grad_norm"] = Moment(
+            0, {**base, "grads_in_partition": gip, "norm_fp64_copy": block(FP64_BYTES * max_slice)}
+        )
+        moments["fp32_gradient"] = Moment(
+            0,
+            {
+                **base,
+                "grads_in_partition": gip,
+                "flat_16bit_gradient": flat_grad,
+                "fp32_gradient": g32,
+            },
+        )
+        moments["optimizer_step"] = Moment(
+            0, {**base, "fp32_gradient": g32, "adam_foreach_temp": master if adam else 0}
+        )
         device = Placement(parameters=flat16, gradients=gip, optimizer_states=master + states)
     return Layout(resident, device, cpu, cpu_buffers, moments, notes)
 
@@ -732,14 +822,24 @@ def _fetch_order(params: Sequence[Param]) -> tuple[list[str], list[str]]:
 def stage3_trace(params: Sequence[Param], knobs: Knobs) -> Stage3Trace:
     """The coordinator simulation, cached per parameter list and the knobs it reads."""
     return _stage3_trace(
-        tuple(params), knobs.param_persistence_threshold, knobs.model_persistence_threshold,
-        knobs.max_live_parameters, knobs.prefetch_bucket_size, knobs.max_reuse_distance,
+        tuple(params),
+        knobs.param_persistence_threshold,
+        knobs.model_persistence_threshold,
+        knobs.max_live_parameters,
+        knobs.prefetch_bucket_size,
+        knobs.max_reuse_distance,
     )
 
 
 @lru_cache(maxsize=64)
-def _stage3_trace(params: tuple[Param, ...], persistence: int, model_persistence: int,
-                  max_live: int, prefetch: int, reuse: int) -> Stage3Trace:
+def _stage3_trace(
+    params: tuple[Param, ...],
+    persistence: int,
+    model_persistence: int,
+    max_live: int,
+    prefetch: int,
+    reuse: int,
+) -> Stage3Trace:
     """Simulate the parameter coordinator for one steady-state forward and backward.
 
     - parameter_offload.py ``mark_persistent_parameters``: numel <= param threshold while the
@@ -759,8 +859,7 @@ def _stage3_trace(params: tuple[Param, ...], persistence: int, model_persistence
     """
     persistent, total = [], 0
     for p in params:
-        flag = p.numel <= persistence and (
-            total + p.numel <= model_persistence)
+        flag = p.numel <= persistence and (total + p.numel <= model_persistence)
         total += p.numel if flag else 0
         persistent.append(flag)
     owned: dict[str, list[int]] = {}
@@ -834,12 +933,27 @@ def _stage3_trace(params: tuple[Param, ...], persistence: int, model_persistence
                 n_available -= params[i].numel
         if step == len(forward) - 1:
             kept = list(available)
-    return Stage3Trace(tuple(persistent), tuple(kept), gathered[0], gathered[1],
-                       tuple(gathers[0]), tuple(gathers[1]), calls[0], calls[1])
+    return Stage3Trace(
+        tuple(persistent),
+        tuple(kept),
+        gathered[0],
+        gathered[1],
+        tuple(gathers[0]),
+        tuple(gathers[1]),
+        calls[0],
+        calls[1],
+    )
 
 
-def _stage3(params: list[Param], world: int, knobs: Knobs, n_states: int, shape: StepShape,
-            adam: bool, exact: bool) -> Layout:
+def _stage3(
+    params: list[Param],
+    world: int,
+    knobs: Knobs,
+    n_states: int,
+    shape: StepShape,
+    adam: bool,
+    exact: bool,
+) -> Layout:
     numels = [p.numel for p in params]
     parts = [_partition_elems(n, world) for n in numels]
     local = sum(parts)
@@ -866,22 +980,30 @@ def _stage3(params: list[Param], world: int, knobs: Knobs, n_states: int, shape:
     # NoGatherHandle points param.data at the partition itself (partition_parameters.py
     # _no_gather_coalesced).
     gathers = world > 1
-    persist = sum(
-        block(HALF_BYTES * n) for n, f in zip(numels, trace.persistent, strict=True) if f
-    ) if gathers else 0
+    persist = (
+        sum(block(HALF_BYTES * n) for n, f in zip(numels, trace.persistent, strict=True) if f)
+        if gathers
+        else 0
+    )
     # gathered at the end of forward: what the coordinator keeps (stage3_trace), plus the head
-    gathered = sum(
-        block(HALF_BYTES * n)
-        for i, (n, f, k) in enumerate(zip(numels, trace.persistent, trace.kept, strict=True))
-        if not f and (k or i == len(numels) - 1)
-    ) if gathers else 0
+    gathered = (
+        sum(
+            block(HALF_BYTES * n)
+            for i, (n, f, k) in enumerate(zip(numels, trace.persistent, trace.kept, strict=True))
+            if not f and (k or i == len(numels) - 1)
+        )
+        if gathers
+        else 0
+    )
     offload = knobs.offload_optimizer is not None
     offload_params = knobs.offload_param is not None
-    notes = [f"stage 3: {sum(trace.persistent)} persistent parameters ({persist} bytes gathered "
-             f"for good), {sum(trace.kept)} of {len(params)} parameters stay gathered from "
-             "forward to backward (simulated parameter coordinator: prefetch records their "
-             "backward use)",
-             "parameters still in flight at the end of forward count as gathered copies"]
+    notes = [
+        f"stage 3: {sum(trace.persistent)} persistent parameters ({persist} bytes gathered "
+        f"for good), {sum(trace.kept)} of {len(params)} parameters stay gathered from "
+        "forward to backward (simulated parameter coordinator: prefetch records their "
+        "backward use)",
+        "parameters still in flight at the end of forward count as gathered copies",
+    ]
     if not exact:
         notes.append("approximate: no architecture, Ψ taken as one tensor kept gathered")
     # the IPG bucket is persistent here; the head's gradient is copied into it and freed
@@ -897,34 +1019,53 @@ def _stage3(params: list[Param], world: int, knobs: Knobs, n_states: int, shape:
         buckets[-1].append(n)
         fill += n
     cat = max(
-        (0 if len(b) == 1 and b[0] % world == 0 else
-         block(HALF_BYTES * sum(_partition_elems(n, world) * world for n in b)))
+        (
+            0
+            if len(b) == 1 and b[0] % world == 0
+            else block(HALF_BYTES * sum(_partition_elems(n, world) * world for n in b))
+        )
         for b in buckets
     )
-    moments["gradient_reduction"] = Moment(0, {"held_outputs": shape.held,
-                                               "reduce_scatter_buffer": cat})
-    resident = {"partitioned_16bit_params": 0 if offload_params else lp,
-                "ipg_bucket": ipg, "persistent_parameters": persist}
+    moments["gradient_reduction"] = Moment(
+        0, {"held_outputs": shape.held, "reduce_scatter_buffer": cat}
+    )
+    resident = {
+        "partitioned_16bit_params": 0 if offload_params else lp,
+        "ipg_bucket": ipg,
+        "persistent_parameters": persist,
+    }
     cpu = Placement()
     cpu_buffers = 0
     if offload_params:
         cpu_buffers += HALF_BYTES * local  # pinned unconditionally (:888-911)
         notes.append("parameter offload: 16-bit partitions in pinned host memory (not validated)")
     if offload:
-        cpu = Placement(parameters=HALF_BYTES * local if offload_params else 0,
-                        gradients=(FP32_BYTES + HALF_BYTES) * local,
-                        optimizer_states=FP32_BYTES * local * (1 + n_states))
+        cpu = Placement(
+            parameters=HALF_BYTES * local if offload_params else 0,
+            gradients=(FP32_BYTES + HALF_BYTES) * local,
+            optimizer_states=FP32_BYTES * local * (1 + n_states),
+        )
         if knobs.pin_memory:
             cpu_buffers += (FP32_BYTES + HALF_BYTES) * local  # fp32 grads, 16-bit grad buffer
         # partition_grads: each reduced partition goes to the pinned buffer and back to the
         # device (grad_buffer.to(device)), then .float() before the host copy (:2028, :1457)
-        moments["gradient_reduction"] = Moment(0, {
-            "held_outputs": shape.held, "reduce_scatter_buffer": cat,
-            "offload_partition_copies": block((HALF_BYTES + FP32_BYTES) * max(parts))})
-        device = Placement(parameters=resident["partitioned_16bit_params"] + persist,
-                           gradients=0, optimizer_states=0)
-        notes.append("optimizer offload: fp32 master, gradients and optimizer states in host "
-                     "memory; the step runs on the CPU")
+        moments["gradient_reduction"] = Moment(
+            0,
+            {
+                "held_outputs": shape.held,
+                "reduce_scatter_buffer": cat,
+                "offload_partition_copies": block((HALF_BYTES + FP32_BYTES) * max(parts)),
+            },
+        )
+        device = Placement(
+            parameters=resident["partitioned_16bit_params"] + persist,
+            gradients=0,
+            optimizer_states=0,
+        )
+        notes.append(
+            "optimizer offload: fp32 master, gradients and optimizer states in host "
+            "memory; the step runs on the CPU"
+        )
     else:
         resident["gradient_partitions"] = gradbuf
         resident["fp32_master_partition"] = master
@@ -934,19 +1075,30 @@ def _stage3(params: list[Param], world: int, knobs: Knobs, n_states: int, shape:
         # step (:2873-2949): gathered parameters are released first (_partition_all_parameters)
         norm = block(FP64_BYTES * max(parts))
         moments["grad_norm"] = Moment(0, {**base, "norm_fp64_copy": norm})
-        moments["fp32_gradient"] = Moment(0, {**base, "flat_16bit_gradient":
-                                              block(HALF_BYTES * largest), "fp32_gradient": g32})
-        moments["optimizer_step"] = Moment(0, {**base, "fp32_gradient": g32,
-                                               "adam_foreach_temp": g32 if adam else 0})
-        device = Placement(parameters=resident["partitioned_16bit_params"] + persist,
-                           gradients=gradbuf, optimizer_states=master + states)
+        moments["fp32_gradient"] = Moment(
+            0, {**base, "flat_16bit_gradient": block(HALF_BYTES * largest), "fp32_gradient": g32}
+        )
+        moments["optimizer_step"] = Moment(
+            0, {**base, "fp32_gradient": g32, "adam_foreach_temp": g32 if adam else 0}
+        )
+        device = Placement(
+            parameters=resident["partitioned_16bit_params"] + persist,
+            gradients=gradbuf,
+            optimizer_states=master + states,
+        )
     # _post_step re-gathers the persistent parameters: a padded flat buffer, then the copies
-    persist_flat = sum(
-        block(HALF_BYTES * _partition_elems(n, world) * world)
-        for n, f in zip(numels, trace.persistent, strict=True) if f
-    ) if gathers else 0
-    moments["persistent_gather"] = Moment(0, {"held_outputs": shape.held,
-                                              "persistent_gather_buffer": persist_flat})
+    persist_flat = (
+        sum(
+            block(HALF_BYTES * _partition_elems(n, world) * world)
+            for n, f in zip(numels, trace.persistent, strict=True)
+            if f
+        )
+        if gathers
+        else 0
+    )
+    moments["persistent_gather"] = Moment(
+        0, {"held_outputs": shape.held, "persistent_gather_buffer": persist_flat}
+    )
     # the persistent parameters are freed at the start of step and gathered again after it
     for name in ("grad_norm", "fp32_gradient", "optimizer_step"):
         if name in moments:
@@ -997,32 +1149,47 @@ def _check(setup: TrainingSetup, stage: Stage, knobs: Knobs) -> int:
         known = ", ".join(o.value for o in STATE_TENSORS)
         raise InputError("optimizer", f"the deepspeed engine models the torch optimizers {known}")
     if setup.precision not in (Precision.MIXED_FP16, Precision.MIXED_BF16):
-        raise InputError("precision", "the deepspeed engine models its fp16 and bf16 sections "
-                         "(mixed_fp16, mixed_bf16: 16-bit parameters with an fp32 master)")
+        raise InputError(
+            "precision",
+            "the deepspeed engine models its fp16 and bf16 sections "
+            "(mixed_fp16, mixed_bf16: 16-bit parameters with an fp32 master)",
+        )
     want_fp16 = setup.precision is Precision.MIXED_FP16
     if (knobs.fp16 is True and not want_fp16) or (knobs.bf16 is True and want_fp16):
-        raise InputError("engine_config", f"its fp16/bf16 section contradicts precision "
-                         f"{setup.precision.value}")
+        raise InputError(
+            "engine_config", f"its fp16/bf16 section contradicts precision {setup.precision.value}"
+        )
     if setup.tp * setup.pp != 1:
         raise InputError("tp", "the deepspeed engine profile models plain data parallelism")
     optimizer_off = knobs.offload_optimizer or (
-        setup.offload.optimizer if setup.offload.optimizer is not OffloadDevice.NONE else None)
+        setup.offload.optimizer if setup.offload.optimizer is not OffloadDevice.NONE else None
+    )
     param_off = knobs.offload_param or (
-        setup.offload.params if setup.offload.params is not OffloadDevice.NONE else None)
+        setup.offload.params if setup.offload.params is not OffloadDevice.NONE else None
+    )
     if OffloadDevice.NVME in (optimizer_off, param_off):
         raise InputError("offload", "NVMe offload is not modelled by the deepspeed profile")
     if optimizer_off is not None and stage is Stage.NONE:
         raise InputError("offload.optimizer", "optimizer offload needs ZeRO stage 1 or higher")
     if param_off is not None and stage is not Stage.PARAMETERS:
         raise InputError("offload.params", "parameter offload needs ZeRO stage 3")
-    if (knobs.grad_accumulation is not None and setup.batch is not None
-            and knobs.grad_accumulation != setup.batch.grad_accumulation_steps):
-        raise InputError("engine_config.gradient_accumulation_steps",
-                         "differs from batch.grad_accumulation_steps")
-    if (setup.batch is not None and knobs.micro_batch is not None
-            and knobs.micro_batch != setup.batch.micro_batch_size):
-        raise InputError("engine_config.train_micro_batch_size_per_gpu",
-                         "differs from batch.micro_batch_size")
+    if (
+        knobs.grad_accumulation is not None
+        and setup.batch is not None
+        and knobs.grad_accumulation != setup.batch.grad_accumulation_steps
+    ):
+        raise InputError(
+            "engine_config.gradient_accumulation_steps",
+            "differs from batch.grad_accumulation_steps",
+        )
+    if (
+        setup.batch is not None
+        and knobs.micro_batch is not None
+        and knobs.micro_batch != setup.batch.micro_batch_size
+    ):
+        raise InputError(
+            "engine_config.train_micro_batch_size_per_gpu", "differs from batch.micro_batch_size"
+        )
     return STATE_TENSORS[setup.optimizer]
 
 
@@ -1050,7 +1217,8 @@ class DeepSpeedModel:
         shape = step_shape(setup, knobs)
         world = setup.dp
         accumulation = knobs.grad_accumulation or (
-            setup.batch.grad_accumulation_steps if setup.batch is not None else 1)
+            setup.batch.grad_accumulation_steps if setup.batch is not None else 1
+        )
         if stage is Stage.NONE:
             layout = _stage0(params, n_states, shape, adam, accumulation)
         elif stage is Stage.PARAMETERS:
@@ -1068,8 +1236,10 @@ class DeepSpeedModel:
         resident = states + workspaces + shape.held
         notes = list(layout.notes)
         if knobs.offload_optimizer is not None and knobs.force_ds_cpu_optimizer:
-            notes.append("DeepSpeed refuses a client torch optimizer with optimizer offload "
-                         "unless zero_force_ds_cpu_optimizer is false (engine.py:2341-2346)")
+            notes.append(
+                "DeepSpeed refuses a client torch optimizer with optimizer offload "
+                "unless zero_force_ds_cpu_optimizer is false (engine.py:2341-2346)"
+            )
         peak = activations_at_peak = buffers_at_peak = None
         if shape.known:
             name, moment = max(layout.moments.items(), key=lambda kv: kv[1].total)

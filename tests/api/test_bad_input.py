@@ -26,8 +26,15 @@ POST_PATHS = sorted(
 # For an endpoint without examples: a small GPT every training question accepts (a measure
 # needs an architecture, not a bare parameter count).
 FALLBACK_BODY: dict[str, Any] = {
-    "model": {"architecture": {"layers": 2, "hidden": 256, "heads": 4, "vocab_size": 1000,
-                               "max_seq_len": 128}},
+    "model": {
+        "architecture": {
+            "layers": 2,
+            "hidden": 256,
+            "heads": 4,
+            "vocab_size": 1000,
+            "max_seq_len": 128,
+        }
+    },
     "dp": 4,
 }
 
@@ -69,8 +76,11 @@ def request_schema(path: str) -> dict[str, Any]:
 def examples(path: str) -> list[dict[str, Any]]:
     """The endpoint's documented request bodies (valid by construction)."""
     content = OPENAPI["paths"][path]["post"].get("requestBody", {}).get("content", {})
-    found = [e["value"] for e in content.get("application/json", {}).get("examples", {}).values()
-             if isinstance(e.get("value"), dict)]
+    found = [
+        e["value"]
+        for e in content.get("application/json", {}).get("examples", {}).values()
+        if isinstance(e.get("value"), dict)
+    ]
     return found or [FALLBACK_BODY]
 
 
@@ -117,10 +127,18 @@ def field_cases(path: str) -> list[Case]:
         for keys in leaves(body):
             where = ".".join(map(str, keys))
             bad = {
-                "nan": NAN, "inf": INF, "-inf": NEG_INF, "1e400": OVERFLOW, "-1e400": "-1e400",
-                "5000_digits": DIGITS_5000, "-5000_digits": "-" + DIGITS_5000,
-                "4000_digits": DIGITS_4000, "-4000_digits": "-" + DIGITS_4000,
-                "word": '"twelve"', "list": "[]", "object": "{}",
+                "nan": NAN,
+                "inf": INF,
+                "-inf": NEG_INF,
+                "1e400": OVERFLOW,
+                "-1e400": "-1e400",
+                "5000_digits": DIGITS_5000,
+                "-5000_digits": "-" + DIGITS_5000,
+                "4000_digits": DIGITS_4000,
+                "-4000_digits": "-" + DIGITS_4000,
+                "word": '"twelve"',
+                "list": "[]",
+                "object": "{}",
                 "deep_list": "[" * DEEP + "]" * DEEP,
             }
             field = sub_schema(schema, keys)
@@ -135,8 +153,10 @@ def field_cases(path: str) -> list[Case]:
                 bad |= {"unknown_choice": '"no-such-choice"'}
             if field.get("type") == "string" and "enum" not in field:
                 bad |= {"too_long": json.dumps("x" * 100_000)}
-            cases += [Case(f"example{n}.{where}={name}", with_raw(body, keys, raw))
-                      for name, raw in bad.items()]
+            cases += [
+                Case(f"example{n}.{where}={name}", with_raw(body, keys, raw))
+                for name, raw in bad.items()
+            ]
     return cases
 
 
@@ -162,19 +182,27 @@ def body_cases(path: str) -> list[Case]:
         Case("deep_array_100000", b"[" * DEEP + b"]" * DEEP),
         Case("deep_object_100000", b'{"a":' * DEEP + b"1" + b"}" * DEEP),
         Case("five_mb", five_mb),
-        Case("five_mb_chunked", (five_mb[i:i + 65536] for i in range(0, len(five_mb), 65536))),
+        Case("five_mb_chunked", (five_mb[i : i + 65536] for i in range(0, len(five_mb), 65536))),
         Case("unknown_field", json.dumps({**base, "no_such_field": 1}).encode()),
         Case("missing_everything", b"{}"),
     ]
     for key, prop in props.items():
         prop = resolve(prop)
-        cases.append(Case(f"{key}=deep_object_100000",
-                          with_raw(base, (key,), '{"a":' * DEEP + "1" + "}" * DEEP)))
+        cases.append(
+            Case(
+                f"{key}=deep_object_100000",
+                with_raw(base, (key,), '{"a":' * DEEP + "1" + "}" * DEEP),
+            )
+        )
         if prop.get("type") == "array":
             item = resolve(prop.get("items", {}))
             filler = json.dumps(base.get(key, [item.get("minimum", 0)])[:1] or [0])[1:-1] or "0"
-            cases.append(Case(f"{key}=100000_items",
-                              with_raw(base, (key,), "[" + ",".join([filler] * 100_000) + "]")))
+            cases.append(
+                Case(
+                    f"{key}=100000_items",
+                    with_raw(base, (key,), "[" + ",".join([filler] * 100_000) + "]"),
+                )
+            )
         if prop.get("type") == "object" and prop.get("additionalProperties") is True:
             # Free-form objects (a DeepSpeed config, an HF config.json) reach the core as parsed:
             # nesting the parser accepts must still be refused or ignored, never a crash.
@@ -189,23 +217,25 @@ def body_cases(path: str) -> list[Case]:
             "unknown_model_field": '{"params": 1000, "weights": "x"}',
             "hf_config_empty": '{"hf_config": {}}',
             "hf_config_nan": '{"hf_config": {"model_type": "llama", "hidden_size": NaN, '
-                             '"num_hidden_layers": 2, "num_attention_heads": 2, '
-                             '"vocab_size": 10, "intermediate_size": 8}}',
+            '"num_hidden_layers": 2, "num_attention_heads": 2, '
+            '"vocab_size": 10, "intermediate_size": 8}}',
             "hf_config_huge": '{"hf_config": {"model_type": "llama", "hidden_size": 1e400, '
-                              '"num_hidden_layers": ' + DIGITS_4000 + ', '
-                              '"num_attention_heads": -1, "vocab_size": 0, '
-                              '"intermediate_size": "eight"}}',
+            '"num_hidden_layers": ' + DIGITS_4000 + ", "
+            '"num_attention_heads": -1, "vocab_size": 0, '
+            '"intermediate_size": "eight"}}',
             "hf_config_wrong_types": '{"hf_config": {"model_type": ["llama"], '
-                                     '"hidden_size": {"a": 1}, "num_hidden_layers": "2"}}',
+            '"hidden_size": {"a": 1}, "num_hidden_layers": "2"}}',
             "architecture_zero": '{"architecture": {"layers": 0, "hidden": 0, "heads": 0, '
-                                 '"vocab_size": 0}}',
+            '"vocab_size": 0}}',
             "architecture_negative": '{"architecture": {"layers": -1, "hidden": -8, '
-                                     '"heads": -1, "vocab_size": -1}}',
+            '"heads": -1, "vocab_size": -1}}',
             "architecture_heads_not_dividing": '{"architecture": {"layers": 2, "hidden": 10, '
-                                               '"heads": 3, "vocab_size": 10}}',
+            '"heads": 3, "vocab_size": 10}}',
         }
-        cases += [Case(f"model.{name}", with_raw(base, ("model",), raw))
-                  for name, raw in model_cases.items()]
+        cases += [
+            Case(f"model.{name}", with_raw(base, ("model",), raw))
+            for name, raw in model_cases.items()
+        ]
     return cases
 
 
@@ -237,8 +267,9 @@ def assert_refused(client: TestClient, path: str, cases: list[Case]) -> None:
         try:
             reason = readable_reason(response)
         except (ValueError, KeyError, TypeError):
-            failures.append(f"{case.name}: {response.status_code} without a JSON reason: "
-                            f"{response.text[:200]}")
+            failures.append(
+                f"{case.name}: {response.status_code} without a JSON reason: {response.text[:200]}"
+            )
             continue
         if not reason.strip() or len(reason) > 10_000:
             failures.append(f"{case.name}: unreadable reason {reason[:200]!r}")

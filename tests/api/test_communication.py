@@ -19,7 +19,10 @@ def post(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
 def test_paper_figure_through_http(client: TestClient) -> None:
     body = post(client, {"model": PSI, "dp": 8})
     assert [s["sent_bytes_per_rank"] for s in body["stages"]] == [
-        3_500_000_000, 3_500_000_000, 3_500_000_000, 5_250_000_000
+        3_500_000_000,
+        3_500_000_000,
+        3_500_000_000,
+        5_250_000_000,
     ]
     assert [s["ratio_to_ddp"] for s in body["stages"]] == [1, 1, 1, 1.5]
     assert body["convention"]["engine"] == "paper"
@@ -27,7 +30,9 @@ def test_paper_figure_through_http(client: TestClient) -> None:
     assert "overlap" in body["convention"]["ignores"]
     s3 = body["stages"][3]
     assert [(c["op"], c["phase"]) for c in s3["collectives"]] == [
-        ("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")
+        ("all_gather", "forward"),
+        ("all_gather", "backward"),
+        ("reduce_scatter", "backward"),
     ]
     for c in s3["collectives"]:
         assert c["payload_bytes"] == 2_000_000_000
@@ -45,24 +50,40 @@ def test_nd_1_sends_nothing_through_http(client: TestClient) -> None:
 
 @pytest.mark.parametrize("engine", ["paper", "deepspeed", "torch"])
 def test_every_engine_names_its_convention(client: TestClient, engine: str) -> None:
-    body = post(client, {"model": {"preset": "gpt2"}, "dp": 16, "engine": engine,
-                         "gpus_per_node": 8, "grad_accumulation_steps": 2})
+    body = post(
+        client,
+        {
+            "model": {"preset": "gpt2"},
+            "dp": 16,
+            "engine": engine,
+            "gpus_per_node": 8,
+            "grad_accumulation_steps": 2,
+        },
+    )
     assert body["convention"]["description"].startswith(engine)
     assert body["topology"]["nodes"] == 2 and body["topology"]["dp_group_nodes"] == 2
     for s in body["stages"]:
         assert s["sent_bytes_per_rank"] == sum(c["sent_bytes_per_rank"] for c in s["collectives"])
         for c in s["collectives"]:
-            assert c["intra_node_bytes_per_rank"] + c["inter_node_bytes_per_rank"] == (
-                c["sent_bytes_per_rank"]
+            assert (
+                c["intra_node_bytes_per_rank"] + c["inter_node_bytes_per_rank"]
+                == (c["sent_bytes_per_rank"])
             )
 
 
 def test_deepspeed_config_and_offload_through_http(client: TestClient) -> None:
-    body = post(client, {
-        "model": {"preset": "llama2-7b"}, "dp": 32, "engine": "deepspeed",
-        "precision": "mixed_bf16", "stages": [3], "offload": {"optimizer": "cpu"},
-        "engine_config": {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}},
-    })
+    body = post(
+        client,
+        {
+            "model": {"preset": "llama2-7b"},
+            "dp": 32,
+            "engine": "deepspeed",
+            "precision": "mixed_bf16",
+            "stages": [3],
+            "offload": {"optimizer": "cpu"},
+            "engine_config": {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}},
+        },
+    )
     (s3,) = body["stages"]
     assert s3["offload_transfers"] and s3["offload_time_seconds"] > 0
     bwd = [c for c in s3["collectives"] if c["phase"] == "backward" and c["op"] == "all_gather"]
@@ -70,14 +91,24 @@ def test_deepspeed_config_and_offload_through_http(client: TestClient) -> None:
 
 
 def test_custom_links(client: TestClient) -> None:
-    slow = post(client, {"model": PSI, "dp": 16, "gpus_per_node": 8,
-                         "inter_node_interconnect": {"bandwidth": 1e9, "latency": 1e-4}})
-    fast = post(client, {"model": PSI, "dp": 16, "gpus_per_node": 8,
-                         "inter_node_interconnect": "ib_xdr"})
+    slow = post(
+        client,
+        {
+            "model": PSI,
+            "dp": 16,
+            "gpus_per_node": 8,
+            "inter_node_interconnect": {"bandwidth": 1e9, "latency": 1e-4},
+        },
+    )
+    fast = post(
+        client, {"model": PSI, "dp": 16, "gpus_per_node": 8, "inter_node_interconnect": "ib_xdr"}
+    )
     assert slow["links"]["inter_node"]["name"] == "custom"
     assert fast["links"]["inter_node"]["source"].startswith("NVIDIA ConnectX-8")
-    assert all(a["time_seconds"] > b["time_seconds"]
-               for a, b in zip(slow["stages"], fast["stages"], strict=True))
+    assert all(
+        a["time_seconds"] > b["time_seconds"]
+        for a, b in zip(slow["stages"], fast["stages"], strict=True)
+    )
 
 
 def test_interconnect_presets(client: TestClient) -> None:
@@ -102,11 +133,17 @@ def test_interconnect_presets(client: TestClient) -> None:
         ({"grad_accumulation_steps": 0}, "grad_accumulation_steps"),
         ({"engine": "torch", "zeropp": {"qwz": True}}, "zeropp"),
         ({"engine": "deepspeed", "shard_group_size": 4}, "shard_group_size"),
-        ({"engine": "deepspeed",
-          "engine_config": {"zero_optimization": {"stage3_max_reuse_distance": -1}}},
-         "engine_config.zero_optimization.stage3_max_reuse_distance"),
-        ({"engine": "torch", "engine_config": {"fsdp_root_reshard_after_forward": 1}},
-         "engine_config.fsdp_root_reshard_after_forward"),
+        (
+            {
+                "engine": "deepspeed",
+                "engine_config": {"zero_optimization": {"stage3_max_reuse_distance": -1}},
+            },
+            "engine_config.zero_optimization.stage3_max_reuse_distance",
+        ),
+        (
+            {"engine": "torch", "engine_config": {"fsdp_root_reshard_after_forward": 1}},
+            "engine_config.fsdp_root_reshard_after_forward",
+        ),
         ({"offload": {"params": "cpu"}, "stages": [2]}, "offload.params"),
     ],
 )
@@ -118,6 +155,5 @@ def test_bad_input_names_the_field(client: TestClient, extra: dict[str, Any], fi
 
 def test_nan_bandwidth_is_a_422_not_a_500(client: TestClient) -> None:
     raw = '{"model": {"params": 1000}, "dp": 8, "interconnect": {"bandwidth": NaN}}'
-    r = client.post("/v1/communication", content=raw,
-                    headers={"content-type": "application/json"})
+    r = client.post("/v1/communication", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 422

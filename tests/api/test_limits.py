@@ -39,24 +39,28 @@ def make_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 def chunks(data: bytes, size: int = 65536) -> Iterator[bytes]:
     for i in range(0, len(data), size):
-        yield data[i:i + size]
+        yield data[i : i + size]
 
 
 def test_announced_body_over_the_cap_is_413(make_client: Any) -> None:
     client = make_client(max_body_bytes="1000")
-    response = client.post("/v1/memory", content=b" " * 1001,
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/memory", content=b" " * 1001, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 413
     assert response.json()["detail"][0] == {
-        "field": "body", "msg": "the request body is larger than 1000 bytes", "type": "too_large",
+        "field": "body",
+        "msg": "the request body is larger than 1000 bytes",
+        "type": "too_large",
     }
 
 
 def test_chunked_body_over_the_cap_is_413(make_client: Any) -> None:
     client = make_client(max_body_bytes="1000")
     body = json.dumps({**BODY, "pad": "x" * 5000}).encode()
-    response = client.post("/v1/memory", content=chunks(body, 100),
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/memory", content=chunks(body, 100), headers={"content-type": "application/json"}
+    )
     assert "content-length" not in response.request.headers
     assert response.status_code == 413
     assert response.json()["detail"][0]["type"] == "too_large"
@@ -64,16 +68,22 @@ def test_chunked_body_over_the_cap_is_413(make_client: Any) -> None:
 
 def test_chunked_body_under_the_cap_is_answered(make_client: Any) -> None:
     client = make_client(max_body_bytes="1000")
-    response = client.post("/v1/memory", content=chunks(json.dumps(BODY).encode(), 7),
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/memory",
+        content=chunks(json.dumps(BODY).encode(), 7),
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 200
     assert response.json()["stages"][0]["per_device"]["model_states"] == 120_000_000_000
 
 
 def test_default_cap_refuses_five_megabytes(make_client: Any) -> None:
     client = make_client()
-    response = client.post("/v1/memory", content=b"[" + b"1," * 2_500_000 + b"1]",
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/memory",
+        content=b"[" + b"1," * 2_500_000 + b"1]",
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 413
     assert client.get("/healthz").status_code == 200
 
@@ -157,9 +167,13 @@ def test_page_gets_the_page_policy(make_client: Any) -> None:
 
 def test_cors_is_closed_by_default(make_client: Any) -> None:
     client = make_client()
-    preflight = client.options("/v1/memory", headers={
-        "origin": "https://evil.example", "access-control-request-method": "POST",
-    })
+    preflight = client.options(
+        "/v1/memory",
+        headers={
+            "origin": "https://evil.example",
+            "access-control-request-method": "POST",
+        },
+    )
     assert "access-control-allow-origin" not in preflight.headers
     simple = client.post("/v1/memory", json=BODY, headers={"origin": "https://evil.example"})
     assert "access-control-allow-origin" not in simple.headers
@@ -167,13 +181,21 @@ def test_cors_is_closed_by_default(make_client: Any) -> None:
 
 def test_cors_allows_only_configured_origins(make_client: Any) -> None:
     client = make_client(cors_origins='["https://ok.example"]')
-    ok = client.options("/v1/memory", headers={
-        "origin": "https://ok.example", "access-control-request-method": "POST",
-    })
+    ok = client.options(
+        "/v1/memory",
+        headers={
+            "origin": "https://ok.example",
+            "access-control-request-method": "POST",
+        },
+    )
     assert ok.status_code == 200
     assert ok.headers["access-control-allow-origin"] == "https://ok.example"
-    other = client.options("/v1/memory", headers={
-        "origin": "https://evil.example", "access-control-request-method": "POST",
-    })
+    other = client.options(
+        "/v1/memory",
+        headers={
+            "origin": "https://evil.example",
+            "access-control-request-method": "POST",
+        },
+    )
     assert other.status_code == 400
     assert "access-control-allow-origin" not in other.headers

@@ -264,9 +264,18 @@ def test_restart_mid_job_fails_that_job_and_keeps_the_others(tmp_path: Path) -> 
     }
     env.pop("ZEROCALC_API_KEY", None)
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port),
-         "--log-level", "warning"],
-        cwd=ROOT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:app",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
     )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
@@ -279,13 +288,17 @@ def test_restart_mid_job_fails_that_job_and_keeps_the_others(tmp_path: Path) -> 
                     assert time.monotonic() < deadline, "the server did not start"
                     time.sleep(0.1)
             job_id = http.post("/v1/measure", json=BODY).json()["id"]
-            while not http.get(f"/v1/measure/{job_id}").json()["progress"]["message"].startswith(
-                "pids "
+            while (
+                not http.get(f"/v1/measure/{job_id}")
+                .json()["progress"]["message"]
+                .startswith("pids ")
             ):
                 assert time.monotonic() < deadline + 20, "the job did not start"
                 time.sleep(0.05)
-            pids = [int(p) for p in http.get(f"/v1/measure/{job_id}").json()["progress"][
-                "message"].split()[1:]]
+            pids = [
+                int(p)
+                for p in http.get(f"/v1/measure/{job_id}").json()["progress"]["message"].split()[1:]
+            ]
         server.send_signal(signal.SIGKILL)  # no lifespan shutdown: a crash
         server.wait(10)
         wait_gone(pids)  # the orphaned child killed its group itself
@@ -326,10 +339,23 @@ def test_presets_measure_builds_are_accepted(service: Service, preset: str) -> N
 def test_the_real_runner_measures_a_small_gpt_on_cpu(tmp_path: Path) -> None:
     """measure.runner:run (the default setting) through the job API, end to end."""
     body = {
-        "model": {"architecture": {"layers": 1, "hidden": 64, "heads": 2, "vocab_size": 128,
-                                   "max_seq_len": 16}},
-        "dp": 4, "stages": [2], "precision": "fp32", "mode": "simulated", "device": "cpu",
-        "batch": {"micro_batch_size": 1, "seq_len": 16}, "steps": 1, "warmup_steps": 1,
+        "model": {
+            "architecture": {
+                "layers": 1,
+                "hidden": 64,
+                "heads": 2,
+                "vocab_size": 128,
+                "max_seq_len": 16,
+            }
+        },
+        "dp": 4,
+        "stages": [2],
+        "precision": "fp32",
+        "mode": "simulated",
+        "device": "cpu",
+        "batch": {"micro_batch_size": 1, "seq_len": 16},
+        "steps": 1,
+        "warmup_steps": 1,
     }
     with Service(tmp_path) as service:
         service.app.dependency_overrides[get_settings] = lambda: Settings(data_dir=tmp_path)

@@ -226,8 +226,13 @@ def test_non_finite_numbers_are_422_not_500(client: TestClient, literal: bytes) 
 
 def test_torch_engine_predicts_peak_with_a_breakdown(client: TestClient) -> None:
     arch = {"layers": 12, "hidden": 768, "heads": 12, "vocab_size": 50257, "max_seq_len": 1024}
-    body = {"model": {"architecture": arch}, "dp": 8, "precision": "mixed_bf16",
-            "engine": "torch", "batch": {"micro_batch_size": 8, "seq_len": 1024}}
+    body = {
+        "model": {"architecture": arch},
+        "dp": 8,
+        "precision": "mixed_bf16",
+        "engine": "torch",
+        "batch": {"micro_batch_size": 8, "seq_len": 1024},
+    }
     torch_body = post(client, body)
     torch_stages = torch_body["stages"]
     assert torch_body["breakdown_notes"]

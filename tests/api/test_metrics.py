@@ -39,8 +39,9 @@ def test_requests_are_counted_by_route_template_and_status() -> None:
     assert found['zerocalc_http_requests_total{route="/v1/memory",method="POST",status="422"}'] == 1
     assert found['zerocalc_http_requests_total{route="<unrouted>",method="GET",status="404"}'] == 1
     count = found['zerocalc_http_request_duration_seconds_count{route="/v1/memory",method="POST"}']
-    inf = ('zerocalc_http_request_duration_seconds_bucket'
-           '{route="/v1/memory",method="POST",le="+Inf"}')
+    inf = (
+        'zerocalc_http_request_duration_seconds_bucket{route="/v1/memory",method="POST",le="+Inf"}'
+    )
     assert count == found[inf] == 4
     assert found['zerocalc_http_request_duration_seconds_sum{route="/v1/memory",method="POST"}'] > 0
 
@@ -72,8 +73,10 @@ def test_jobs_by_state_come_from_the_registered_source() -> None:
 def test_the_service_plugs_in_its_job_runner() -> None:
     with TestClient(create_app()) as client:
         found = samples(client.get("/metrics").text)
-    assert {f'zerocalc_jobs{{state="{s}"}}' for s in
-            ("queued", "running", "succeeded", "failed", "cancelled")} <= set(found)
+    assert {
+        f'zerocalc_jobs{{state="{s}"}}'
+        for s in ("queued", "running", "succeeded", "failed", "cancelled")
+    } <= set(found)
 
 
 def test_label_values_are_escaped() -> None:

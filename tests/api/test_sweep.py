@@ -12,8 +12,15 @@ from app.schemas.sweep import MAX_SWEEP_POINTS, POWERS_OF_TWO
 
 PAPER = {"model": {"params": 7_500_000_000}, "dp": 64}
 WITH_BATCH = {
-    "model": {"architecture": {"layers": 4, "hidden": 512, "heads": 8, "vocab_size": 32000,
-                               "max_seq_len": 1024}},
+    "model": {
+        "architecture": {
+            "layers": 4,
+            "hidden": 512,
+            "heads": 8,
+            "vocab_size": 32000,
+            "max_seq_len": 1024,
+        }
+    },
     "dp": 8,
     "precision": "mixed_bf16",
     "engine": "torch",
@@ -38,7 +45,10 @@ def test_default_sweep_is_nd_1_to_4096_for_four_stages(client: TestClient) -> No
     # ZeRO paper Figure 1 at Nd = 64 (7.5B, K = 12): 120 / 31.4 / 16.6 / 1.9 GB
     at_64 = next(p for p in body["points"] if p["dp"] == 64)
     assert [s["per_device"]["model_states"] for s in at_64["stages"]] == [
-        120_000_000_000, 31_406_250_000, 16_640_625_000, 1_875_000_000,
+        120_000_000_000,
+        31_406_250_000,
+        16_640_625_000,
+        1_875_000_000,
     ]
 
 

@@ -63,8 +63,14 @@ def run(
     if arch is not None:
         params = count_params(arch)
     training = TrainingSetup(
-        params=params, dp=dp, tp=tp, precision=precision, engine=engine, architecture=arch,
-        engine_config=config, offload=offload or Offload(),
+        params=params,
+        dp=dp,
+        tp=tp,
+        precision=precision,
+        engine=engine,
+        architecture=arch,
+        engine_config=config,
+        offload=offload or Offload(),
     )
     setup = CommunicationSetup(
         training=training, topology=make_topology(dp, tp, 1, nodes, gpus_per_node), **kw
@@ -77,8 +83,11 @@ def sent(stages: list[StageCommunication]) -> list[int]:
 
 
 def entries(s: StageCommunication, op: Op, phase: Phase | None = None) -> list[Any]:
-    return [c.collective for c in s.collectives
-            if c.collective.op is op and (phase is None or c.collective.phase is phase)]
+    return [
+        c.collective
+        for c in s.collectives
+        if c.collective.op is op and (phase is None or c.collective.phase is phase)
+    ]
 
 
 # ----- ring factors ----------------------------------------------------------------------------
@@ -142,7 +151,8 @@ def test_paper_section_7_ratios(psi: int, nd: int) -> None:
 def test_paper_stage_1_and_2_collectives() -> None:
     s1 = run(stages=[Stage.OPTIMIZER])[0]
     assert [(c.collective.op, c.collective.phase) for c in s1.collectives] == [
-        (Op.REDUCE_SCATTER, Phase.BACKWARD), (Op.ALL_GATHER, Phase.STEP)
+        (Op.REDUCE_SCATTER, Phase.BACKWARD),
+        (Op.ALL_GATHER, Phase.STEP),
     ]
 
 
@@ -172,8 +182,7 @@ def test_paper_volume_n_minus_1_over_n_shaped(psi: int, nd: int) -> None:
 @settings(max_examples=60, deadline=None)
 @given(psi=st.integers(1, 10**12), nd=st.integers(1, 4096), k=st.integers(1, 16))
 def test_paper_stage_3_at_least_stage_2(psi: int, nd: int, k: int) -> None:
-    s2, s3 = run(psi, nd, stages=[Stage.GRADIENTS, Stage.PARAMETERS],
-                 grad_accumulation_steps=k)
+    s2, s3 = run(psi, nd, stages=[Stage.GRADIENTS, Stage.PARAMETERS], grad_accumulation_steps=k)
     assert s3.sent_bytes_per_rank >= s2.sent_bytes_per_rank
 
 
@@ -200,8 +209,12 @@ def test_paper_shard_group_hsdp_mics() -> None:
 
 def test_paper_zeropp() -> None:
     plain = run(dp=16, gpus_per_node=8, stages=[Stage.PARAMETERS])[0]
-    zpp = run(dp=16, gpus_per_node=8, stages=[Stage.PARAMETERS],
-              zeropp=ZeroPlusPlus(qwz=True, hpz=8, qgz=True))[0]
+    zpp = run(
+        dp=16,
+        gpus_per_node=8,
+        stages=[Stage.PARAMETERS],
+        zeropp=ZeroPlusPlus(qwz=True, hpz=8, qgz=True),
+    )[0]
     fwd = entries(zpp, Op.ALL_GATHER, Phase.FORWARD)[0]
     assert fwd.dtype == "int8" and fwd.payload_bytes == 10**9  # 0.5M (ZeRO++ §3.1)
     bwd = entries(zpp, Op.ALL_GATHER, Phase.BACKWARD)[0]
@@ -233,8 +246,11 @@ def test_deepspeed_stage_1_2_all_reduce_then_all_gather() -> None:
 
 
 def test_deepspeed_stage_2_reduces_every_micro_step_stage_1_once() -> None:
-    s1, s2 = run(engine=Engine.DEEPSPEED, stages=[Stage.OPTIMIZER, Stage.GRADIENTS],
-                 grad_accumulation_steps=4)
+    s1, s2 = run(
+        engine=Engine.DEEPSPEED,
+        stages=[Stage.OPTIMIZER, Stage.GRADIENTS],
+        grad_accumulation_steps=4,
+    )
     assert entries(s1, Op.ALL_REDUCE)[0].payload_bytes == 2 * 10**9
     assert entries(s2, Op.ALL_REDUCE)[0].payload_bytes == 4 * 2 * 10**9
 
@@ -247,8 +263,9 @@ def test_deepspeed_stage_2_reduces_every_micro_step_stage_1_once() -> None:
     ],
 )
 def test_deepspeed_reduce_paths(zero: dict[str, Any], op: Op) -> None:
-    (s,) = run(engine=Engine.DEEPSPEED, stages=[Stage.GRADIENTS],
-               config={"zero_optimization": zero})
+    (s,) = run(
+        engine=Engine.DEEPSPEED, stages=[Stage.GRADIENTS], config={"zero_optimization": zero}
+    )
     (c,) = [c.collective for c in s.collectives if c.collective.phase is Phase.BACKWARD]
     assert c.op is op and c.payload_bytes == 2 * 10**9
 
@@ -268,7 +285,8 @@ def test_deepspeed_stage_3_persistence_per_tensor() -> None:
     # threshold) is persistent; persistent parameters are all-gathered after the step, one call
     # each.
     params, exact = deepspeed_params(
-        TrainingSetup(params=count_params(GPT2), dp=8, architecture=GPT2))
+        TrainingSetup(params=count_params(GPT2), dp=8, architecture=GPT2)
+    )
     assert exact
     plan = stage3_plan(params, 8, DeepSpeedKnobs())
     small = [t for t in tensors(GPT2) if t.numel <= 100_000]
@@ -288,15 +306,17 @@ def test_deepspeed_stage_3_small_model_skips_backward_gather() -> None:
     (s3,) = run(engine=Engine.DEEPSPEED, arch=GPT2, stages=[Stage.PARAMETERS])
     assert entries(s3, Op.ALL_GATHER, Phase.BACKWARD) == []
     (fwd,) = entries(s3, Op.ALL_GATHER, Phase.FORWARD)
-    params, _ = deepspeed_params(TrainingSetup(params=count_params(GPT2), dp=8,
-                                               architecture=GPT2))
+    params, _ = deepspeed_params(TrainingSetup(params=count_params(GPT2), dp=8, architecture=GPT2))
     plan = stage3_plan(params, 8, DeepSpeedKnobs())
     assert fwd.payload_bytes == 2 * plan.forward_padded
     # every non-persistent parameter once, padded to a multiple of 8
-    assert plan.forward_padded == sum(-(-p.numel // 8) * 8 for p in params
-                                      if p.numel > 100_000)
-    (short,) = run(engine=Engine.DEEPSPEED, arch=GPT2, stages=[Stage.PARAMETERS],
-                   config={"zero_optimization": {"stage3_max_reuse_distance": 0}})
+    assert plan.forward_padded == sum(-(-p.numel // 8) * 8 for p in params if p.numel > 100_000)
+    (short,) = run(
+        engine=Engine.DEEPSPEED,
+        arch=GPT2,
+        stages=[Stage.PARAMETERS],
+        config={"zero_optimization": {"stage3_max_reuse_distance": 0}},
+    )
     assert entries(short, Op.ALL_GATHER, Phase.BACKWARD) == []
     # the tied embedding is released after the embedding and gathered again for the head
     (again,) = entries(short, Op.ALL_GATHER, Phase.FORWARD)
@@ -306,9 +326,14 @@ def test_deepspeed_stage_3_small_model_skips_backward_gather() -> None:
 def test_deepspeed_stage_3_regathers_what_prefetch_never_reached() -> None:
     # stage3_max_live_parameters 0: no prefetch records a backward use; reuse distance 0:
     # every module's parameters are released after its forward and gathered again in backward.
-    (s3,) = run(engine=Engine.DEEPSPEED, arch=GPT2, stages=[Stage.PARAMETERS],
-                config={"zero_optimization": {"stage3_max_reuse_distance": 0,
-                                              "stage3_max_live_parameters": 0}})
+    (s3,) = run(
+        engine=Engine.DEEPSPEED,
+        arch=GPT2,
+        stages=[Stage.PARAMETERS],
+        config={
+            "zero_optimization": {"stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 0}
+        },
+    )
     (fwd,) = entries(s3, Op.ALL_GATHER, Phase.FORWARD)
     (bwd,) = entries(s3, Op.ALL_GATHER, Phase.BACKWARD)
     assert bwd.payload_bytes == fwd.payload_bytes and bwd.calls == fwd.calls
@@ -322,31 +347,38 @@ def test_deepspeed_stage_3_one_rank_gathers_nothing() -> None:
 
 
 def test_deepspeed_stage_3_gathers_every_micro_step() -> None:
-    one, four = (run(engine=Engine.DEEPSPEED, stages=[Stage.PARAMETERS],
-                     grad_accumulation_steps=k)[0] for k in (1, 4))
+    one, four = (
+        run(engine=Engine.DEEPSPEED, stages=[Stage.PARAMETERS], grad_accumulation_steps=k)[0]
+        for k in (1, 4)
+    )
     assert four.sent_bytes_per_rank == 4 * one.sent_bytes_per_rank
 
 
 def test_deepspeed_zeropp_from_config() -> None:
-    cfg = {"zero_optimization": {"zero_quantized_weights": True,
-                                 "zero_hpz_partition_size": 8}}
-    (s3,) = run(10**10, 16, engine=Engine.DEEPSPEED, stages=[Stage.PARAMETERS], config=cfg,
-                gpus_per_node=8)
+    cfg = {"zero_optimization": {"zero_quantized_weights": True, "zero_hpz_partition_size": 8}}
+    (s3,) = run(
+        10**10, 16, engine=Engine.DEEPSPEED, stages=[Stage.PARAMETERS], config=cfg, gpus_per_node=8
+    )
     fwd = entries(s3, Op.ALL_GATHER, Phase.FORWARD)
     assert fwd[0].dtype == "int8" and fwd[0].payload_bytes == 10**10
-    assert all(c.group.link is Link.INTRA_NODE
-               for c in entries(s3, Op.ALL_GATHER, Phase.BACKWARD))
+    assert all(c.group.link is Link.INTRA_NODE for c in entries(s3, Op.ALL_GATHER, Phase.BACKWARD))
 
 
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        ({"zero_optimization": {"mics_shard_size": 8}},
-         "engine_config.zero_optimization.mics_shard_size"),
-        ({"zero_optimization": {"reduce_bucket_size": "auto"}},
-         "engine_config.zero_optimization.reduce_bucket_size"),
-        ({"zero_optimization": {"reduce_scatter": 1}},
-         "engine_config.zero_optimization.reduce_scatter"),
+        (
+            {"zero_optimization": {"mics_shard_size": 8}},
+            "engine_config.zero_optimization.mics_shard_size",
+        ),
+        (
+            {"zero_optimization": {"reduce_bucket_size": "auto"}},
+            "engine_config.zero_optimization.reduce_bucket_size",
+        ),
+        (
+            {"zero_optimization": {"reduce_scatter": 1}},
+            "engine_config.zero_optimization.reduce_scatter",
+        ),
         ({"communication_data_type": "int3"}, "engine_config.communication_data_type"),
     ],
 )
@@ -357,15 +389,19 @@ def test_deepspeed_bad_config_names_the_field(config: dict[str, Any], field: str
 
 
 def test_deepspeed_communication_data_type() -> None:
-    (s0,) = run(engine=Engine.DEEPSPEED, stages=[Stage.NONE],
-                config={"communication_data_type": "fp32"})
+    (s0,) = run(
+        engine=Engine.DEEPSPEED, stages=[Stage.NONE], config={"communication_data_type": "fp32"}
+    )
     assert s0.collectives[0].collective.dtype == "fp32"
     assert s0.collectives[0].collective.payload_bytes == 4 * 10**9
 
 
 def test_deepspeed_offload_transfers() -> None:
-    (s2,) = run(engine=Engine.DEEPSPEED, stages=[Stage.GRADIENTS],
-                offload=Offload(optimizer=OffloadDevice.CPU))
+    (s2,) = run(
+        engine=Engine.DEEPSPEED,
+        stages=[Stage.GRADIENTS],
+        offload=Offload(optimizer=OffloadDevice.CPU),
+    )
     d2h = [t for t in s2.transfers if t.direction == "d2h"]
     assert d2h[0].bytes == 4 * 10**9 // 8  # fp32 gradient partition
     assert s2.time_seconds > s2.collective_time_seconds
@@ -377,18 +413,25 @@ ROOT = Path(__file__).resolve().parents[2]
 DS_RESULTS = sorted((ROOT / "bench" / "results").glob("deepspeed_*.json"))
 # bench/validate_deepspeed.py counts what DeepSpeed hands torch.distributed: the whole tensor
 # of each call (all_gather_into_tensor's output, reduce_scatter_tensor's input).
-MEASURED_OPS = {"all_reduce": Op.ALL_REDUCE, "all_gather_into_tensor": Op.ALL_GATHER,
-                "_all_gather_base": Op.ALL_GATHER, "all_gather": Op.ALL_GATHER,
-                "reduce_scatter_tensor": Op.REDUCE_SCATTER,
-                "_reduce_scatter_base": Op.REDUCE_SCATTER, "reduce_scatter": Op.REDUCE_SCATTER,
-                "broadcast": Op.BROADCAST, "reduce": Op.REDUCE,
-                "all_to_all_single": Op.ALL_TO_ALL}
+MEASURED_OPS = {
+    "all_reduce": Op.ALL_REDUCE,
+    "all_gather_into_tensor": Op.ALL_GATHER,
+    "_all_gather_base": Op.ALL_GATHER,
+    "all_gather": Op.ALL_GATHER,
+    "reduce_scatter_tensor": Op.REDUCE_SCATTER,
+    "_reduce_scatter_base": Op.REDUCE_SCATTER,
+    "reduce_scatter": Op.REDUCE_SCATTER,
+    "broadcast": Op.BROADCAST,
+    "reduce": Op.REDUCE,
+    "all_to_all_single": Op.ALL_TO_ALL,
+}
 
 
 def _bench() -> ModuleType:
     """bench/validate_deepspeed.py: the models and DeepSpeed configs the runs used."""
-    spec = importlib.util.spec_from_file_location("validate_deepspeed",
-                                                  ROOT / "bench" / "validate_deepspeed.py")
+    spec = importlib.util.spec_from_file_location(
+        "validate_deepspeed", ROOT / "bench" / "validate_deepspeed.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -401,9 +444,14 @@ def _ds_runs() -> list[Any]:
         for r in json.loads(path.read_text())["results"]:
             if "error" not in r:
                 knobs = ",".join(f"{k}={v}" for k, v in r.get("zero", {}).items())
-                runs.append(pytest.param(r, id=f"{path.stem}-{r['model']}-dp{r['dp']}-"
-                                               f"{r['precision']}-s{r['stage']}-ga{r.get('ga', 1)}"
-                                               f"{'-offload' if r['offload'] else ''}-{knobs}"))
+                runs.append(
+                    pytest.param(
+                        r,
+                        id=f"{path.stem}-{r['model']}-dp{r['dp']}-"
+                        f"{r['precision']}-s{r['stage']}-ga{r.get('ga', 1)}"
+                        f"{'-offload' if r['offload'] else ''}-{knobs}",
+                    )
+                )
     return runs
 
 
@@ -416,21 +464,27 @@ def test_deepspeed_matches_measured_runs(r: dict[str, Any]) -> None:
     arch, micro_batch, seq = bench.MODELS[r["model"]]
     ga = r.get("ga", 1)
     training = TrainingSetup(
-        params=r["params"], dp=r["dp"],
+        params=r["params"],
+        dp=r["dp"],
         precision=Precision.MIXED_BF16 if r["precision"] == "bf16" else Precision.MIXED_FP16,
-        engine=Engine.DEEPSPEED, architecture=arch,
+        engine=Engine.DEEPSPEED,
+        architecture=arch,
         batch=Batch(micro_batch, seq, grad_accumulation_steps=ga),
         offload=Offload(optimizer=OffloadDevice.CPU if r["offload"] else OffloadDevice.NONE),
         engine_config=bench.ds_config(r, micro_batch),
     )
     assert count_params(arch) == r["params"]
-    setup = CommunicationSetup(training=training, topology=make_topology(r["dp"], 1, 1, 1, None),
-                               grad_accumulation_steps=ga)
+    setup = CommunicationSetup(
+        training=training,
+        topology=make_topology(r["dp"], 1, 1, 1, None),
+        grad_accumulation_steps=ga,
+    )
     (s,) = estimate_communication(setup, [Stage(r["stage"])]).stages
-    measured = [(MEASURED_OPS[c["op"]], Phase(c["phase"]), c["calls"], c["payload_bytes"])
-                for c in r["collectives"]]
-    sent = sum(ceil_div(payload * sent_factor(op, r["dp"]))
-               for op, _, _, payload in measured)
+    measured = [
+        (MEASURED_OPS[c["op"]], Phase(c["phase"]), c["calls"], c["payload_bytes"])
+        for c in r["collectives"]
+    ]
+    sent = sum(ceil_div(payload * sent_factor(op, r["dp"])) for op, _, _, payload in measured)
     if sent == 0:
         assert s.sent_bytes_per_rank == 0
     else:
@@ -438,16 +492,23 @@ def test_deepspeed_matches_measured_runs(r: dict[str, Any]) -> None:
     if r["stage"] == 3 and r["dp"] > 1:
         for op in (Op.ALL_GATHER, Op.REDUCE_SCATTER):
             for phase in Phase:
-                want = [(calls, payload) for o, p, calls, payload in measured
-                        if o is op and p is phase]
+                want = [
+                    (calls, payload) for o, p, calls, payload in measured if o is op and p is phase
+                ]
                 got = [(c.calls, c.payload_bytes) for c in entries(s, op, phase)]
                 assert got == want, (op, phase)
 
 
 def test_measured_runs_present() -> None:
-    assert len(DS_RESULTS) >= 3 and sum(r["stage"] == 3 and r["dp"] > 1
-                                        for p in DS_RESULTS
-                                        for r in json.loads(p.read_text())["results"]) >= 10
+    assert (
+        len(DS_RESULTS) >= 3
+        and sum(
+            r["stage"] == 3 and r["dp"] > 1
+            for p in DS_RESULTS
+            for r in json.loads(p.read_text())["results"]
+        )
+        >= 10
+    )
 
 
 # ----- torch -----------------------------------------------------------------------------------
@@ -466,8 +527,7 @@ def test_ddp_bucket_count() -> None:
 
 
 def test_torch_zero_redundancy_broadcast() -> None:
-    (s1,) = run(engine=Engine.TORCH, stages=[Stage.OPTIMIZER], arch=GPT2,
-                precision=Precision.FP32)
+    (s1,) = run(engine=Engine.TORCH, stages=[Stage.OPTIMIZER], arch=GPT2, precision=Precision.FP32)
     (bc,) = entries(s1, Op.BROADCAST, Phase.STEP)
     assert bc.calls == len(tensors(GPT2))  # one broadcast per parameter from its owner
     assert bc.payload_bytes == 4 * count_params(GPT2)
@@ -475,8 +535,13 @@ def test_torch_zero_redundancy_broadcast() -> None:
 
 
 def test_torch_fsdp2_dim0_padding_and_dtypes() -> None:
-    s2, s3 = run(engine=Engine.TORCH, stages=[Stage.GRADIENTS, Stage.PARAMETERS], arch=GPT2,
-                 precision=Precision.MIXED_BF16, dp=7)
+    s2, s3 = run(
+        engine=Engine.TORCH,
+        stages=[Stage.GRADIENTS, Stage.PARAMETERS],
+        arch=GPT2,
+        precision=Precision.MIXED_BF16,
+        dp=7,
+    )
     padded = sum(-(-t.shape[0] // 7) * 7 * (t.numel // t.shape[0]) for t in tensors(GPT2))
     (fwd,) = entries(s2, Op.ALL_GATHER, Phase.FORWARD)
     assert fwd.dtype == "bf16" and fwd.payload_bytes == 2 * padded
@@ -500,10 +565,16 @@ def test_torch_root_kept_unsharded() -> None:
 
 
 def test_torch_hsdp_replica_all_reduce() -> None:
-    (s3,) = run(engine=Engine.TORCH, stages=[Stage.PARAMETERS], dp=32, gpus_per_node=8,
-                shard_group_size=8, precision=Precision.BF16)
+    (s3,) = run(
+        engine=Engine.TORCH,
+        stages=[Stage.PARAMETERS],
+        dp=32,
+        gpus_per_node=8,
+        shard_group_size=8,
+        precision=Precision.BF16,
+    )
     (ar,) = entries(s3, Op.ALL_REDUCE)
-    assert ar.group.size == 4 and ar.payload_bytes == 2 * (-(-10**9 // 8) * 8) // 8
+    assert ar.group.size == 4 and ar.payload_bytes == 2 * (-(-(10**9) // 8) * 8) // 8
 
 
 def test_torch_rejects_zeropp() -> None:
@@ -561,8 +632,9 @@ def test_single_node_has_no_inter_node_bytes() -> None:
 def test_time_alpha_beta_single_node() -> None:
     link = custom_interconnect(100e9, 1e-5, "interconnect")
     (s0,) = run(stages=[Stage.NONE], network=Network(intra=link))
-    expected = float(NCCL_BASE_LATENCY + 14 * Fraction(1, 10**5)
-                     + Fraction(2 * 10**9 * 14, 8) / 10**11)
+    expected = float(
+        NCCL_BASE_LATENCY + 14 * Fraction(1, 10**5) + Fraction(2 * 10**9 * 14, 8) / 10**11
+    )
     assert s0.time_seconds == pytest.approx(expected)
 
 
@@ -582,8 +654,19 @@ def test_cost_of_one_rank_is_zero() -> None:
 
 
 def test_presets_cite_a_source() -> None:
-    assert {"nvlink3", "nvlink4", "nvlink5", "pcie4", "pcie5", "ib_hdr", "ib_ndr", "ib_xdr",
-            "roce_100g", "roce_200g", "roce_400g"} <= set(PRESETS)
+    assert {
+        "nvlink3",
+        "nvlink4",
+        "nvlink5",
+        "pcie4",
+        "pcie5",
+        "ib_hdr",
+        "ib_ndr",
+        "ib_xdr",
+        "roce_100g",
+        "roce_200g",
+        "roce_400g",
+    } <= set(PRESETS)
     assert PRESETS["nvlink4"].bandwidth == 450 * 10**9  # 900 GB/s bidirectional
     assert PRESETS["ib_ndr"].bandwidth == 50 * 10**9  # 400 Gb/s
     assert all(p.source for p in PRESETS.values())

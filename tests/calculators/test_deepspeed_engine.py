@@ -18,8 +18,12 @@ MIB = 1024 * 1024
 
 def setup(stage_offload: bool = False, dp: int = 2, **kw: object) -> TrainingSetup:
     return TrainingSetup(
-        params=count_params(GPT2_SMALL), dp=dp, precision=Precision.MIXED_BF16,
-        engine=Engine.DEEPSPEED, architecture=GPT2_SMALL, batch=Batch(4, 1024),
+        params=count_params(GPT2_SMALL),
+        dp=dp,
+        precision=Precision.MIXED_BF16,
+        engine=Engine.DEEPSPEED,
+        architecture=GPT2_SMALL,
+        batch=Batch(4, 1024),
         offload=Offload(optimizer=OffloadDevice.CPU if stage_offload else OffloadDevice.NONE),
         **kw,  # type: ignore[arg-type]
     )
@@ -89,9 +93,17 @@ def test_stage3_persistence_and_prefetch() -> None:
     # fit stage3_max_live_parameters
     assert all(f == (p.numel <= 100_000) for p, f in zip(params, trace.persistent, strict=True))
     assert all(trace.kept)
-    capped = stage3_trace(params, parse_config(
-        {"zero_optimization": {"stage3_max_live_parameters": 1000,
-                               "stage3_max_reuse_distance": 1000}}))
+    capped = stage3_trace(
+        params,
+        parse_config(
+            {
+                "zero_optimization": {
+                    "stage3_max_live_parameters": 1000,
+                    "stage3_max_reuse_distance": 1000,
+                }
+            }
+        ),
+    )
     assert not all(capped.kept)
 
 
@@ -107,19 +119,29 @@ def test_no_architecture_gives_resident_only() -> None:
     [
         ({"precision": Precision.FP32}, "precision"),
         ({"optimizer": Optimizer.ADAFACTOR}, "optimizer"),
-        ({"engine_config": {"zero_optimization": {"reduce_bucket_size": -1}}},
-         "engine_config.zero_optimization.reduce_bucket_size"),
+        (
+            {"engine_config": {"zero_optimization": {"reduce_bucket_size": -1}}},
+            "engine_config.zero_optimization.reduce_bucket_size",
+        ),
         ({"engine_config": {"fp16": {"enabled": True}}}, "engine_config"),
-        ({"engine_config": {"zero_optimization": {"offload_optimizer": {"device": "nvme"}}}},
-         "offload"),
-        ({"engine_config": {"train_micro_batch_size_per_gpu": 8}},
-         "engine_config.train_micro_batch_size_per_gpu"),
+        (
+            {"engine_config": {"zero_optimization": {"offload_optimizer": {"device": "nvme"}}}},
+            "offload",
+        ),
+        (
+            {"engine_config": {"train_micro_batch_size_per_gpu": 8}},
+            "engine_config.train_micro_batch_size_per_gpu",
+        ),
     ],
 )
 def test_bad_input_names_field(kwargs: dict[str, object], field: str) -> None:
     base: dict[str, object] = {
-        "params": count_params(GPT2_SMALL), "dp": 2, "precision": Precision.MIXED_BF16,
-        "engine": Engine.DEEPSPEED, "architecture": GPT2_SMALL, "batch": Batch(4, 1024),
+        "params": count_params(GPT2_SMALL),
+        "dp": 2,
+        "precision": Precision.MIXED_BF16,
+        "engine": Engine.DEEPSPEED,
+        "architecture": GPT2_SMALL,
+        "batch": Batch(4, 1024),
     }
     base.update(kwargs)
     with pytest.raises(InputError) as err:
@@ -137,8 +159,13 @@ def test_peak_at_least_resident_and_monotone_in_batch() -> None:
         e = MODEL.estimate(setup(), stage)
         assert e.peak is not None and e.peak >= e.resident
         bigger = TrainingSetup(
-            params=count_params(GPT2_SMALL), dp=2, precision=Precision.MIXED_BF16,
-            engine=Engine.DEEPSPEED, architecture=GPT2_SMALL, batch=Batch(8, 1024))
+            params=count_params(GPT2_SMALL),
+            dp=2,
+            precision=Precision.MIXED_BF16,
+            engine=Engine.DEEPSPEED,
+            architecture=GPT2_SMALL,
+            batch=Batch(8, 1024),
+        )
         e2 = MODEL.estimate(bigger, stage)
         assert e2.peak is not None and e2.peak > e.peak
 
@@ -170,14 +197,17 @@ def test_stage3_gathers_match_measured_large() -> None:
         # all_gather payloads and calls counted on 2 x H200 (bench/results/deepspeed_*.json):
         # one call per module fetch and one per prefetch that finds something to gather
         ({}, 162_915_840, 3),
-        ({"stage3_max_live_parameters": 30_000_000, "stage3_prefetch_bucket_size": 10_000_000},
-         162_915_840, 51),
-        ({"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0},
-         202_420_992, 4),
+        (
+            {"stage3_max_live_parameters": 30_000_000, "stage3_prefetch_bucket_size": 10_000_000},
+            162_915_840,
+            51,
+        ),
+        ({"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}, 202_420_992, 4),
     ],
 )
-def test_stage3_trace_calls_match_measured_small(zero: dict[str, int], forward: int,
-                                                 calls: int) -> None:
+def test_stage3_trace_calls_match_measured_small(
+    zero: dict[str, int], forward: int, calls: int
+) -> None:
     params, _ = param_list(setup())
     trace = stage3_trace(params, parse_config({"zero_optimization": zero}))
     assert (trace.forward_gathered, trace.backward_gathered) == (forward, 0)
@@ -189,8 +219,12 @@ def test_stage3_trace_calls_match_measured_small(zero: dict[str, int], forward: 
 
 def test_stage3_trace_regathers_without_prefetch_or_reuse() -> None:
     params, _ = param_list(setup())
-    trace = stage3_trace(params, parse_config({"zero_optimization": {
-        "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0}}))
+    trace = stage3_trace(
+        params,
+        parse_config(
+            {"zero_optimization": {"stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0}}
+        ),
+    )
     assert trace.backward_gathers == trace.forward_gathers
     assert trace.backward_calls == trace.forward_calls > 0
 
@@ -198,12 +232,18 @@ def test_stage3_trace_regathers_without_prefetch_or_reuse() -> None:
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        ({"zero_optimization": {"mics_shard_size": 8}},
-         "engine_config.zero_optimization.mics_shard_size"),
-        ({"zero_optimization": {"zero_hpz_partition_size": -1}},
-         "engine_config.zero_optimization.zero_hpz_partition_size"),
-        ({"zero_optimization": {"use_multi_rank_bucket_allreduce": "yes"}},
-         "engine_config.zero_optimization.use_multi_rank_bucket_allreduce"),
+        (
+            {"zero_optimization": {"mics_shard_size": 8}},
+            "engine_config.zero_optimization.mics_shard_size",
+        ),
+        (
+            {"zero_optimization": {"zero_hpz_partition_size": -1}},
+            "engine_config.zero_optimization.zero_hpz_partition_size",
+        ),
+        (
+            {"zero_optimization": {"use_multi_rank_bucket_allreduce": "yes"}},
+            "engine_config.zero_optimization.use_multi_rank_bucket_allreduce",
+        ),
         ({"communication_data_type": "float32"}, "engine_config.communication_data_type"),
     ],
 )
@@ -214,9 +254,16 @@ def test_parse_config_names_the_field(config: dict[str, object], field: str) -> 
 
 
 def test_parse_config_communication_knobs() -> None:
-    knobs = parse_config({"communication_data_type": "FP32", "zero_optimization": {
-        "zero_quantized_weights": True, "zero_hpz_partition_size": 8,
-        "use_multi_rank_bucket_allreduce": False}})
+    knobs = parse_config(
+        {
+            "communication_data_type": "FP32",
+            "zero_optimization": {
+                "zero_quantized_weights": True,
+                "zero_hpz_partition_size": 8,
+                "use_multi_rank_bucket_allreduce": False,
+            },
+        }
+    )
     assert (knobs.communication_bytes, knobs.qwz, knobs.hpz) == (4, True, 8)
     assert not knobs.use_multi_rank_bucket_allreduce and not knobs.qgz
 
@@ -239,9 +286,13 @@ def test_cublaslt_workspace_only_without_zero3_linear() -> None:
 def test_gradient_accumulation_raises_stage1_peak_by_carried_gradients() -> None:
     one = MODEL.estimate(setup(), Stage.OPTIMIZER)
     two = TrainingSetup(
-        params=count_params(GPT2_SMALL), dp=2, precision=Precision.MIXED_BF16,
-        engine=Engine.DEEPSPEED, architecture=GPT2_SMALL,
-        batch=Batch(4, 1024, grad_accumulation_steps=2))
+        params=count_params(GPT2_SMALL),
+        dp=2,
+        precision=Precision.MIXED_BF16,
+        engine=Engine.DEEPSPEED,
+        architecture=GPT2_SMALL,
+        batch=Batch(4, 1024, grad_accumulation_steps=2),
+    )
     e2 = MODEL.estimate(two, Stage.OPTIMIZER)
     assert e2.peak is not None and one.peak is not None
     # autograd's 16-bit gradients and the IPG bucket stay into the second micro-step
@@ -256,9 +307,13 @@ def test_full_checkpointing_lowers_peak_not_resident() -> None:
 
     plain = MODEL.estimate(setup(), Stage.GRADIENTS)
     ckpt_setup = TrainingSetup(
-        params=count_params(GPT2_SMALL), dp=2, precision=Precision.MIXED_BF16,
-        engine=Engine.DEEPSPEED, architecture=GPT2_SMALL,
-        batch=Batch(4, 1024, activation_checkpointing=Checkpointing.FULL))
+        params=count_params(GPT2_SMALL),
+        dp=2,
+        precision=Precision.MIXED_BF16,
+        engine=Engine.DEEPSPEED,
+        architecture=GPT2_SMALL,
+        batch=Batch(4, 1024, activation_checkpointing=Checkpointing.FULL),
+    )
     ckpt = MODEL.estimate(ckpt_setup, Stage.GRADIENTS)
     assert ckpt.resident == plain.resident
     assert ckpt.peak is not None and plain.peak is not None and ckpt.peak < plain.peak

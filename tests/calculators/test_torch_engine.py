@@ -21,8 +21,13 @@ PSI = sum(t.numel for t in tensors(GPT))
 
 def _setup(dp: int, precision: Precision = Precision.MIXED_BF16, **kw: object) -> TrainingSetup:
     return TrainingSetup(
-        params=PSI, dp=dp, precision=precision, optimizer=Optimizer.ADAM, engine=Engine.TORCH,
-        architecture=GPT, **kw,  # type: ignore[arg-type]
+        params=PSI,
+        dp=dp,
+        precision=precision,
+        optimizer=Optimizer.ADAM,
+        engine=Engine.TORCH,
+        architecture=GPT,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -57,7 +62,9 @@ def test_fsdp2_rank0_chunk_is_padded(shape: tuple[int, ...], world: int, shard: 
 def test_stage0_ddp_keeps_buckets_and_full_adam() -> None:
     est = MODEL.estimate(_setup(8), Stage.NONE)
     assert est.components == {
-        "fp32_params": 4 * PSI, "ddp_buckets": 4 * PSI, "optimizer_states": 8 * PSI
+        "fp32_params": 4 * PSI,
+        "ddp_buckets": 4 * PSI,
+        "optimizer_states": 8 * PSI,
     }
     assert est.resident == 16 * PSI
     assert est.device.gradients == 4 * PSI  # param.grad during the step
@@ -94,7 +101,10 @@ def test_without_shapes_falls_back_to_psi_over_n_and_says_so() -> None:
 
 def test_given_tensor_list_is_used() -> None:
     setup = TrainingSetup(
-        params=30, dp=4, engine=Engine.TORCH, precision=Precision.FP32,
+        params=30,
+        dp=4,
+        engine=Engine.TORCH,
+        precision=Precision.FP32,
         engine_config={"tensors": [["a", [5, 3], "l0"], ["b", [15], "l1"]]},
     )
     assert MODEL.estimate(setup, Stage.PARAMETERS).device.parameters == 4 * (2 * 3 + 4)
@@ -117,8 +127,10 @@ def test_unmodelled_inputs_name_their_field(field: str, kw: dict[str, object]) -
 def sent_bytes_per_rank(setup: TrainingSetup, stage: Stage) -> int:
     """/v1/communication's torch convention, every micro-step reducing (as measure/ runs)."""
     cs = comm.CommunicationSetup(
-        training=setup, topology=comm.make_topology(setup.dp, 1, 1, None, None),
-        grad_accumulation_steps=1, grad_sync=comm.GradSync.PER_MICRO_STEP,
+        training=setup,
+        topology=comm.make_topology(setup.dp, 1, 1, None, None),
+        grad_accumulation_steps=1,
+        grad_sync=comm.GradSync.PER_MICRO_STEP,
     )
     return comm.stage_communication(cs, stage).sent_bytes_per_rank
 
@@ -137,11 +149,14 @@ def test_communication_per_stage() -> None:
     assert sent_bytes_per_rank(s, Stage.PARAMETERS) == (n - 1) * shard * (2 + 2 + 4)
 
 
-
 @pytest.mark.parametrize("field", ["tp", "pp"])
 def test_model_parallelism_is_refused(field: str) -> None:
     setup = TrainingSetup(
-        params=PSI, dp=4, precision=Precision.MIXED_BF16, engine=Engine.TORCH, architecture=GPT,
+        params=PSI,
+        dp=4,
+        precision=Precision.MIXED_BF16,
+        engine=Engine.TORCH,
+        architecture=GPT,
         **{field: 2},  # type: ignore[arg-type]
     )
     with pytest.raises(InputError) as err:

@@ -24,10 +24,14 @@ from calculators.model_states import TrainingSetup
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "torch_peak.json"
 # the models of measure/validate.py's PEAK_MODELS (kept here so this test needs no torch)
 MODELS = {
-    "GPT 124M": ({"layers": 12, "hidden": 768, "heads": 12, "vocab_size": 50257,
-                  "max_seq_len": 1024}, (8, 1024)),
-    "GPT 1.4B": ({"layers": 24, "hidden": 2048, "heads": 16, "vocab_size": 50304,
-                  "max_seq_len": 1024}, (4, 1024)),
+    "GPT 124M": (
+        {"layers": 12, "hidden": 768, "heads": 12, "vocab_size": 50257, "max_seq_len": 1024},
+        (8, 1024),
+    ),
+    "GPT 1.4B": (
+        {"layers": 24, "hidden": 2048, "heads": 16, "vocab_size": 50304, "max_seq_len": 1024},
+        (4, 1024),
+    ),
 }
 
 
@@ -41,14 +45,21 @@ def _runs() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
         batch = Batch(micro, seq, Checkpointing(ckpt))
         for run in case["result"]["runs"]:
             setup = TrainingSetup(
-                params=case["result"]["params"], dp=run["world_size"],
-                precision=Precision.MIXED_BF16, engine=Engine.TORCH, architecture=arch,
-                batch=batch, engine_config={"fsdp_root_reshard_after_forward": True},
+                params=case["result"]["params"],
+                dp=run["world_size"],
+                precision=Precision.MIXED_BF16,
+                engine=Engine.TORCH,
+                architecture=arch,
+                batch=batch,
+                engine_config={"fsdp_root_reshard_after_forward": True},
             )
             est = estimate(setup, [Stage(run["stage"])]).stages[0]
             m = run["measured"]
-            predicted = {"resident": est.resident, "peak": est.peak,
-                         **{k: est.components[k] for k in ("after_forward", "after_backward")}}
+            predicted = {
+                "resident": est.resident,
+                "peak": est.peak,
+                **{k: est.components[k] for k in ("after_forward", "after_backward")},
+            }
             errors = {k: (v - m[k]) / m[k] for k, v in predicted.items() if v is not None}
             out.append((case["case"], run, errors))
     return out
@@ -59,8 +70,10 @@ RUNS = _runs()
 
 def test_every_run_is_predicted() -> None:
     assert len(RUNS) == 80
-    assert all(set(errors) == {"resident", "peak", "after_forward", "after_backward"}
-               for _, _, errors in RUNS)
+    assert all(
+        set(errors) == {"resident", "peak", "after_forward", "after_backward"}
+        for _, _, errors in RUNS
+    )
 
 
 def test_peak_within_issue_5_figures() -> None:

@@ -68,12 +68,18 @@ def test_simulated_mode_is_refused() -> None:
         ({"precision": "fp32"}, "precision"),
         ({"precision": "bf16"}, "precision"),
         ({"engine_config": {"bf16": {"enabled": True}}}, "engine_config.bf16"),
-        ({"engine_config": {"train_micro_batch_size_per_gpu": 4}},
-         "engine_config.train_micro_batch_size_per_gpu"),
-        ({"engine_config": {"zero_optimization": {"stage": 2}}},
-         "engine_config.zero_optimization.stage"),
-        ({"engine_config": {"zero_optimization": {"reduce_bucket_size": 0}}},
-         "engine_config.zero_optimization.reduce_bucket_size"),
+        (
+            {"engine_config": {"train_micro_batch_size_per_gpu": 4}},
+            "engine_config.train_micro_batch_size_per_gpu",
+        ),
+        (
+            {"engine_config": {"zero_optimization": {"stage": 2}}},
+            "engine_config.zero_optimization.stage",
+        ),
+        (
+            {"engine_config": {"zero_optimization": {"reduce_bucket_size": 0}}},
+            "engine_config.zero_optimization.reduce_bucket_size",
+        ),
         ({"engine_config": {"zero_optimization": []}}, "engine_config.zero_optimization"),
         ({"offload": {"optimizer": "cpu"}}, "offload.optimizer"),  # stage 0 is in the list
         ({"stages": [2], "offload": {"params": "cpu"}}, "offload.params"),
@@ -99,15 +105,22 @@ def test_auto_mode_is_a_real_group() -> None:
 @pytest.mark.usefixtures("with_deepspeed")
 def test_config_body_follows_the_request() -> None:
     knobs = {"zero_optimization": {"reduce_bucket_size": 50_000_000}, "wall_clock_breakdown": False}
-    ms = parse_spec(_spec(stages=[2, 3], offload={"optimizer": "cpu"}, engine_config=knobs,
-                          batch={"micro_batch_size": 2, "seq_len": 32,
-                                 "grad_accumulation_steps": 2}))
+    ms = parse_spec(
+        _spec(
+            stages=[2, 3],
+            offload={"optimizer": "cpu"},
+            engine_config=knobs,
+            batch={"micro_batch_size": 2, "seq_len": 32, "grad_accumulation_steps": 2},
+        )
+    )
     setup = training_setup(ms, 1, torch.device("cpu"), Stage.PARAMETERS)
     cfg = setup.engine_config
     assert setup.engine is Engine.DEEPSPEED
     assert cfg["bf16"] == {"enabled": True}
     assert cfg["zero_optimization"] == {
-        "reduce_bucket_size": 50_000_000, "stage": 3, "offload_optimizer": {"device": "cpu"},
+        "reduce_bucket_size": 50_000_000,
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu"},
     }
     assert cfg["zero_force_ds_cpu_optimizer"] is False
     assert cfg["zero_allow_untested_optimizer"] is True
@@ -126,8 +139,9 @@ def test_deepspeed_config_for_fp16() -> None:
 @pytest.mark.usefixtures("with_deepspeed")
 def test_communication_follows_the_engine() -> None:
     ms = parse_spec(_spec(dp=4, stages=[2]))
-    pred = predicted_communication(training_setup(ms, 4, torch.device("cpu"), Stage.GRADIENTS),
-                                   Stage.GRADIENTS)
+    pred = predicted_communication(
+        training_setup(ms, 4, torch.device("cpu"), Stage.GRADIENTS), Stage.GRADIENTS
+    )
     assert pred["source"] == "calculators.communication (engine deepspeed)"
     assert pred["sent_bytes_per_rank"] > 0
 
@@ -174,8 +188,13 @@ def test_api_refuses_deepspeed_without_a_real_group(
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     app = create_app()
     app.dependency_overrides[get_settings] = lambda: Settings(data_dir=tmp_path)
-    body = {"model": {"architecture": TINY_GPT}, "dp": 1, "engine": "deepspeed",
-            "mode": "simulated", "device": "cpu"}
+    body = {
+        "model": {"architecture": TINY_GPT},
+        "dp": 1,
+        "engine": "deepspeed",
+        "mode": "simulated",
+        "device": "cpu",
+    }
     with TestClient(app) as client:
         answer = client.post("/v1/measure", json=body)
     assert answer.status_code == 422, answer.text

@@ -34,9 +34,7 @@ def _spec(model: dict[str, Any], **extra: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def gpt_result() -> dict[str, Any]:
     seen: list[tuple[float, str]] = []
-    spec = _spec(
-        {"architecture": SMALL_GPT}, batch={"micro_batch_size": 1, "seq_len": 16}
-    )
+    spec = _spec({"architecture": SMALL_GPT}, batch={"micro_batch_size": 1, "seq_len": 16})
     result = run(spec, lambda f, m: seen.append((f, m)))
     assert seen[-1] == (1.0, "done")
     return result
@@ -47,16 +45,20 @@ def test_every_stage_runs(gpt_result: dict[str, Any]) -> None:
     assert gpt_result["environment"]["torch"] == torch.__version__
     for r in gpt_result["runs"]:
         assert (r["engine"], r["mode"], r["device"], r["world_size"]) == (
-            "torch", "simulated", "cpu", 4
+            "torch",
+            "simulated",
+            "cpu",
+            4,
         )
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_resident_within_two_percent(gpt_result: dict[str, Any], stage: int) -> None:
     r = gpt_result["runs"][stage]
-    assert abs(r["predicted"]["resident"] - r["measured"]["resident"]) <= 0.02 * r["measured"][
-        "resident"
-    ]
+    assert (
+        abs(r["predicted"]["resident"] - r["measured"]["resident"])
+        <= 0.02 * r["measured"]["resident"]
+    )
     for key in ("parameters", "gradients", "optimizer_states", "model_state_resident"):
         assert abs(r["relative_error"][key]) < 0.02, key
 
@@ -92,10 +94,16 @@ def test_plain_param_count_cannot_be_measured() -> None:
 
 @pytest.mark.parametrize(
     ("extra", "field"),
-    [({"mode": "sideways"}, "mode"), ({"engine": "deepspeed"}, "engine"),
-     ({"stages": [4]}, "stages"),
-     ({"optimizer": "adafactor"}, "optimizer"), ({"dp": 0}, "dp"), ({"tp": 2}, "tp"),
-     ({"k": 12}, "k"), ({"offload": {"optimizer": "cpu", "params": "none"}}, "offload.optimizer")],
+    [
+        ({"mode": "sideways"}, "mode"),
+        ({"engine": "deepspeed"}, "engine"),
+        ({"stages": [4]}, "stages"),
+        ({"optimizer": "adafactor"}, "optimizer"),
+        ({"dp": 0}, "dp"),
+        ({"tp": 2}, "tp"),
+        ({"k": 12}, "k"),
+        ({"offload": {"optimizer": "cpu", "params": "none"}}, "offload.optimizer"),
+    ],
 )
 def test_bad_fields_name_themselves(extra: dict[str, Any], field: str) -> None:
     with pytest.raises(InputError) as err:
@@ -106,11 +114,29 @@ def test_bad_fields_name_themselves(extra: dict[str, Any], field: str) -> None:
 def test_accepts_the_api_body_shape() -> None:
     # what app/schemas/measure.py dumps: every field, defaults included
     spec = _spec(
-        {"params": None, "preset": None, "hf_config": None,
-         "architecture": dict(SMALL_GPT, norm="layernorm", position_embedding="learned",
-                              activation="gelu", kv_heads=None, bias=True)},
-        tp=1, pp=1, k=None, offload={"optimizer": "none", "params": "none"},
-        engine_config=None, gradients="paper", batch=None, stages=[3], steps=1, seed=0,
+        {
+            "params": None,
+            "preset": None,
+            "hf_config": None,
+            "architecture": dict(
+                SMALL_GPT,
+                norm="layernorm",
+                position_embedding="learned",
+                activation="gelu",
+                kv_heads=None,
+                bias=True,
+            ),
+        },
+        tp=1,
+        pp=1,
+        k=None,
+        offload={"optimizer": "none", "params": "none"},
+        engine_config=None,
+        gradients="paper",
+        batch=None,
+        stages=[3],
+        steps=1,
+        seed=0,
     )
     (r,) = run(spec)["runs"]
     assert abs(r["relative_error"]["model_state_resident"]) < 0.02
@@ -119,8 +145,11 @@ def test_accepts_the_api_body_shape() -> None:
 @pytest.mark.gpu
 def test_cuda_simulated_mixed_bf16() -> None:
     spec = _spec(
-        {"architecture": SMALL_GPT}, device="cuda", precision="mixed_bf16",
-        batch={"micro_batch_size": 2, "seq_len": 32}, steps=1,
+        {"architecture": SMALL_GPT},
+        device="cuda",
+        precision="mixed_bf16",
+        batch={"micro_batch_size": 2, "seq_len": 32},
+        steps=1,
     )
     result = run(spec)
     for r in result["runs"]:

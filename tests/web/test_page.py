@@ -58,9 +58,22 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     env = {**os.environ, "ZEROCALC_DATA_DIR": str(tmp_path_factory.mktemp("data"))}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -106,9 +119,7 @@ class Visit:
         self.console_errors: list[str] = []
         self.failed: list[str] = []
         self.page.on("request", lambda r: self.requests.append(r.url))
-        self.page.on(
-            "response", lambda r: self.failed.append(r.url) if r.status >= 400 else None
-        )
+        self.page.on("response", lambda r: self.failed.append(r.url) if r.status >= 400 else None)
         self.page.on(
             "console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None
         )
@@ -169,7 +180,9 @@ def assert_page_equals_api(page: Any, resp: dict[str, Any]) -> None:
         assert c["text"] == stage["per_device_readable"][c["key"]], c
         seen.add((c["stage"], c["key"]))
     expected = {
-        (str(s["stage"]), k) for s in resp["stages"] for k, v in s["per_device"].items()
+        (str(s["stage"]), k)
+        for s in resp["stages"]
+        for k, v in s["per_device"].items()
         if v is not None
     }
     assert seen == expected
@@ -222,10 +235,15 @@ def test_page_loads_with_charts_and_labelled_sizes(visit: Visit) -> None:
 
 def test_numbers_equal_the_api_for_the_default_inputs(visit: Visit) -> None:
     visit.open()
-    resp = api_memory(visit.base_url, {
-        "model": {"preset": "llama3-8b"}, "dp": 8, "precision": "mixed_bf16",
-        "device_memory": 80_000_000_000,
-    })
+    resp = api_memory(
+        visit.base_url,
+        {
+            "model": {"preset": "llama3-8b"},
+            "dp": 8,
+            "precision": "mixed_bf16",
+            "device_memory": 80_000_000_000,
+        },
+    )
     assert_page_equals_api(visit.page, resp)
 
 
@@ -242,8 +260,11 @@ def test_changed_inputs_give_the_apis_numbers_and_land_in_the_url(visit: Visit) 
 
     visit.change(edit)
     body = {
-        "model": {"preset": "mistral-7b"}, "dp": 16, "stages": [1, 2, 3],
-        "precision": "mixed_fp16", "device_memory": 40 * 2**30,
+        "model": {"preset": "mistral-7b"},
+        "dp": 16,
+        "stages": [1, 2, 3],
+        "precision": "mixed_fp16",
+        "device_memory": 40 * 2**30,
     }
     resp = api_memory(visit.base_url, body)
     assert_page_equals_api(visit.page, resp)
@@ -281,9 +302,15 @@ def test_architecture_with_batch_matches_the_api(visit: Visit) -> None:
 
     def edit(page: Any) -> None:
         page.select_option("select[name=source]", "architecture")
-        for name, value in {"layers": "12", "hidden": "1024", "heads": "16",
-                            "vocab_size": "32000", "ffn_hidden": "4096",
-                            "max_seq_len": "512", "kv_heads": ""}.items():
+        for name, value in {
+            "layers": "12",
+            "hidden": "1024",
+            "heads": "16",
+            "vocab_size": "32000",
+            "ffn_hidden": "4096",
+            "max_seq_len": "512",
+            "kv_heads": "",
+        }.items():
             page.fill(f"input[name={name}]", value)
         page.select_option("select[name=norm]", "layernorm")
         page.select_option("select[name=position_embedding]", "learned")
@@ -297,14 +324,24 @@ def test_architecture_with_batch_matches_the_api(visit: Visit) -> None:
         page.fill("input[name=device_memory]", "")
 
     visit.change(edit)
-    resp = api_memory(visit.base_url, {
-        "model": {"architecture": {
-            "layers": 12, "hidden": 1024, "heads": 16, "vocab_size": 32000,
-            "ffn_hidden": 4096, "max_seq_len": 512,
-        }},
-        "dp": 8, "precision": "mixed_bf16",
-        "batch": {"micro_batch_size": 8, "seq_len": 512},
-    })
+    resp = api_memory(
+        visit.base_url,
+        {
+            "model": {
+                "architecture": {
+                    "layers": 12,
+                    "hidden": 1024,
+                    "heads": 16,
+                    "vocab_size": 32000,
+                    "ffn_hidden": 4096,
+                    "max_seq_len": 512,
+                }
+            },
+            "dp": 8,
+            "precision": "mixed_bf16",
+            "batch": {"micro_batch_size": 8, "seq_len": 512},
+        },
+    )
     assert resp["params"] == 217_217_024  # the GPT block as PyTorch counts it (API.md)
     assert_page_equals_api(visit.page, resp)
     assert "217,217,024" in visit.page.inner_text("#convention")
@@ -314,19 +351,27 @@ def test_a_preset_opened_as_architecture_keeps_its_parameter_count(visit: Visit)
     presets = httpx.get(f"{visit.base_url}/v1/presets", timeout=10).json()
     visit.open()
     for preset in presets:
-        visit.change(lambda page, name=preset["name"]: (
-            page.select_option("select[name=source]", "preset"),
-            page.select_option("select[name=preset]", name),
-        ))
+        visit.change(
+            lambda page, name=preset["name"]: (
+                page.select_option("select[name=source]", "preset"),
+                page.select_option("select[name=preset]", name),
+            )
+        )
         visit.change(lambda page: page.select_option("select[name=source]", "architecture"))
         shown = visit.page.inner_text("#convention")
         assert f"Ψ = {preset['params']:,} parameters" in shown, (preset["name"], shown)
 
 
 MISTRAL_7B = {  # the config.json body of mistralai/Mistral-7B-v0.1 (the fields that count)
-    "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "vocab_size": 32000, "max_position_embeddings": 32768, "tie_word_embeddings": False,
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
 }
 
 
@@ -339,10 +384,15 @@ def test_pasted_hf_config_matches_the_api(visit: Visit) -> None:
         page.fill("input[name=dp]", "16")
 
     visit.change(edit)
-    resp = api_memory(visit.base_url, {
-        "model": {"hf_config": MISTRAL_7B}, "dp": 16, "precision": "mixed_bf16",
-        "device_memory": 80_000_000_000,
-    })
+    resp = api_memory(
+        visit.base_url,
+        {
+            "model": {"hf_config": MISTRAL_7B},
+            "dp": 16,
+            "precision": "mixed_bf16",
+            "device_memory": 80_000_000_000,
+        },
+    )
     assert_page_equals_api(visit.page, resp)
     # Not JSON: the page says so before asking the service.
     visit.change(lambda page: page.fill("textarea[name=hf_config]", "{not json"))
@@ -363,10 +413,17 @@ def test_bad_input_names_the_field(visit: Visit) -> None:
 
 def test_communication_panel_follows_the_endpoint(visit: Visit) -> None:
     visit.open()
-    r = httpx.post(f"{visit.base_url}/v1/communication", json={
-        "model": {"preset": "llama3-8b"}, "dp": 8, "stages": [0, 1, 2, 3],
-        "precision": "mixed_bf16", "engine": "paper",
-    }, timeout=10)
+    r = httpx.post(
+        f"{visit.base_url}/v1/communication",
+        json={
+            "model": {"preset": "llama3-8b"},
+            "dp": 8,
+            "stages": [0, 1, 2, 3],
+            "precision": "mixed_bf16",
+            "engine": "paper",
+        },
+        timeout=10,
+    )
     page = visit.page
     if r.status_code == 200:
         assert page.locator("#comm-body").is_visible()
@@ -397,22 +454,34 @@ def test_measure_panel_polls_and_shows_predicted_vs_measured(visit: Visit) -> No
         "measured": {"resident": 1_000_000_000, "peak": 2_000_000_000},
         "predicted": {"resident": 1_100_000_000, "peak": 1_900_000_000},
         "relative_error": {"resident": 0.1, "peak": -0.05},
-        "communication": {"measured_sent_bytes_per_rank": 400_000_000,
-                          "predicted_sent_bytes_per_rank": 420_000_000,
-                          "relative_error": 0.05},
+        "communication": {
+            "measured_sent_bytes_per_rank": 400_000_000,
+            "predicted_sent_bytes_per_rank": 420_000_000,
+            "relative_error": 0.05,
+        },
     }
 
     def job(status: str, fraction: float, result: dict[str, Any] | None) -> str:
-        return json.dumps({"id": "j1", "status": status, "error": None, "result": result,
-                           "progress": {"fraction": fraction, "message": f"{status} stage 2"}})
+        return json.dumps(
+            {
+                "id": "j1",
+                "status": status,
+                "error": None,
+                "result": result,
+                "progress": {"fraction": fraction, "message": f"{status} stage 2"},
+            }
+        )
 
     def handle(route: Any) -> None:
         req = route.request
         if req.method == "POST":
             posted.append(json.loads(req.post_data))
-            route.fulfill(status=202, content_type="application/json",
-                          headers={"Location": "/v1/measure/j1"},
-                          body=json.dumps({"id": "j1", "status": "queued"}))
+            route.fulfill(
+                status=202,
+                content_type="application/json",
+                headers={"Location": "/v1/measure/j1"},
+                body=json.dumps({"id": "j1", "status": "queued"}),
+            )
             return
         polls["n"] += 1
         done = polls["n"] >= 2
@@ -435,14 +504,28 @@ def test_measure_panel_polls_and_shows_predicted_vs_measured(visit: Visit) -> No
     page.wait_for_selector("#measure-status:has-text('running')", timeout=10_000)
     assert page.locator("#measure-progress-wrap").is_visible()
     page.wait_for_selector("#measure-result:not([hidden])", timeout=10_000)
-    assert posted == [{
-        "model": {"preset": "llama3-8b"}, "dp": 8, "tp": 1, "pp": 1, "stages": [2],
-        "precision": "mixed_bf16", "optimizer": "adam", "gradients": "paper",
-        "offload": {"optimizer": "none", "params": "none"}, "engine": "torch",
-        "batch": {"micro_batch_size": 1, "seq_len": 2048, "activation_checkpointing": "none",
-                  "grad_accumulation_steps": 1},
-        "mode": "simulated", "device": "cpu",
-    }]
+    assert posted == [
+        {
+            "model": {"preset": "llama3-8b"},
+            "dp": 8,
+            "tp": 1,
+            "pp": 1,
+            "stages": [2],
+            "precision": "mixed_bf16",
+            "optimizer": "adam",
+            "gradients": "paper",
+            "offload": {"optimizer": "none", "params": "none"},
+            "engine": "torch",
+            "batch": {
+                "micro_batch_size": 1,
+                "seq_len": 2048,
+                "activation_checkpointing": "none",
+                "grad_accumulation_steps": 1,
+            },
+            "mode": "simulated",
+            "device": "cpu",
+        }
+    ]
     rows = page.eval_on_selector_all(
         "#measure-table tbody tr",
         "trs => trs.map(tr => [...tr.children].map(c => c.dataset.bytes || c.textContent))",
