@@ -10,12 +10,13 @@ from app.schemas.model import BatchIn, ModelSpec
 from calculators.architecture import Architecture, count_params
 from calculators.batch import Batch
 from calculators.capacity import MAX_PARAMS
-from calculators.communication import CommunicationSetup, Network, ZeroPlusPlus, make_topology
 from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
 from calculators.interconnects import Interconnect, custom_interconnect, get_interconnect
 from calculators.model_states import Offload, TrainingSetup
 from calculators.presets import get_preset
+from calculators.topology import Network, make_topology
+from calculators.traffic import CommunicationSetup, ZeroPlusPlus
 
 
 def resolve_model(spec: ModelSpec) -> tuple[int, Architecture | None]:

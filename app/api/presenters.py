@@ -21,12 +21,12 @@ from app.schemas.memory import (
     PerDevice,
     StageMemory,
 )
-from calculators.communication import CommunicationEstimate, StageCommunication
 from calculators.conventions import OPTIMIZER_ASSUMPTIONS
+from calculators.estimates import MemoryEstimate, StageEstimate
 from calculators.inference import InferenceMemory
 from calculators.interconnects import Interconnect
-from calculators.memory import MemoryEstimate, StageEstimate
 from calculators.model_states import Placement, bytes_per_param
+from calculators.traffic import CommunicationEstimate, StageCommunication
 
 
 def _host(p: Placement, buffers: int = 0) -> HostMemory:

@@ -10,10 +10,12 @@ from calculators import communication as comm
 from calculators.architecture import Architecture, tensors
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines import engine_model
-from calculators.engines.torch_engines import MODEL, ParamTensor, zero_partition
+from calculators.engines.torch import MODEL
+from calculators.engines.torch.memory import zero_partition
 from calculators.errors import InputError
 from calculators.memory import estimate
 from calculators.model_states import Offload, TrainingSetup
+from calculators.parameters import ParamTensor
 
 GPT = Architecture(layers=2, hidden=256, heads=4, vocab_size=1000, max_seq_len=64)
 PSI = sum(t.numel for t in tensors(GPT))
