@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def module_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Each module of ``root/package`` and the modules of the same package it imports."""
+    """Each module of ``root/package`` and the modules of the same package its imports run."""
     files = {}
     for path in sorted((root / package).rglob("*.py")):
         parts = list(path.relative_to(root).with_suffix("").parts)
@@ -35,7 +35,10 @@ def module_graph(root: Path, package: str) -> dict[str, set[str]]:
                     base = ".".join([*anchor, base] if base else anchor)
                 # ``from pkg import sub`` imports the module pkg.sub when there is one
                 targets |= {f"{base}.{a.name}" for a in node.names} | {base}
-        graph[name] = {t for t in targets if t in files and t != name}
+        # importing a.b.c first runs the packages a and a.b, except those being run already
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+        parents = {".".join(t.split(".")[:i]) for t in targets for i in range(1, t.count(".") + 1)}
+        graph[name] = {t for t in targets | (parents - own) if t in files and t != name}
     return graph
 
 
