@@ -1,14 +1,11 @@
 """Communication per optimizer step: which collectives each stage issues, how many bytes each
 rank sends, over which links, and how long it takes.
 
-Three conventions, each modelled from its source:
-
-- ``paper``: ZeRO (arXiv 1910.02054) §7: all-reduce 2Ψ; stages 1/2 reduce-scatter + all-gather
-  (2Ψ); stage 3 all-gather forward + all-gather backward + reduce-scatter (3Ψ).
-- ``deepspeed``: DeepSpeed 0.19.8 (deepspeed/runtime/engine.py, zero/stage_1_and_2.py,
-  zero/stage3.py, zero/partitioned_param_coordinator.py, zero/parameter_offload.py).
-- ``torch``: DDP (stage 0), DDP + ZeroRedundancyOptimizer (stage 1), FSDP2 ``fully_shard``
-  with ``reshard_after_forward=False`` (stage 2) and ``True`` (stage 3).
+Each engine's traffic lives beside its memory model: ``paper`` (calculators/engines/paper.py,
+ZeRO arXiv 1910.02054 §7), ``deepspeed`` (calculators/engines/deepspeed/traffic.py, DeepSpeed
+0.19.8) and ``torch`` (calculators/engines/torch/traffic.py: DDP, ZeroRedundancyOptimizer,
+FSDP2). This module asks the engine, prices each collective (calculators.cost) and compares
+with the same engine's plain data parallelism.
 
 Bytes sent per rank use the exact ring factors (NVIDIA nccl-tests doc/PERFORMANCE.md):
 all-reduce 2(N−1)/N, all-gather / reduce-scatter / all-to-all (N−1)/N. Broadcast and reduce move

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# runtime/constants.py MEMORY_OPT_ALLREDUCE_SIZE: stage 0 (engine.py allreduce_gradients ->
-# buffered_allreduce_fallback / allreduce_no_retain) all-reduces buckets of this many elements.
+# runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE = 500000000: stage 0 (allreduce_gradients ->
+# buffered_allreduce_fallback -> allreduce_no_retain) all-reduces buckets of this many elements.
 MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000
 
 
@@ -37,11 +37,8 @@ def ipg_walk(numels: Sequence[int], bucket: int) -> list[list[int]]:
 
 
 def ipg_buckets(numels: Sequence[int], bucket: int, *, whole_run: bool) -> list[int]:
-    """Elements of each reduction bucket, DeepSpeed's IPG rule.
+    """Elements of each IPG bucket (``ipg_walk``).
 
-    stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads and stage3.py
-    __add_grad_to_ipg_bucket: the bucket is reduced before a gradient that would overflow it
-    (``elements + numel > reduce_bucket_size``); a gradient larger than the bucket goes alone.
     ``whole_run``: the single entry is Ψ of unknown tensors, cut into full buckets.
     """
     if whole_run:
