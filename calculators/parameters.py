@@ -31,9 +31,16 @@ class ParamTensor:
     numel: int = field(init=False, repr=False, compare=False)
     module: str = field(init=False, repr=False, compare=False)
 
+    _hash: int = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "numel", math.prod(self.shape))
         object.__setattr__(self, "module", self.name.rsplit(".", 1)[0])
+        object.__setattr__(self, "_hash", hash((self.name, self.shape, self.group)))
+
+    def __hash__(self) -> int:
+        # once: the stage-3 caches key on whole parameter lists (tens of thousands for MoE)
+        return self._hash
 
     def fsdp_shard_numel(self, world: int) -> int:
         """Rank 0's padded dim-0 chunk: ceil(dim0 / N) rows (``_fsdp_param.py``)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from calculators.activations import ActivationBreakdown, Regime, activations
+from calculators.activations import INDEX_BYTES, ActivationBreakdown, Regime, activations
 from calculators.conventions import FP32_BYTES, HALF_BYTES, Stage
 from calculators.engines.deepspeed.allocator import block, blocks, stage0_unsplit_bytes
 from calculators.engines.deepspeed.buckets import (
@@ -24,7 +24,6 @@ from calculators.model_states import Placement, TrainingSetup
 from calculators.parameters import ParamTensor
 
 FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
-INDEX_BYTES = 8  # int64 token ids and targets
 
 
 # --- the moments of a step ---------------------------------------------------------------------

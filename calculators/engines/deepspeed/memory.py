@@ -39,6 +39,7 @@ from calculators.engines.deepspeed.layouts import (
     stage12,
     step_shape,
 )
+from calculators.engines.torch.memory import STATE_TENSORS  # the client torch.optim optimizer
 from calculators.engines.torch.peak import cublas_workspace_bytes
 from calculators.errors import InputError
 from calculators.estimates import StageEstimate
@@ -50,14 +51,6 @@ CONVENTION = (
     "torch.optim.Adam, fp16/bf16 parameters, fp32 master; resident = allocated between steps "
     "(cuBLAS workspaces and the loop's logits included), peak = highest allocation in a step"
 )
-
-# torch.optim state tensors per parameter (zeros_like the fp32 master).
-STATE_TENSORS: dict[Optimizer, int] = {
-    Optimizer.ADAM: 2,
-    Optimizer.ADAMW: 2,
-    Optimizer.SGD_MOMENTUM: 1,
-    Optimizer.SGD: 0,
-}
 
 
 def _check(setup: TrainingSetup, stage: Stage, knobs: Knobs) -> int:
