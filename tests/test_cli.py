@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from app import cli
+from app.cli import transport as cli_transport
 from app.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +139,7 @@ def test_memory_over_http_sends_the_same_body(
         headers = {"X-API-Key": api_key} if api_key else {}
         return httpx.Client(base_url=url, transport=transport, headers=headers)
 
-    monkeypatch.setattr(cli, "remote_client", remote)
+    monkeypatch.setattr(cli_transport, "remote_client", remote)
     local = invoke("memory", "--params", "13B", "--dp", "16", "--json")
     remote_run = invoke(
         "memory", "--params", "13B", "--dp", "16", "--json", "--url", "http://gpu-node:8000"
@@ -271,7 +272,7 @@ def test_measure_polls_with_progress_and_prints_the_comparison(
             headers={"X-API-Key": api_key} if api_key else {},
         )
 
-    monkeypatch.setattr(cli, "remote_client", remote)
+    monkeypatch.setattr(cli_transport, "remote_client", remote)
     result = invoke(
         "measure",
         "--preset",
@@ -330,7 +331,7 @@ def test_measure_reports_a_failed_job(monkeypatch: pytest.MonkeyPatch) -> None:
         assert api_key is None
         return httpx.Client(base_url=url, transport=httpx.MockTransport(handle))
 
-    monkeypatch.setattr(cli, "remote_client", remote)
+    monkeypatch.setattr(cli_transport, "remote_client", remote)
     result = invoke("measure", "--preset", "gpt2", "--dp", "2", "--interval", "0")
     assert result.exit_code == 2
     assert "CUDA OOM" in result.stderr
@@ -340,7 +341,7 @@ def test_serve_runs_one_uvicorn_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     import uvicorn
 
     calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
     result = invoke("serve", "--port", "8123")
     assert result.exit_code == 0, result.output
     assert calls == [(("app.main:app",), {"host": "127.0.0.1", "port": 8123, "workers": 1})]
