@@ -1,7 +1,7 @@
 """The live side of the calculator: runs real ZeRO engines and compares with the prediction.
 
 - ``workloads``: the canonical GPT decoder of ``calculators.architecture`` (same parameter
-  names, shapes and order) and the seeds' MLP.
+  names, shapes and order) and an MLP of ``layers`` x Linear(hidden, hidden).
 - ``engines``: PyTorch's own engines as a training script sets them up (DDP,
   ZeroRedundancyOptimizer, FSDP2).
 - ``session``: one stage on one rank: warm-up, collectives counted, memory probed per phase.

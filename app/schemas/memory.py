@@ -48,7 +48,7 @@ class TrainingIn(StrictModel):
     master_weights: StrictBool = Field(
         True,
         description="Mixed precision keeps an fp32 master copy (paper: yes, K = 12 with Adam; "
-        "false counts 16-bit params and grads plus fp32 moments, as seed 004 does).",
+        "false counts 16-bit params and grads plus fp32 moments: 2 + 2 + 8 B/param).",
     )
     offload: OffloadIn = Field(default_factory=OffloadIn, description="Offload targets.")
     engine: Engine = Field(Engine.PAPER, description="Whose accounting: paper, deepspeed, torch.")
