@@ -85,7 +85,7 @@ def parse_arch(text: str, option: str = "--arch") -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Field:
+class BodyField:
     """Where one option lands in the request body, and how its text becomes JSON."""
 
     option: str
@@ -95,43 +95,43 @@ class Field:
 
 # The model: exactly one of these four options (ModelSpec's own rule, checked here first so the
 # message names options rather than fields).
-MODEL_OPTIONS: Mapping[str, Field] = {
-    "params": Field("--params", ("model", "params"), parse_count),
-    "preset": Field("--preset", ("model", "preset")),
-    "arch": Field("--arch", ("model", "architecture"), parse_arch),
-    "hf_config": Field("--hf-config", ("model", "hf_config"), read_json),
+MODEL_OPTIONS: Mapping[str, BodyField] = {
+    "params": BodyField("--params", ("model", "params"), parse_count),
+    "preset": BodyField("--preset", ("model", "preset")),
+    "arch": BodyField("--arch", ("model", "architecture"), parse_arch),
+    "hf_config": BodyField("--hf-config", ("model", "hf_config"), read_json),
 }
 
 # Every other option, by the parameter name the commands give it.
-FIELDS: Mapping[str, Field] = {
+FIELDS: Mapping[str, BodyField] = {
     **MODEL_OPTIONS,
-    "dp": Field("--dp", ("dp",)),
-    "tp": Field("--tp", ("tp",)),
-    "pp": Field("--pp", ("pp",)),
-    "stages": Field("--stages", ("stages",), parse_stages),
-    "precision": Field("--precision", ("precision",)),
-    "optimizer": Field("--optimizer", ("optimizer",)),
-    "optimizer_state_bytes": Field("--k", ("k",)),
-    "gradients": Field("--gradients", ("gradients",)),
-    "offload_optimizer": Field("--offload-optimizer", ("offload", "optimizer")),
-    "offload_params": Field("--offload-params", ("offload", "params")),
-    "engine": Field("--engine", ("engine",)),
-    "engine_config": Field("--engine-config", ("engine_config",), read_json),
-    "micro_batch": Field("--micro-batch", ("batch", "micro_batch_size")),
-    "seq_len": Field("--seq-len", ("batch", "seq_len")),
-    "checkpointing": Field("--checkpointing", ("batch", "activation_checkpointing")),
-    "grad_accum": Field("--grad-accum", ("batch", "grad_accumulation_steps")),
+    "dp": BodyField("--dp", ("dp",)),
+    "tp": BodyField("--tp", ("tp",)),
+    "pp": BodyField("--pp", ("pp",)),
+    "stages": BodyField("--stages", ("stages",), parse_stages),
+    "precision": BodyField("--precision", ("precision",)),
+    "optimizer": BodyField("--optimizer", ("optimizer",)),
+    "optimizer_state_bytes": BodyField("--k", ("k",)),
+    "gradients": BodyField("--gradients", ("gradients",)),
+    "offload_optimizer": BodyField("--offload-optimizer", ("offload", "optimizer")),
+    "offload_params": BodyField("--offload-params", ("offload", "params")),
+    "engine": BodyField("--engine", ("engine",)),
+    "engine_config": BodyField("--engine-config", ("engine_config",), read_json),
+    "micro_batch": BodyField("--micro-batch", ("batch", "micro_batch_size")),
+    "seq_len": BodyField("--seq-len", ("batch", "seq_len")),
+    "checkpointing": BodyField("--checkpointing", ("batch", "activation_checkpointing")),
+    "grad_accum": BodyField("--grad-accum", ("batch", "grad_accumulation_steps")),
     # /v1/communication takes accumulation steps beside the model, not in a batch
-    "grad_accumulation_steps": Field("--grad-accum", ("grad_accumulation_steps",)),
-    "device_memory": Field("--device-memory", ("device_memory",), parse_size),
-    "max_dp": Field("--max-dp", ("max_dp",)),
-    "nodes": Field("--nodes", ("nodes",)),
-    "gpus_per_node": Field("--gpus-per-node", ("gpus_per_node",)),
-    "interconnect": Field("--interconnect", ("interconnect",)),
-    "inter_node": Field("--inter-node-interconnect", ("inter_node_interconnect",)),
-    "mode": Field("--mode", ("mode",)),
-    "device": Field("--device", ("device",)),
-    "steps": Field("--steps", ("steps",)),
+    "grad_accumulation_steps": BodyField("--grad-accum", ("grad_accumulation_steps",)),
+    "device_memory": BodyField("--device-memory", ("device_memory",), parse_size),
+    "max_dp": BodyField("--max-dp", ("max_dp",)),
+    "nodes": BodyField("--nodes", ("nodes",)),
+    "gpus_per_node": BodyField("--gpus-per-node", ("gpus_per_node",)),
+    "interconnect": BodyField("--interconnect", ("interconnect",)),
+    "inter_node": BodyField("--inter-node-interconnect", ("inter_node_interconnect",)),
+    "mode": BodyField("--mode", ("mode",)),
+    "device": BodyField("--device", ("device",)),
+    "steps": BodyField("--steps", ("steps",)),
 }
 
 
