@@ -9,7 +9,7 @@ Reports each endpoint's rate and p99 over all rounds, and the ratio memory / hea
     python3 bench/http_bench.py                      # 3 rounds x 10 s per endpoint
     python3 bench/http_bench.py --rounds 1 --duration 3 --json out.json
 
-Targets (issue 7): memory >= 0.9 x the healthz rate, memory p99 < 25 ms. Loopback only; every
+Targets: memory >= 0.9 x the healthz rate, memory p99 < 25 ms. Loopback only; every
 run is bounded by --rounds x --duration and stops by itself.
 """
 

@@ -39,8 +39,8 @@ MEMORY_EXAMPLES: dict[str, dict[str, Any]] = {
             "batch": {"micro_batch_size": 8, "seq_len": 512},
         },
     },
-    "seed_004_fp32": {
-        "summary": "Seed 004: 10B in pure fp32 with Adam (160 GB of model states)",
+    "fp32_10b": {
+        "summary": "10B in pure fp32 with Adam (160 GB of model states)",
         "value": {"model": {"params": 10_000_000_000}, "dp": 1, "stages": [0], "precision": "fp32"},
     },
     "hf_config": {
