@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+from enum import Enum
+from typing import Any
+
 from app.core.units import readable
+from app.schemas.capacity import CapacityResponse, FoundModel, StageCapacity
 from app.schemas.communication import (
     CollectiveOut,
     CommunicationConvention,
@@ -21,8 +26,11 @@ from app.schemas.memory import (
     PerDevice,
     StageMemory,
 )
+from calculators.architecture import Architecture
+from calculators.capacity import MAX_GROWN_LAYERS, MAX_PARAMS, CapacityResult, needed
+from calculators.capacity import StageCapacity as CapacityRow
 from calculators.communication import CommunicationEstimate, StageCommunication
-from calculators.conventions import OPTIMIZER_ASSUMPTIONS
+from calculators.conventions import OPTIMIZER_ASSUMPTIONS, Engine, Stage
 from calculators.inference import InferenceMemory
 from calculators.interconnects import Interconnect
 from calculators.memory import MemoryEstimate, StageEstimate
@@ -51,6 +59,22 @@ BREAKDOWN_NOTES = [
 ]
 
 
+BARE_PARAMS_NOTE = (
+    "a bare parameter count is modelled as one tensor of Ψ parameters: DeepSpeed's buffers "
+    "sized by the largest tensor (the optimizer-offload gradient staging buffer, the stage-3 "
+    "gathered parameter, the gradient-norm copy) come out as large as the whole model; give an "
+    "architecture, preset or hf_config for the real tensor sizes"
+)
+
+
+def bare_params_notes(est: StageEstimate) -> list[str]:
+    """What a bare Ψ costs under DeepSpeed's per-tensor buffers, with the figure that shows it."""
+    staging = est.components.get("offload_grad_staging")
+    if staging is None:
+        return [BARE_PARAMS_NOTE]
+    return [f"{BARE_PARAMS_NOTE} (here offload_grad_staging = {readable(staging)} on the device)"]
+
+
 def breakdown(est: StageEstimate) -> Breakdown:
     return Breakdown(
         theory=est.theory,
@@ -72,7 +96,9 @@ def per_device(est: StageEstimate) -> PerDevice:
     )
 
 
-def stage_memory(est: StageEstimate, device_memory: int | None) -> StageMemory:
+def stage_memory(
+    est: StageEstimate, device_memory: int | None, extra_notes: list[str] | None = None
+) -> StageMemory:
     per = per_device(est)
     return StageMemory(
         stage=int(est.stage),
@@ -85,7 +111,7 @@ def stage_memory(est: StageEstimate, device_memory: int | None) -> StageMemory:
         fits=None if device_memory is None else est.fits(device_memory),
         components=dict(est.components),
         breakdown=breakdown(est),
-        notes=list(est.notes),
+        notes=list(est.notes) + (extra_notes or []),
     )
 
 
@@ -116,7 +142,16 @@ def memory_response(result: MemoryEstimate, device_memory: int | None) -> Memory
                 "optimizer_states": float(per.optimizer_states),
             },
         ),
-        stages=[stage_memory(s, device_memory) for s in result.stages],
+        stages=[
+            stage_memory(
+                s,
+                device_memory,
+                bare_params_notes(s)
+                if setup.engine is Engine.DEEPSPEED and setup.architecture is None
+                else None,
+            )
+            for s in result.stages
+        ],
         breakdown_notes=BREAKDOWN_NOTES,
     )
 
@@ -228,5 +263,127 @@ def inference_response(
         total=mem.total,
         readable={k: readable(v) for k, v in sizes.items() if v is not None},
         fits=None if device_memory is None else needed <= device_memory,
+        notes=notes,
+    )
+
+
+# --- capacity ----------------------------------------------------------------------------------
+
+REPLICATED = {
+    Stage.NONE: "every model state is replicated",
+    Stage.OPTIMIZER: "the parameters and gradients are replicated",
+    Stage.GRADIENTS: "the parameters are replicated",
+    Stage.PARAMETERS: "activations and buffers do not shrink with Nd",
+}
+
+
+def _architecture_out(arch: Architecture) -> dict[str, Any]:
+    return {
+        f.name: v.value if isinstance(v, Enum) else v
+        for f in fields(arch)
+        for v in [getattr(arch, f.name)]
+    }
+
+
+def _params_readable(params: int) -> str:
+    return f"{params / 1e9:,.2f} B params"
+
+
+def _found_model(result: CapacityResult, row: CapacityRow) -> FoundModel | None:
+    if row.params is None:
+        return None
+    arch = row.architecture
+    name = (
+        f"{_params_readable(row.params)} (a bare parameter count)"
+        if arch is None
+        else f"{result.search.shape_name} shape, {arch.layers} layers × {arch.hidden}"
+    )
+    return FoundModel(
+        name=name,
+        params=row.params,
+        params_readable=_params_readable(row.params),
+        architecture=None if arch is None else _architecture_out(arch),
+    )
+
+
+def _capacity_notes(result: CapacityResult, row: CapacityRow) -> list[str]:
+    q, s = result.search, int(row.stage)
+    device = readable(q.device_memory)
+    notes: list[str] = []
+    if row.smallest is not None and row.smallest_params is not None:
+        what = (
+            "a 1-parameter model"
+            if q.shape is None
+            else f"one block of the {q.shape_name} shape ({_params_readable(row.smallest_params)})"
+        )
+        notes.append(
+            f"max_params is null: not even {what} fits stage {s}: it needs "
+            f"{readable(needed(row.smallest))} > {device}"
+        )
+    if row.capped:
+        notes.append(
+            "the largest model searched fits: max_params is a lower bound (the search stops at "
+            f"{MAX_GROWN_LAYERS} layers or {MAX_PARAMS:,} parameters)"
+        )
+    if row.found is not None:
+        if row.found.activations is None:
+            if q.setup.batch is None:
+                notes.append("activations are null: no batch given")
+            elif q.shape is None:
+                notes.append(
+                    "activations are null: a bare parameter count has no architecture to size "
+                    "them; give shape, or a model with an architecture, preset or hf_config"
+                )
+        notes.extend(row.found.notes)
+    if row.at_max_dp is not None:
+        notes.append(
+            f"min_dp is null: stage {s} never fits at any Nd up to max_dp = {q.max_dp:,}: "
+            f"there it still needs {readable(needed(row.at_max_dp))} > {device} "
+            f"({REPLICATED[row.stage]})"
+        )
+    return notes
+
+
+def capacity_response(result: CapacityResult) -> CapacityResponse:
+    q = result.search
+    device = readable(q.device_memory)
+    counts_peak = q.setup.engine is not Engine.PAPER or (
+        q.setup.batch is not None and q.shape is not None
+    )
+    notes = []
+    if q.setup.batch is not None and q.shape is None:
+        notes.append(
+            "the batch is not counted for max_params: a bare parameter count has no "
+            "architecture to size activations; give shape, or a model with an architecture"
+        )
+    if q.shape is None and q.setup.engine is Engine.DEEPSPEED:
+        notes.append(BARE_PARAMS_NOTE)
+    return CapacityResponse(
+        device_memory=q.device_memory,
+        dp=q.setup.dp,
+        engine=q.setup.engine.value,
+        criterion=(
+            f"the engine's per-device peak (its resident bytes where it cannot estimate a peak) "
+            f"<= device_memory ({device}); {result.convention}"
+            if counts_peak
+            else f"per-device model states <= device_memory ({device})"
+        ),
+        grown=None
+        if q.shape is None
+        else f"{q.shape_name} shape: layers × width at {q.shape.hidden} / {q.shape.layers} "
+        "wide per layer, its head width, grouping and MLP ratio",
+        stages=[
+            StageCapacity(
+                stage=int(row.stage),
+                max_params=row.params,
+                max_params_readable=None if row.params is None else _params_readable(row.params),
+                model=_found_model(result, row),
+                per_device=None if row.found is None else per_device(row.found),
+                needed=None if row.found is None else needed(row.found),
+                min_dp=row.min_dp,
+                notes=_capacity_notes(result, row),
+            )
+            for row in result.stages
+        ],
         notes=notes,
     )
