@@ -33,8 +33,9 @@ from calculators.communication import CommunicationEstimate, StageCommunication
 from calculators.conventions import OPTIMIZER_ASSUMPTIONS, Engine, Stage
 from calculators.inference import InferenceMemory
 from calculators.interconnects import Interconnect
+from calculators.labels import labels
 from calculators.memory import MemoryEstimate, StageEstimate
-from calculators.model_states import Placement, bytes_per_param
+from calculators.model_states import Placement
 
 
 def _host(p: Placement, buffers: int = 0) -> HostMemory:
@@ -117,7 +118,13 @@ def stage_memory(
 
 def memory_response(result: MemoryEstimate, device_memory: int | None) -> MemoryResponse:
     setup = result.setup
-    per = bytes_per_param(setup)
+    label = labels(setup)
+    per = label.per_param
+    assumption = (
+        "k given by the request" if setup.k is not None else OPTIMIZER_ASSUMPTIONS[setup.optimizer]
+    )
+    if setup.engine is Engine.DEEPSPEED:
+        assumption = f"an fp32 master copy plus {assumption} (fp32)"
     return MemoryResponse(
         params=setup.params,
         params_per_device=setup.params_per_device,
@@ -126,16 +133,12 @@ def memory_response(result: MemoryEstimate, device_memory: int | None) -> Memory
         pp=setup.pp,
         convention=Convention(
             engine=setup.engine,
-            description=result.convention,
+            description="; ".join((result.convention, *label.ignored)),
             precision=setup.precision,
             optimizer=setup.optimizer,
-            k=float(setup.k_value),
-            optimizer_assumption=(
-                "k given by the request"
-                if setup.k is not None
-                else OPTIMIZER_ASSUMPTIONS[setup.optimizer]
-            ),
-            gradients=setup.gradients,
+            k=float(per.optimizer_states),
+            optimizer_assumption=assumption,
+            gradients=label.gradients,
             bytes_per_param={
                 "parameters": float(per.parameters),
                 "gradients": float(per.gradients),
