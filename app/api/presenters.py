@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from enum import Enum
 from typing import Any
 
@@ -35,7 +35,7 @@ from calculators.inference import InferenceMemory
 from calculators.interconnects import Interconnect
 from calculators.labels import labels
 from calculators.memory import MemoryEstimate, StageEstimate
-from calculators.model_states import Placement
+from calculators.model_states import Placement, TrainingSetup
 
 
 def _host(p: Placement, buffers: int = 0) -> HostMemory:
@@ -74,6 +74,32 @@ def bare_params_notes(est: StageEstimate) -> list[str]:
     if staging is None:
         return [BARE_PARAMS_NOTE]
     return [f"{BARE_PARAMS_NOTE} (here offload_grad_staging = {readable(staging)} on the device)"]
+
+
+def null_notes(est: StageEstimate, setup: TrainingSetup) -> list[str]:
+    """Why activations, temporary_buffers or peak are null, where the engine's notes do not say."""
+    said = " ".join(est.notes)
+    nulls = [
+        name
+        for name in ("activations", "temporary_buffers", "peak")
+        if getattr(est, name) is None and name not in said
+    ]
+    if not nulls:
+        return []
+    missing = [
+        what
+        for what, absent in (
+            ("an architecture (preset, hf_config or architecture)", setup.architecture is None),
+            ("a batch", setup.batch is None),
+        )
+        if absent
+    ]
+    reason = (
+        f"they need {' and '.join(missing)}"
+        if missing
+        else f"the {setup.engine.value} engine does not estimate them for this setup"
+    )
+    return [f"{', '.join(nulls)} {'is' if len(nulls) == 1 else 'are'} null: {reason}"]
 
 
 def breakdown(est: StageEstimate) -> Breakdown:
@@ -149,9 +175,12 @@ def memory_response(result: MemoryEstimate, device_memory: int | None) -> Memory
             stage_memory(
                 s,
                 device_memory,
-                bare_params_notes(s)
-                if setup.engine is Engine.DEEPSPEED and setup.architecture is None
-                else None,
+                null_notes(s, setup)
+                + (
+                    bare_params_notes(s)
+                    if setup.engine is Engine.DEEPSPEED and setup.architecture is None
+                    else []
+                ),
             )
             for s in result.stages
         ],
@@ -328,15 +357,9 @@ def _capacity_notes(result: CapacityResult, row: CapacityRow) -> list[str]:
             "the largest model searched fits: max_params is a lower bound (the search stops at "
             f"{MAX_GROWN_LAYERS} layers or {MAX_PARAMS:,} parameters)"
         )
-    if row.found is not None:
-        if row.found.activations is None:
-            if q.setup.batch is None:
-                notes.append("activations are null: no batch given")
-            elif q.shape is None:
-                notes.append(
-                    "activations are null: a bare parameter count has no architecture to size "
-                    "them; give shape, or a model with an architecture, preset or hf_config"
-                )
+    if row.found is not None and row.params is not None:
+        trial = replace(q.setup, params=row.params, architecture=row.architecture)
+        notes.extend(null_notes(row.found, trial))
         notes.extend(row.found.notes)
     if row.at_max_dp is not None:
         notes.append(
