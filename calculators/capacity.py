@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from calculators.architecture import MAX_DIM, Architecture, count_params
+from calculators.architecture import MAX_DIM, Architecture, block_tensors, count_params
 from calculators.conventions import Stage
 from calculators.errors import InputError
 from calculators.memory import StageEstimate, estimate
@@ -74,6 +74,12 @@ def max_params(setup: TrainingSetup, stage: Stage, device_memory: int) -> int | 
     return _largest_true(1, MAX_PARAMS, fits)
 
 
+def grown_params(arch: Architecture) -> int:
+    """``count_params`` without listing every block: the blocks of a decoder are alike."""
+    one_block = sum(t.numel for t in block_tensors(arch, 0))
+    return count_params(replace(arch, layers=1)) + (arch.layers - 1) * one_block
+
+
 @dataclass(frozen=True)
 class Shape:
     """How an architecture grows: one block count sets every width.
@@ -125,7 +131,7 @@ class Shape:
                 arch = self.at(layers)
             except InputError:
                 return False
-            return arch.ffn <= MAX_DIM and count_params(arch) <= MAX_PARAMS
+            return arch.ffn <= MAX_DIM and grown_params(arch) <= MAX_PARAMS
 
         top = _largest_true(1, MAX_GROWN_LAYERS, valid)
         return 0 if top is None else top
@@ -141,7 +147,7 @@ def largest_shape(
 
     def fits(layers: int) -> bool:
         arch = shape.at(layers)
-        trial = replace(setup, params=count_params(arch), architecture=arch)
+        trial = replace(setup, params=grown_params(arch), architecture=arch)
         return needed(estimate(trial, [stage]).stages[0]) <= device_memory
 
     layers = _largest_true(1, top, fits)
@@ -231,7 +237,7 @@ def _one(setup: TrainingSetup, stage: Stage) -> StageEstimate:
 
 
 def _sized(setup: TrainingSetup, arch: Architecture) -> TrainingSetup:
-    return replace(setup, params=count_params(arch), architecture=arch)
+    return replace(setup, params=grown_params(arch), architecture=arch)
 
 
 def search(question: Search, stages: list[int]) -> CapacityResult:
@@ -248,7 +254,7 @@ def search(question: Search, stages: list[int]) -> CapacityResult:
             trial = None if arch is None else _sized(q.setup, arch)
             capped = arch is not None and arch.layers == shape.max_layers
             least_arch = shape.at(1)
-            smallest_params = count_params(least_arch)
+            smallest_params = grown_params(least_arch)
             smallest = None if arch is not None else _one(_sized(q.setup, least_arch), stage)
         else:
             psi = max_params(q.setup, stage, q.device_memory)

@@ -301,12 +301,24 @@ def inference_response(
 
 # --- capacity ----------------------------------------------------------------------------------
 
-REPLICATED = {
-    Stage.NONE: "every model state is replicated",
-    Stage.OPTIMIZER: "the parameters and gradients are replicated",
-    Stage.GRADIENTS: "the parameters are replicated",
-    Stage.PARAMETERS: "activations and buffers do not shrink with Nd",
-}
+
+def _replicated(est: StageEstimate) -> str:
+    """What of a stage's device bytes Nd does not divide (ZeRO §5: what the stage replicates)."""
+    d = est.device
+    parts = {
+        Stage.NONE: ("every model state", d.total),
+        Stage.OPTIMIZER: ("the parameters and gradients", d.parameters + d.gradients),
+        Stage.GRADIENTS: ("the parameters", d.parameters),
+        Stage.PARAMETERS: ("nothing of the model states", 0),
+    }
+    what, replicated = parts[est.stage]
+    rest = needed(est) - d.total
+    if est.stage is Stage.PARAMETERS:
+        return f"{what}; activations, buffers and workspaces take {readable(rest)}"
+    return (
+        f"{what} replicated on every rank take {readable(replicated)}, "
+        f"activations, buffers and workspaces {readable(rest)}"
+    )
 
 
 def _architecture_out(arch: Architecture) -> dict[str, Any]:
@@ -364,8 +376,8 @@ def _capacity_notes(result: CapacityResult, row: CapacityRow) -> list[str]:
     if row.at_max_dp is not None:
         notes.append(
             f"min_dp is null: stage {s} never fits at any Nd up to max_dp = {q.max_dp:,}: "
-            f"there it still needs {readable(needed(row.at_max_dp))} > {device} "
-            f"({REPLICATED[row.stage]})"
+            f"there it still needs {readable(needed(row.at_max_dp))} > {device}: "
+            f"{_replicated(row.at_max_dp)}"
         )
     return notes
 

@@ -8,7 +8,7 @@ import pytest
 
 from calculators.architecture import count_params
 from calculators.batch import Batch
-from calculators.capacity import Shape, largest_shape, min_dp, needed
+from calculators.capacity import Shape, grown_params, largest_shape, min_dp, needed
 from calculators.conventions import Engine, OffloadDevice, Precision, Stage
 from calculators.memory import estimate
 from calculators.model_states import Offload, TrainingSetup
@@ -28,6 +28,13 @@ def test_llama2_7b_grown_to_40_layers_is_llama2_13b() -> None:
     # reference code's multiple_of = 256 rounding of 11008 × 5120 / 4096)
     grown = Shape(get_preset("llama2-7b").architecture).at(40)
     assert grown == get_preset("llama2-13b").architecture
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bloom-176b", "llama3-8b", "mixtral-8x7b"])
+@pytest.mark.parametrize("layers", [1, 3, 40])
+def test_grown_params_counts_every_tensor(name: str, layers: int) -> None:
+    arch = Shape(get_preset(name).architecture).at(layers)
+    assert grown_params(arch) == count_params(arch)
 
 
 def test_grown_parameters_never_shrink_with_depth() -> None:
