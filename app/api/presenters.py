@@ -382,6 +382,14 @@ def _capacity_notes(result: CapacityResult, row: CapacityRow) -> list[str]:
     return notes
 
 
+def _grown(name: str, base: Architecture) -> str:
+    return (
+        f"{name} shape: {base.hidden / base.layers:g} hidden per layer ({base.hidden} / "
+        f"{base.layers}), heads {base.d_head} wide, {base.heads // base.n_kv_heads} query "
+        f"head(s) per key/value head, MLP {base.ffn / base.hidden:g} × hidden; other fields kept"
+    )
+
+
 def capacity_response(result: CapacityResult) -> CapacityResponse:
     q = result.search
     device = readable(q.device_memory)
@@ -406,10 +414,7 @@ def capacity_response(result: CapacityResult) -> CapacityResponse:
             if counts_peak
             else f"per-device model states <= device_memory ({device})"
         ),
-        grown=None
-        if q.shape is None
-        else f"{q.shape_name} shape: layers × width at {q.shape.hidden} / {q.shape.layers} "
-        "wide per layer, its head width, grouping and MLP ratio",
+        grown=None if q.shape is None else _grown(q.shape_name, q.shape),
         stages=[
             StageCapacity(
                 stage=int(row.stage),

@@ -217,3 +217,39 @@ def test_capacity_rejects_an_unknown_shape(client: TestClient) -> None:
     r = client.post("/v1/capacity", json={"device_memory": GB, "dp": 1, "shape": "nope"})
     assert r.status_code == 422
     assert r.json()["detail"][0]["field"] == "shape"
+
+
+def test_an_hf_config_model_is_grown_and_named(client: TestClient) -> None:
+    hf = {
+        "model_type": "llama",
+        "num_hidden_layers": 16,
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 8192,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+    }
+    body = {
+        "device_memory": 80 * GIB,
+        "dp": 8,
+        "stages": [3],
+        "engine": "torch",
+        "precision": "mixed_bf16",
+        "model": {"hf_config": hf},
+        "batch": {"micro_batch_size": 1, "seq_len": 2048},
+    }
+    r = client.post("/v1/capacity", json=body)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    (row,) = data["stages"]
+    arch = row["model"]["architecture"]
+    assert data["grown"].startswith("the hf_config's llama shape: 128 hidden per layer")
+    assert row["model"]["name"].startswith("the hf_config's llama shape, ")
+    # 128 hidden per layer, rounded to whole groups of 4 heads of 64 (256 wide)
+    assert arch["hidden"] == round(arch["layers"] * 128 / 256) * 256
+    assert arch["heads"] == arch["hidden"] // 64 == 4 * arch["kv_heads"]
+    assert arch["tied_embeddings"] is True and arch["layers"] > 16
+    assert row["min_dp"] == 1
+    assert _memory_of(client, body, row)["stages"][0]["fits"] is True
