@@ -28,9 +28,10 @@ from calculators.model_states import TrainingSetup
 
 MAX_PARAMS = 10**15
 MAX_DP = 2**20
-# Deepest grown shape searched: 2,048 blocks at llama3-8b's ratio are 262,144 wide (~1.7e15
-# parameters), past MAX_PARAMS; the engines walk every tensor, so depth bounds the work too.
-MAX_GROWN_LAYERS = 2_048
+# Deepest grown shape searched: 512 blocks at llama3-8b's ratio are 65,536 wide (2.9e13
+# parameters, far past any trained model); the engines walk every tensor of every trial, so the
+# depth bounds the work (a second or two per stage under deepspeed).
+MAX_GROWN_LAYERS = 512
 # Llama's reference code rounds the MLP width up to a multiple of 256 (``multiple_of``).
 FFN_MULTIPLE = 256
 
