@@ -163,12 +163,16 @@ def min_dp(
     def fits(n: int) -> bool:
         return needed(estimate(replace(setup, dp=n), [stage]).stages[0]) <= device_memory
 
-    # Per-device bytes never grow with Nd, so "does not fit" holds on a prefix of Nd.
-    if fits(1):
+    # Per-device bytes never grow with Nd, so "does not fit" holds on a prefix of Nd. Doubling
+    # first keeps the trials at small Nd: an engine's work can grow with Nd (ZeRO-1's partition).
+    lo = 0  # the largest Nd known not to fit (0: none tried)
+    hi = 1
+    while not fits(hi):
+        if hi == max_dp:
+            return None
+        lo, hi = hi, min(2 * hi, max_dp)
+    if lo == 0:
         return 1
-    if not fits(max_dp):
-        return None
-    lo, hi = 1, max_dp  # fits(lo) is false, fits(hi) is true
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if fits(mid):

@@ -95,3 +95,16 @@ def test_min_dp_is_the_first_nd_that_fits() -> None:
         needed(estimate(replace(setup, dp=d), [Stage.PARAMETERS]).stages[0]) for d in (n - 1, n)
     ]
     assert fits[0] > 40 * GIB >= fits[1]
+
+
+@pytest.mark.parametrize("max_dp", [1, 3, 13, 14, 64])
+@pytest.mark.parametrize("stage", list(Stage))
+def test_min_dp_equals_a_linear_scan(stage: Stage, max_dp: int) -> None:
+    setup = TrainingSetup(params=70 * 10**9, dp=1)
+    device = 80 * 10**9
+
+    def fits(n: int) -> bool:
+        return needed(estimate(replace(setup, dp=n), [stage]).stages[0]) <= device
+
+    scan = next((n for n in range(1, max_dp + 1) if fits(n)), None)
+    assert min_dp(setup, stage, device, max_dp) == scan
