@@ -85,11 +85,12 @@ def grown_params(arch: Architecture) -> int:
 class Shape:
     """How an architecture grows: one block count sets every width.
 
+    ``width_per_layer`` is the base's hidden size per block; hidden stays a multiple of
+    ``unit`` (head width × query heads per key/value head), so the heads stay whole and the
+    grouping stays the base's; the MLP keeps the base's ratio to hidden.
+
     Attributes:
         base: the architecture whose proportions are kept.
-        width_per_layer: hidden size per block (base hidden / base layers).
-        unit: hidden is a multiple of this (head width × query heads per key/value head), so
-            the heads stay whole and the grouping stays the base's.
     """
 
     base: Architecture
