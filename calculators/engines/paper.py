@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calculators.conventions import PRECISION_BYTES, OffloadDevice, Stage
+from calculators.activations import Regime, activations
+from calculators.conventions import PRECISION_BYTES, OffloadDevice, Precision, Stage
 from calculators.estimates import StageEstimate
 from calculators.model_states import TrainingSetup, ceil_div, model_state_memory
 from calculators.topology import Op
@@ -24,7 +25,9 @@ from calculators.traffic import (
 
 CONVENTION = (
     "paper: ZeRO (arXiv 1910.02054) §5 model states, 2Ψ + 2Ψ + KΨ partitioned over Nd; "
-    "no activations, buffers or allocator overhead"
+    "with an architecture and a batch, peak adds the activations a 16-bit forward keeps "
+    "for backward (Korthikanti et al. 2022 §4, SDPA attention); no buffers or allocator "
+    "overhead"
 )
 TRAFFIC_CONVENTION = (
     "paper: ZeRO (arXiv 1910.02054) §7 — stage 0 all-reduce of gradients (2Ψ); stages 1 "
@@ -42,12 +45,32 @@ class PaperModel:
 
     def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate:
         states = model_state_memory(setup, stage)
+        resident = states.device.total
+        notes = ["temporary_buffers is null: the paper counts no engine buffers"]
+        acts = peak = None
+        if setup.architecture is not None and setup.batch is not None:
+            # everything autograd holds when forward and the loss are done, the paper's 16-bit
+            # activations (34·s·b·h per layer for ffn = 4h) on the first pipeline stage
+            regime = Regime.FP32 if setup.precision is Precision.FP32 else Regime.HALF
+            acts = activations(
+                setup.architecture, setup.batch, regime, tp=setup.tp, pp=setup.pp
+            ).end_of_forward
+            peak = resident + acts
+            notes.append(f"activations in {regime.value} regime; peak = model states + activations")
+        else:
+            notes.append(
+                "activations and peak are null: they need "
+                + ("a batch" if setup.architecture is not None else "an architecture and a batch")
+            )
         return StageEstimate(
             stage=stage,
             device=states.device,
             cpu=states.cpu,
             nvme=states.nvme,
-            resident=states.device.total,
+            resident=resident,
+            activations=acts,
+            peak=peak,
+            notes=tuple(notes),
         )
 
     def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:

@@ -121,7 +121,7 @@ def _ds_stage12(setup: CommunicationSetup, stage: Stage, knobs: Knobs) -> Engine
                 pb * padded(psi, 2 * n),
                 dtype_name(pb, t.precision),
                 dp_group,
-                "updated 16-bit partitions (flat buffer)",
+                "updated parameter partitions (flat buffer)",
             )
         )
     notes = [

@@ -47,7 +47,8 @@ from calculators.parameters import ROOT_GROUP, ParamTensor, architecture_params
 CONVENTION = (
     "torch: what PyTorch's engines allocate on rank 0 (stage 0 DDP, stage 1 DDP + "
     "ZeroRedundancyOptimizer, stage 2/3 FSDP2 fully_shard reshard_after_forward False/True), "
-    "fp32 parameters with bf16/fp16 compute in mixed precision; resident = "
+    "fp32 parameters with bf16/fp16 compute in mixed precision (4 + 4 + 8 B/param with Adam: "
+    "fp32 parameters, fp32 gradients, two fp32 states; no separate master copy); resident = "
     "torch.cuda.memory_allocated between steps after zero_grad(set_to_none=True), peak = "
     "max_memory_allocated within a step; with an architecture and a batch both include "
     "activations, the cuBLAS workspaces, the batch and the loop's last logits and loss, "
