@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.core.config import get_settings
 from app.core.metrics import Metrics
-from app.core.middleware import API_CSP, DOCS_CSP, ConcurrencyLimitMiddleware
+from app.core.middleware import API_CSP, DOCS_CSP, LimitMiddleware
 from app.main import create_app
 
 BODY = {"model": {"params": 7_500_000_000}, "dp": 64}
@@ -98,7 +98,7 @@ def test_concurrency_limit_answers_503_with_retry_after() -> None:
         await send({"type": "http.response.body", "body": b"ok"})
 
     metrics = Metrics()
-    limited = ConcurrencyLimitMiddleware(slow_app, limit=2, retry_after=3, metrics=metrics)
+    limited = LimitMiddleware(slow_app, limit=2, retry_after=3, max_bytes=1000, metrics=metrics)
 
     async def call(path: str) -> list[dict[str, Any]]:
         sent: list[dict[str, Any]] = []
@@ -136,7 +136,7 @@ def test_concurrency_limit_answers_503_with_retry_after() -> None:
 def test_concurrency_limit_comes_from_settings(make_client: Any) -> None:
     client = make_client(max_concurrent_requests="3", busy_retry_after_seconds="5")
     stack = client.app.middleware_stack  # type: ignore[attr-defined]
-    while not isinstance(stack, ConcurrencyLimitMiddleware):
+    while not isinstance(stack, LimitMiddleware):
         stack = stack.app
     assert (stack.limit, stack.retry_after) == (3, 5)
 
