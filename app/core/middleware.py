@@ -31,7 +31,7 @@ UNLIMITED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # JSON answers and everything not HTML: nothing may load, nothing may frame it (OWASP REST
 # Security Cheat Sheet, "Security headers").
 API_CSP = "default-src 'none'; frame-ancestors 'none'"
-# The page (GET /) serves its own scripts and styles, never from a CDN (issue 6).
+# The page (GET /) serves its own scripts and styles, never from a CDN.
 PAGE_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
