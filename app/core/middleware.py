@@ -60,9 +60,10 @@ async def send_problem(
     msg: str,
     headers: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
-    """A JSON error in the shape of ``app.core.errors`` (``{"detail": [{field, msg, type}]}``)."""
+    """A JSON error in the shape of ``app.core.errors`` (``{"detail": [{loc, field, msg, type}]}``)."""
+    where = (["body"], "body") if status == 413 else ([], "")
     body = json.dumps(
-        {"detail": [{"field": "body" if status == 413 else "", "msg": msg, "type": kind}]}
+        {"detail": [{"loc": where[0], "field": where[1], "msg": msg, "type": kind}]}
     ).encode()
     await send(
         {

@@ -49,3 +49,31 @@ def _plain_json(value: dict[str, Any]) -> dict[str, Any]:
 
 JsonObject = Annotated[dict[str, Any], AfterValidator(_plain_json)]
 """A free-form JSON object (config body): finite numbers, at most 16 levels, 10,000 values."""
+
+
+class Problem(BaseModel):
+    """One reason a request was refused."""
+
+    loc: list[str | int] = Field(
+        description="Where: `body`, `query`, `path` or `header`, then the path to the value "
+        "(keys and list indexes); empty when the request as a whole is refused."
+    )
+    field: str = Field(
+        description="The same path written with dots, without the location (`model.preset`, "
+        "`X-API-Key`); empty when the request as a whole is refused."
+    )
+    msg: str = Field(description="Why, in one sentence a person can act on.")
+    type: str = Field(
+        description="A stable name for the kind of problem: a JSON-schema failure as pydantic "
+        "names it (`missing`, `extra_forbidden`, `int_type`, ...), `json_invalid`, `rule` (a "
+        "well-formed request breaking a rule between values that JSON Schema cannot state, "
+        "such as heads dividing hidden), `limit` (over a bound this service sets), "
+        "`unsupported_media_type`, `unauthorized`, `forbidden`, `not_found`, "
+        "`method_not_allowed`, `too_large`, `bad_request`, `queue_full` or `busy`."
+    )
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx and 5xx answer of the API has this body."""
+
+    detail: list[Problem] = Field(description="The problems found, at least one.")
