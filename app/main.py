@@ -6,6 +6,7 @@ import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.resources import files
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import (
@@ -15,10 +16,8 @@ from fastapi.openapi.docs import (
 )
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
-from fastapi_offline.core import _STATIC_PATH as DOCS_ASSETS_DIR
 
 from app.api import openapi
-
 from app.api.routes import (
     capacity,
     communication,
@@ -68,6 +67,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 # swagger-ui-dist and ReDoc bundles with their licences and follows their releases), installed
 # like any dependency: nothing vendored in this tree, and the Docker image carries them too.
 DOCS_ASSETS = "/docs-assets"
+DOCS_ASSETS_DIR = str(files("fastapi_offline") / "static")
 FAVICON = "/web/favicon.svg"
 SWAGGER_PARAMETERS = {
     "validatorUrl": None,  # no badge fetched from validator.swagger.io

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from app.api.examples import EXAMPLES
 from app.core.errors import JSON_HINT
 from app.core.middleware import UNLIMITED_PATHS
 from app.schemas.common import ErrorResponse
@@ -105,6 +106,9 @@ def document(app: FastAPI) -> dict[str, Any]:
                 answer["content"] = {"application/json": {"schema": {"$ref": ERROR_REF}}}
                 if code in (429, 503):
                     answer["headers"] = RETRY_AFTER
+            if method == "post":
+                content = operation["requestBody"]["content"]["application/json"]
+                content["examples"] = EXAMPLES[path]
             if path == "/v1/measure" and method == "post":
                 accepted = responses["202"]
                 accepted["links"] = MEASURE_LINKS

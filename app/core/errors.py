@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 from calculators.errors import InputError
 
@@ -108,10 +109,10 @@ async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         content_type = request.headers.get("content-type")
         if not is_json(content_type):
             given = f"Content-Type is {content_type!r}" if content_type else "no Content-Type"
-            return error_response(
-                415,
-                [problem(["header", "Content-Type"], f"{given}: {JSON_HINT}", "unsupported_media_type")],
+            refusal = problem(
+                ["header", "Content-Type"], f"{given}: {JSON_HINT}", "unsupported_media_type"
             )
+            return error_response(415, [refusal])
     problems = []
     for e in raw[:MAX_PROBLEMS]:
         loc = tuple(e.get("loc", ()))
@@ -153,9 +154,22 @@ def _problems_of(status: int, detail: Any) -> list[dict[str, Any]]:
     return out
 
 
-async def http_error(_: Request, exc: Exception) -> JSONResponse:
+def allowed_methods(request: Request, fallback: str) -> str:
+    """The documented methods at this path (Starlette's 405 names only the first route's)."""
+    for path, operations in request.app.openapi().get("paths", {}).items():
+        if compile_path(path)[0].match(request.url.path):
+            return ", ".join(sorted(m.upper() for m in operations))
+    return fallback
+
+
+async def http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return error_response(exc.status_code, _problems_of(exc.status_code, exc.detail), exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = allowed_methods(request, headers.get("Allow", ""))
+        detail = f"{request.method} is not served here; use {headers['Allow']}"
+        return error_response(405, [problem([], detail, "method_not_allowed")], headers)
+    return error_response(exc.status_code, _problems_of(exc.status_code, exc.detail), headers)
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:

@@ -60,7 +60,7 @@ async def send_problem(
     msg: str,
     headers: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
-    """A JSON error in the shape of ``app.core.errors`` (``{"detail": [{loc, field, msg, type}]}``)."""
+    """A JSON error in the shape of ``app.core.errors`` (``{"detail": [{loc, field, ...}]}``)."""
     where = (["body"], "body") if status == 413 else ([], "")
     body = json.dumps(
         {"detail": [{"loc": where[0], "field": where[1], "msg": msg, "type": kind}]}

@@ -101,9 +101,7 @@ class ModelSpec(StrictModel):
                 {
                     "title": f"Model by {key}",
                     "type": "object",
-                    "properties": {
-                        k: given if k == key else {"type": "null"} for k in MODEL_KEYS
-                    },
+                    "properties": {k: given if k == key else {"type": "null"} for k in MODEL_KEYS},
                     "required": [key],
                     "additionalProperties": False,
                 }
