@@ -7,6 +7,7 @@ import ipaddress
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, Security, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import APIKeyHeader
 
 from app.api.convert import resolve_model
@@ -129,3 +130,23 @@ def measured_params(req: MeasureRequest) -> int:
         return mlp.layers * mlp.hidden * (mlp.hidden + 1)  # Linear(h, h) with bias, per layer
     params, _ = resolve_model(req.model)
     return params
+
+
+def reject_unknown_query(request: Request) -> None:
+    """422 for a query parameter the operation does not take, as bodies refuse unknown fields."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None or not request.query_params or not route.include_in_schema:
+        return
+    known = {p.alias for p in dependant.query_params}
+    for name in request.query_params:
+        if name not in known:
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "extra_forbidden",
+                        "loc": ("query", name),
+                        "msg": "this operation takes no such query parameter",
+                    }
+                ]
+            )

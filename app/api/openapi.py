@@ -30,7 +30,8 @@ REFUSALS: dict[int, str] = {
     404: "No measure job with this id.",
     413: "The request body is larger than ZEROCALC_MAX_BODY_BYTES.",
     415: f"The body is not JSON: {JSON_HINT}.",
-    422: "The request does not fit its schema (`type` as pydantic names it), is not valid JSON "
+    422: "The request does not fit its schema (`type` as pydantic names it; a query parameter "
+    "the operation does not take is `extra_forbidden`), is not valid JSON "
     "(`json_invalid`, with line and column), breaks a rule between values that the schema "
     "cannot state (`rule`), or asks more than this service allows (`limit`). `field` names "
     "the value.",
@@ -62,13 +63,11 @@ MEASURE_LINKS = {
 
 def refusals(path: str, method: str, operation: dict[str, Any]) -> list[int]:
     """The error statuses one operation can answer."""
-    codes = [400, 413]
+    codes = [400, 413, 422]  # 422: every operation refuses query parameters it does not take
     if path not in UNLIMITED_PATHS:
         codes.append(503)
     if "requestBody" in operation:
-        codes += [415, 422]
-    elif operation.get("parameters"):
-        codes.append(422)
+        codes.append(415)
     if operation.get("security"):
         codes += [401, 403]
     if any(p.get("in") == "path" for p in operation.get("parameters", ())):

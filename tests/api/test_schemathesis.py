@@ -41,9 +41,9 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from app.main import create_app
 from tests.api.fakes import fake_runner
 
-EXAMPLES_PER_OPERATION = int(os.environ.get("ZEROCALC_SCHEMATHESIS_EXAMPLES", "150"))
+EXAMPLES_PER_OPERATION = int(os.environ.get("ZEROCALC_SCHEMATHESIS_EXAMPLES", "25"))
 MIN_CASES = 2000
-TIME_BUDGET_S = 120.0  # the generated cases on a 2-core CI machine take about half of it
+TIME_BUDGET_S = 120.0  # about 60 s on 2 idle cores; twice that leaves room for a busy machine
 API_KEY = "schemathesis-key"
 HEADERS = {"X-API-Key": API_KEY}
 
@@ -57,7 +57,7 @@ schema.app = app  # calls go through schemathesis' in-process ASGI client
 schema.location = "/openapi.json"
 OPERATIONS = sum(1 for result in schema.get_all_operations() if result.ok())
 calls: list[tuple[str, int]] = []
-started = time.perf_counter()
+started: list[float] = []  # when the first generated case ran
 
 
 @schemathesis.check
@@ -79,6 +79,7 @@ def valid_data_accepted(ctx: CheckContext, response: Any, case: schemathesis.Cas
 @pytest.fixture(scope="module", autouse=True)
 def _fake_measure_runner() -> Iterator[None]:
     with fake_runner(app, api_key=API_KEY, queue_size=1000):
+        started.append(time.perf_counter())
         yield
         schemathesis_asgi.shutdown_lifespans()  # the job runner stops before its folder goes
 
@@ -132,7 +133,7 @@ def test_enough_cases_in_bounded_time() -> None:
     operations = {label for label, _ in calls}
     if len(operations) < OPERATIONS:
         pytest.skip("not every operation ran (tests deselected)")
-    elapsed = time.perf_counter() - started
+    elapsed = time.perf_counter() - started[0]
     assert len(calls) >= MIN_CASES, f"{len(calls)} cases over {OPERATIONS} operations"
     assert elapsed < TIME_BUDGET_S, f"{len(calls)} cases took {elapsed:.0f} s"
     # every documented link was usable: POST /v1/measure accepted some jobs
