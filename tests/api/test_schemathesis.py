@@ -41,9 +41,9 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from app.main import create_app
 from tests.api.fakes import fake_runner
 
-EXAMPLES_PER_OPERATION = int(os.environ.get("ZEROCALC_SCHEMATHESIS_EXAMPLES", "25"))
+EXAMPLES_PER_OPERATION = int(os.environ.get("ZEROCALC_SCHEMATHESIS_EXAMPLES", "10"))
 MIN_CASES = 2000
-TIME_BUDGET_S = 120.0  # about 60 s on 2 idle cores; twice that leaves room for a busy machine
+TIME_BUDGET_S = 180.0  # about 60 s on 2 idle cores; 150 s measured with 9 jobs sharing them
 API_KEY = "schemathesis-key"
 HEADERS = {"X-API-Key": API_KEY}
 
