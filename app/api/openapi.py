@@ -96,6 +96,12 @@ def document(app: FastAPI) -> dict[str, Any]:
     schemas["ErrorResponse"] = error_schema
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
+    # the free-form hf_config object by name: client generators make one type of it, not one
+    # per place the model appears
+    for form in schemas.get("ModelSpec", {}).get("oneOf", ()):
+        if form["required"] == ["hf_config"]:
+            schemas["HfConfig"] = form["properties"]["hf_config"]
+            form["properties"]["hf_config"] = {"$ref": "#/components/schemas/HfConfig"}
     for path, operations in doc.get("paths", {}).items():
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
