@@ -136,7 +136,9 @@ def reject_unknown_query(request: Request) -> None:
     """422 for a query parameter the operation does not take, as bodies refuse unknown fields."""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)
-    if dependant is None or not request.query_params or not route.include_in_schema:
+    if dependant is None or not request.query_params:
+        return
+    if not getattr(route, "include_in_schema", False):
         return
     known = {p.alias for p in dependant.query_params}
     for name in request.query_params:

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -29,7 +28,10 @@ from tests.api.fakes import fake_runner
 
 GENERATOR = shutil.which("openapi-python-client")
 if GENERATOR is None:
-    pytest.skip("openapi-python-client is missing (pip install openapi-python-client)", allow_module_level=True)
+    pytest.skip(
+        "openapi-python-client is missing (pip install openapi-python-client)",
+        allow_module_level=True,
+    )
 
 PACKAGE = "zerocalc_generated_client"
 API_KEY = "client-key"
@@ -48,7 +50,11 @@ POSTS = {
         "CommunicationRequest",
         "CommunicationResponse",
     ),
-    "/v1/inference": ("memory.inference_v1_inference_post", "InferenceRequest", "InferenceResponse"),
+    "/v1/inference": (
+        "memory.inference_v1_inference_post",
+        "InferenceRequest",
+        "InferenceResponse",
+    ),
     "/v1/measure": ("measure.submit_measure_v1_measure_post", "MeasureRequest", "JobAccepted"),
 }
 
@@ -125,7 +131,10 @@ def test_every_example_through_the_generated_client(generated: ModuleType) -> No
             assert answer.parsed is not None
             if response:
                 assert isinstance(answer.parsed, model(generated, response))
-        for name in ("get_measure_v1_measure_job_id_get", "cancel_measure_v1_measure_job_id_delete"):
+        for name in (
+            "get_measure_v1_measure_job_id_get",
+            "cancel_measure_v1_measure_job_id_delete",
+        ):
             answer = await module(generated, f"measure.{name}").asyncio_detailed(
                 job_ids[0], client=client
             )
@@ -148,19 +157,27 @@ def test_every_refusal_parses_into_the_generated_error_type(generated: ModuleTyp
         typed = await memory.asyncio_detailed(client=client, body=bad)
         assert typed.status_code == 422 and isinstance(typed.parsed, error_type)
         assert typed.parsed.detail[0].field == "stages.0"
-        missing = await module(generated, "measure.get_measure_v1_measure_job_id_get").asyncio_detailed(
-            "no-such-job", client=client
-        )
+        missing = await module(
+            generated, "measure.get_measure_v1_measure_job_id_get"
+        ).asyncio_detailed("no-such-job", client=client)
         assert missing.status_code == 404 and isinstance(missing.parsed, error_type)
         # raw: what a generated client cannot send
         answers[400] = await raw.post(
-            "/v1/memory", content=b"{}", headers={"content-length": "x", "content-type": "application/json"}
+            "/v1/memory",
+            content=b"{}",
+            headers={"content-length": "x", "content-type": "application/json"},
         )
         answers[401] = await raw.get("/v1/measurements", headers={"X-API-Key": "wrong"})
         answers[405] = await raw.put("/v1/memory", json={})
-        answers[413] = await raw.post("/v1/memory", content=b" " * 2_000_000, headers={"content-type": "application/json"})
+        answers[413] = await raw.post(
+            "/v1/memory", content=b" " * 2_000_000, headers={"content-type": "application/json"}
+        )
         answers[415] = await raw.post("/v1/memory", content=b"dp=1")
-        answers[422] = await raw.post("/v1/memory", content=b'{"dp": 1,\n "model": {]}', headers={"content-type": "application/json"})
+        answers[422] = await raw.post(
+            "/v1/memory",
+            content=b'{"dp": 1,\n "model": {]}',
+            headers={"content-type": "application/json"},
+        )
         small = EXAMPLES["/v1/measure"]["mlp_all_stages"]["value"]
         for _ in range(4):  # a queue of 2: some POST is refused with 429
             answer = await raw.post("/v1/measure", json=small)
@@ -184,7 +201,9 @@ def test_every_refusal_parses_into_the_generated_error_type(generated: ModuleTyp
         with fake_runner(app):
             async with app.router.lifespan_context(app):
                 transport = httpx.ASGITransport(app=app)
-                async with httpx.AsyncClient(transport=transport, base_url="http://10.0.0.5") as raw:
+                async with httpx.AsyncClient(
+                    transport=transport, base_url="http://10.0.0.5"
+                ) as raw:
                     return await raw.get("/v1/measurements")
 
     answer = asyncio.run(forbidden())

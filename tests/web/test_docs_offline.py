@@ -90,7 +90,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def offline_page(base_url: str) -> Iterator[tuple[Any, list[str]]]:
+def offline_page() -> Iterator[tuple[Any, list[str]]]:
     """A Chromium page that reaches loopback only; the list collects what else it asked for."""
     blocked: list[str] = []
 
