@@ -68,9 +68,14 @@ class ModelSpec(StrictModel):
 
     params: Params | None = None
     architecture: ArchitectureIn | None = None
-    preset: Annotated[str | None, Field(max_length=64, description="A name from /v1/presets.")] = (
-        None
-    )
+    preset: Annotated[
+        str | None,
+        Field(
+            max_length=64,
+            description="A name from /v1/presets; /v1/measure also builds mlp-{layers}x{hidden} "
+            "(Linear(hidden, hidden) + ReLU layers).",
+        ),
+    ] = None
     hf_config: Annotated[
         JsonObject | None,
         Field(description="The body of a Hugging Face config.json (llama, mistral, gpt2, ...)."),

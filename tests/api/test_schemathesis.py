@@ -128,12 +128,16 @@ TestMeasureWorkflow.settings = settings(
 )
 
 
-def test_enough_cases_in_bounded_time() -> None:
-    """Runs after the generated tests (file order); meaningless when some were deselected."""
+def test_enough_cases_in_bounded_time(record_property: Any) -> None:
+    """Runs after the generated tests (file order); meaningless when some were deselected.
+    The counts go to the JUnit report (``--junitxml``) as properties."""
     operations = {label for label, _ in calls}
     if len(operations) < OPERATIONS:
         pytest.skip("not every operation ran (tests deselected)")
     elapsed = time.perf_counter() - started[0]
+    record_property("cases", len(calls))
+    record_property("seconds", round(elapsed, 1))
+    record_property("refused_4xx", sum(1 for _, status in calls if 400 <= status < 500))
     assert len(calls) >= MIN_CASES, f"{len(calls)} cases over {OPERATIONS} operations"
     assert elapsed < TIME_BUDGET_S, f"{len(calls)} cases took {elapsed:.0f} s"
     # every documented link was usable: POST /v1/measure accepted some jobs
