@@ -165,7 +165,6 @@ def test_measure_is_safe_by_default_on_a_network(
     assert answer.status_code == status, answer.text
     if status == 403:
         assert "ZEROCALC_API_KEY" in answer.json()["detail"][0]["msg"]
-    # the calculators stay open to everyone
     if status in (401, 403):
         assert answer.json()["detail"][0]["field"] == "X-API-Key"
 
