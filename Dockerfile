@@ -1,7 +1,14 @@
 # zerocalc on a GPU node: the API, the web page and the measure runner in one container.
 #
 #   docker build -t zerocalc .
-#   docker run --gpus all --shm-size=8g -p 127.0.0.1:8000:8000 -v zerocalc-data:/data zerocalc
+#   export ZEROCALC_API_KEY="$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+#   docker run --gpus all --shm-size=8g -p 127.0.0.1:8000:8000 -v zerocalc-data:/data \
+#     -e ZEROCALC_API_KEY zerocalc
+#
+# In a container every request arrives over the network: without ZEROCALC_API_KEY the measure
+# endpoints (real GPU jobs) answer 403; with it they need the X-API-Key header.
+# Swagger UI and ReDoc come with the project's dependencies (fastapi-offline), so /docs and
+# /redoc work on a node without internet.
 #
 # The base image brings CUDA 12.8, cuDNN 9 and a CUDA build of torch (what /v1/measure runs);
 # the project is installed on top exactly as the README installs it, minus the README's torch

@@ -6,9 +6,19 @@ import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.resources import files
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.docs import (
+    get_redoc_html,
+    get_swagger_ui_html,
+    get_swagger_ui_oauth2_redirect_html,
+)
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 
+from app.api import openapi
+from app.api.deps import reject_unknown_query
 from app.api.routes import (
     capacity,
     communication,
@@ -53,9 +63,71 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(jobs.stop)
 
 
+# Swagger UI and ReDoc are served from this service, never from a CDN, so /docs works on a GPU
+# node without internet. The files come from the fastapi-offline package (MIT; it ships the
+# swagger-ui-dist and ReDoc bundles with their licences and follows their releases), installed
+# like any dependency: nothing vendored in this tree, and the Docker image carries them too.
+DOCS_ASSETS = "/docs-assets"
+DOCS_ASSETS_DIR = str(files("fastapi_offline") / "static")
+FAVICON = "/web/favicon.svg"
+SWAGGER_PARAMETERS = {
+    "validatorUrl": None,  # no badge fetched from validator.swagger.io
+    "tryItOutEnabled": True,
+    "displayRequestDuration": True,
+}
+
+
+def add_docs(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc, with their scripts, styles and icon from this origin."""
+    app.mount(DOCS_ASSETS, StaticFiles(directory=DOCS_ASSETS_DIR), name="docs-assets")
+    oauth2_redirect = "/docs/oauth2-redirect"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=f"{root}{oauth2_redirect}",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{FAVICON}",
+            swagger_ui_parameters=SWAGGER_PARAMETERS,
+        )
+
+    @app.get(oauth2_redirect, include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{FAVICON}",
+            with_google_fonts=False,
+        )
+
+    # the middleware gives these pages the CSP that lets their start-up script run
+    app.docs_url, app.redoc_url = "/docs", "/redoc"
+    app.swagger_ui_oauth2_redirect_url = oauth2_redirect
+
+
 def create_app() -> FastAPI:
-    app = FastAPI(title="zerocalc", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="zerocalc",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        dependencies=[Depends(reject_unknown_query)],
+    )
     errors.install(app)
+    openapi.install(app)
+    add_docs(app)
     app.state.metrics = Metrics()
     middleware.install(app, get_settings(), app.state.metrics)
     routers = (

@@ -141,3 +141,24 @@ def test_build_context_holds_what_the_image_copies() -> None:
 
 def test_readme_shows_docker_run_with_gpus() -> None:
     assert re.search(r"docker run --gpus all\b", (ROOT / "README.md").read_text())
+
+
+def test_documented_docker_run_and_compose_pass_the_api_key() -> None:
+    """Measure endpoints answer 403 over the network without a key: the documented ways to start
+    the container hand one in."""
+    readme = (ROOT / "README.md").read_text().replace("\\\n", " ")  # continuation lines joined
+    runs = re.findall(r"docker run --gpus all\b[^\n]*", readme)
+    assert runs and all("ZEROCALC_API_KEY" in run for run in runs), runs
+    header = DOCKERFILE.read_text().split("FROM", 1)[0]
+    assert "-e ZEROCALC_API_KEY" in header
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert "ZEROCALC_API_KEY" in compose["services"]["zerocalc"]["environment"]
+
+
+def test_image_carries_the_docs_assets() -> None:
+    """/docs and /redoc are served from the fastapi-offline package, a runtime dependency the
+    image installs with the project (no CDN at run time)."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(Requirement(d).name == "fastapi-offline" for d in deps)
+    assert "pip install" in next(a for w, a in instructions() if w == "RUN" and "pip install" in a)

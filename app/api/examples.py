@@ -1,4 +1,7 @@
-"""Swagger UI examples (``openapi_examples``); the paper's 7.5B / Nd = 64 case comes first."""
+"""Every request example of the API, in one place: Swagger UI shows them and "Try it out" sends
+them (``app.api.openapi`` attaches ``EXAMPLES`` to each POST operation); the tests send each one
+and expect a 2xx. The paper's 7.5B / Nd = 64 case comes first where it applies.
+"""
 
 from __future__ import annotations
 
@@ -91,4 +94,119 @@ CAPACITY_EXAMPLES: dict[str, dict[str, Any]] = {
             "precision": "mixed_bf16",
         },
     },
+}
+
+COMMUNICATION_EXAMPLES: dict[str, dict[str, Any]] = {
+    "paper_figure": {
+        "summary": "ZeRO §7: Ψ = 1e9, Nd = 8, fp16 (3.5e9 / 3.5e9 / 3.5e9 / 5.25e9 bytes)",
+        "value": {"model": {"params": 1_000_000_000}, "dp": 8},
+    },
+    "deepspeed_llama2_7b": {
+        "summary": "Llama 2 7B on 4 × 8 H100, DeepSpeed defaults, NDR InfiniBand",
+        "value": {
+            "model": {"preset": "llama2-7b"},
+            "dp": 32,
+            "precision": "mixed_bf16",
+            "engine": "deepspeed",
+            "gpus_per_node": 8,
+            "interconnect": "nvlink4",
+            "inter_node_interconnect": "ib_ndr",
+        },
+    },
+    "torch_fsdp2_hsdp": {
+        "summary": "FSDP2 with HSDP: shard in a node of 8, replicate across 4 nodes",
+        "value": {
+            "model": {"preset": "llama3-8b"},
+            "dp": 32,
+            "stages": [2, 3],
+            "precision": "mixed_bf16",
+            "engine": "torch",
+            "gpus_per_node": 8,
+            "shard_group_size": 8,
+        },
+    },
+    "custom_link": {
+        "summary": "Two nodes over 100 GbE given as numbers, gradient accumulation 4",
+        "value": {
+            "model": {"params": 1_300_000_000},
+            "dp": 16,
+            "gpus_per_node": 8,
+            "grad_accumulation_steps": 4,
+            "inter_node_interconnect": {"bandwidth": 12.5e9, "latency": 2e-5},
+        },
+    },
+}
+
+SWEEP_EXAMPLES: dict[str, dict[str, Any]] = {
+    "paper_all_stages": {
+        "summary": "ZeRO paper's 7.5B model, stages 0-3, Nd = 1 ... 4096",
+        "value": {"model": {"params": 7_500_000_000}, "dp": 64},
+    },
+    "preset_with_batch": {
+        "summary": "Llama 3 8B with a batch, engine torch, on 80 GB devices",
+        "value": {
+            "model": {"preset": "llama3-8b"},
+            "dp": 8,
+            "dp_values": [1, 2, 4, 8, 16, 32, 64],
+            "precision": "mixed_bf16",
+            "engine": "torch",
+            "batch": {"micro_batch_size": 1, "seq_len": 4096},
+            "device_memory": 80_000_000_000,
+        },
+    },
+}
+
+INFERENCE_EXAMPLES: dict[str, dict[str, Any]] = {
+    "llama2_7b_4k": {
+        "summary": "Llama 2 7B in bf16, one 4096-token sequence",
+        "value": {"model": {"preset": "llama2-7b"}, "context": 4096},
+    },
+    "weights_10b_fp16": {
+        "summary": "A 10B model: weights alone in fp16",
+        "value": {"model": {"params": 10_000_000_000}, "weights": "fp16"},
+    },
+}
+
+# Small enough to finish in seconds on a CPU as on a GPU (a few MB of model states).
+MEASURE_EXAMPLES: dict[str, dict[str, Any]] = {
+    "mlp_all_stages": {
+        "summary": "An MLP of 2 Linear(64, 64), 2 simulated ranks, stages 0-3, one step",
+        "value": {
+            "model": {"preset": "mlp-2x64"},
+            "dp": 2,
+            "mode": "simulated",
+            "steps": 1,
+            "warmup_steps": 1,
+        },
+    },
+    "tiny_transformer": {
+        "summary": "A 2-layer GPT of width 64 with a batch of 2 × 32 tokens, stages 1 and 3",
+        "value": {
+            "model": {
+                "architecture": {
+                    "layers": 2,
+                    "hidden": 64,
+                    "heads": 4,
+                    "vocab_size": 256,
+                    "max_seq_len": 32,
+                }
+            },
+            "dp": 2,
+            "stages": [1, 3],
+            "mode": "simulated",
+            "steps": 1,
+            "warmup_steps": 1,
+            "batch": {"micro_batch_size": 2, "seq_len": 32},
+        },
+    },
+}
+
+# Request examples by path of their POST operation.
+EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
+    "/v1/memory": MEMORY_EXAMPLES,
+    "/v1/memory/sweep": SWEEP_EXAMPLES,
+    "/v1/capacity": CAPACITY_EXAMPLES,
+    "/v1/communication": COMMUNICATION_EXAMPLES,
+    "/v1/inference": INFERENCE_EXAMPLES,
+    "/v1/measure": MEASURE_EXAMPLES,
 }

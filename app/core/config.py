@@ -15,7 +15,20 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ZEROCALC_", extra="ignore")
 
     data_dir: Path = Field(Path("var"), description="Folder for the SQLite store of measurements.")
-    api_key: str | None = Field(None, description="When set, /v1/measure needs X-API-Key.")
+    api_key: str | None = Field(
+        None,
+        description="When set, the measure endpoints need it in X-API-Key. When not set, they "
+        "answer only requests that reach the service on a loopback address (403 otherwise).",
+    )
+    measure_max_world_size: int = Field(
+        8, ge=1, le=65536, description="Largest dp × tp × pp one measure job may ask for."
+    )
+    measure_max_steps: int = Field(
+        120, ge=2, le=10_000, description="Largest steps + warmup_steps of one measure job."
+    )
+    measure_max_params: int = Field(
+        10_000_000_000, ge=1, description="Largest model (parameters) one measure job may build."
+    )
     measure_runner: str = Field(
         "measure.runner:run",
         description="module:function that runs one measurement in the job's child process.",

@@ -37,13 +37,12 @@ PAGE_CSP = (
     "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
     "form-action 'self'; frame-ancestors 'none'"
 )
-# FastAPI's Swagger UI and ReDoc pages load their bundles from jsdelivr and start them from an
-# inline script (fastapi/openapi/docs.py).
+# Swagger UI and ReDoc are served from this origin (app/main.py) and start from an inline script;
+# nothing else may load (ReDoc's footer logo from its CDN stays out, as on an offline host).
 DOCS_CSP = (
-    "default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-    "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
-    "font-src 'self' https://fonts.gstatic.com; img-src 'self' data: https:; "
-    "worker-src 'self' blob:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "font-src 'self'; img-src 'self' data:; worker-src 'self' blob:; object-src 'none'; "
+    "base-uri 'none'; frame-ancestors 'none'"
 )
 SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-content-type-options", b"nosniff"),
@@ -62,9 +61,10 @@ async def send_problem(
     msg: str,
     headers: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
-    """A JSON error in the shape of ``app.core.errors`` (``{"detail": [{field, msg, type}]}``)."""
+    """A JSON error in the shape of ``app.core.errors`` (``{"detail": [{loc, field, ...}]}``)."""
+    where = (["body"], "body") if status == 413 else ([], "")
     body = json.dumps(
-        {"detail": [{"field": "body" if status == 413 else "", "msg": msg, "type": kind}]}
+        {"detail": [{"loc": where[0], "field": where[1], "msg": msg, "type": kind}]}
     ).encode()
     await send(
         {

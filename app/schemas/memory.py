@@ -28,7 +28,13 @@ class TrainingIn(StrictModel):
     tp: Annotated[SmallDegree, Field(description="Tensor-parallel degree.")] = 1
     pp: Annotated[SmallDegree, Field(description="Pipeline-parallel degree.")] = 1
     stages: Annotated[
-        list[StageNumber], Field(min_length=1, max_length=4, description="ZeRO stages, 0 to 3.")
+        list[StageNumber],
+        Field(
+            min_length=1,
+            max_length=4,
+            description="ZeRO stages, 0 to 3.",
+            json_schema_extra={"uniqueItems": True},
+        ),
     ] = [0, 1, 2, 3]
     precision: Precision = Field(
         Precision.MIXED_FP16,

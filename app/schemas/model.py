@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
-from pydantic import Field, StrictBool, StrictInt, model_validator
+from pydantic import Field, GetJsonSchemaHandler, StrictBool, StrictInt, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from app.schemas.common import JsonObject, Params, StrictModel
 from calculators.architecture import Activation, Norm, PositionEmbedding
 from calculators.batch import Checkpointing
+from calculators.presets import PRESETS
+
+MODEL_KEYS = ("params", "architecture", "preset", "hf_config")
+# measure's MLP presets, mlp or mlp-{layers}x{hidden} (measure/mlp_presets.py), within its bounds
+MLP_PRESET_PATTERN = "^mlp(-[1-9][0-9]{0,2}x[1-9][0-9]{0,3})?$"
 
 Dim = Annotated[StrictInt, Field(ge=1, le=1_048_576)]
 
@@ -61,21 +68,59 @@ class ModelSpec(StrictModel):
 
     params: Params | None = None
     architecture: ArchitectureIn | None = None
-    preset: Annotated[str | None, Field(max_length=64, description="A name from /v1/presets.")] = (
-        None
-    )
+    preset: Annotated[
+        str | None,
+        Field(
+            max_length=64,
+            description="A name from /v1/presets; /v1/measure also builds mlp-{layers}x{hidden} "
+            "(Linear(hidden, hidden) + ReLU layers).",
+        ),
+    ] = None
     hf_config: Annotated[
         JsonObject | None,
         Field(description="The body of a Hugging Face config.json (llama, mistral, gpt2, ...)."),
     ] = None
 
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The rule "exactly one of" as ``oneOf``: one form per way of naming the model.
+
+        In each form its own key is required and not null, the other three may only be absent
+        or null, and nothing else may appear, so the document accepts what ``exactly_one``
+        accepts and nothing more.
+        """
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        props: dict[str, Any] = schema["properties"]
+        forms = []
+        for key in MODEL_KEYS:
+            given = {k: v for k, v in props[key].items() if k not in ("anyOf", "default")}
+            given.update(next(s for s in props[key]["anyOf"] if s != {"type": "null"}))
+            if key == "preset":
+                given["anyOf"] = [
+                    {"enum": sorted(PRESETS)},
+                    {"pattern": MLP_PRESET_PATTERN, "description": "measure's MLP (L x h)"},
+                ]
+            forms.append(
+                {
+                    "title": f"Model by {key}",
+                    "type": "object",
+                    "properties": {k: given if k == key else {"type": "null"} for k in MODEL_KEYS},
+                    "required": [key],
+                    "additionalProperties": False,
+                }
+            )
+        return {
+            "title": schema.get("title", cls.__name__),
+            "description": schema.get("description", ""),
+            "type": "object",
+            "oneOf": forms,
+        }
+
     @model_validator(mode="after")
     def exactly_one(self) -> Self:
-        given = [
-            k
-            for k in ("params", "architecture", "preset", "hf_config")
-            if getattr(self, k) is not None
-        ]
+        given = [k for k in MODEL_KEYS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
                 "give exactly one of params, architecture, preset, hf_config"

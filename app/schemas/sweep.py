@@ -23,6 +23,7 @@ class MemorySweepRequest(MemoryRequest):
             min_length=1,
             max_length=MAX_SWEEP_POINTS,
             description=f"Data-parallel degrees to sweep, at most {MAX_SWEEP_POINTS}, each once.",
+            json_schema_extra={"uniqueItems": True},
         ),
     ] = Field(default_factory=lambda: list(POWERS_OF_TWO))
 

@@ -49,6 +49,7 @@ def test_announced_body_over_the_cap_is_413(make_client: Any) -> None:
     )
     assert response.status_code == 413
     assert response.json()["detail"][0] == {
+        "loc": ["body"],
         "field": "body",
         "msg": "the request body is larger than 1000 bytes",
         "type": "too_large",

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from app.api.convert import resolve_model
-from app.api.deps import ApiKeyDep, JobsDep, SettingsDep
+from app.api.deps import ApiKeyDep, JobsDep, SettingsDep, check_measure_limits
 from app.jobs.runner import QueueFull
 from app.jobs.store import JobStatus
 from app.schemas.measure import JobAccepted, JobPublic, JobsPublic, MeasureRequest
@@ -68,6 +68,7 @@ def submit_measure(
 ) -> JobAccepted:
     """Queue a measurement of the real ZeRO engines; poll the Location it answers."""
     check_measurable(request)
+    check_measure_limits(request, settings)
     try:
         job = jobs.submit(
             request.model_dump(mode="json"), settings.measure_runner, settings.job_time_limit_s

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body
 from starlette.concurrency import run_in_threadpool
 
 from app.api.convert import memory_setup
+from app.api.examples import SWEEP_EXAMPLES
 from app.api.presenters import memory_response, per_device
 from app.schemas.sweep import MemorySweepRequest, MemorySweepResponse, StageAtDp, SweepPoint
 from calculators.conventions import Stage
@@ -21,25 +22,6 @@ router = APIRouter(prefix="/v1", tags=["memory"])
 # Computation one sweep may take: the 13-point default costs 1-15 ms on a 2-core machine; an
 # architecture with tens of thousands of tensors (a 256-expert MoE) costs seconds per point.
 SWEEP_BUDGET_S = 5.0
-
-SWEEP_EXAMPLES = {
-    "paper_all_stages": {
-        "summary": "ZeRO paper's 7.5B model, stages 0-3, Nd = 1 ... 4096",
-        "value": {"model": {"params": 7_500_000_000}, "dp": 64},
-    },
-    "preset_with_batch": {
-        "summary": "Llama 3 8B with a batch, engine torch, on 80 GB devices",
-        "value": {
-            "model": {"preset": "llama3-8b"},
-            "dp": 8,
-            "dp_values": [1, 2, 4, 8, 16, 32, 64],
-            "precision": "mixed_bf16",
-            "engine": "torch",
-            "batch": {"micro_batch_size": 1, "seq_len": 4096},
-            "device_memory": 80_000_000_000,
-        },
-    },
-}
 
 
 @router.post("/memory/sweep", response_model=MemorySweepResponse)
