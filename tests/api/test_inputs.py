@@ -108,7 +108,8 @@ def test_openapi_describes_integer_or_unit_string(client: TestClient) -> None:
         ("ModelSpec", "params", ["7.5B", "7.5e9", "124,439,808", "7500000000"], ["7,5B", "7.5GB"]),
         ("CapacityRequest", "device_memory", ["80GiB", "40GB", "1.5 TiB", "123"], ["80G,5", "x"]),
     ]:
-        declared = schemas[schema]["properties"][field]
+        forms = schemas[schema].get("oneOf", [schemas[schema]])  # model: one form per input
+        declared = next(f["properties"][field] for f in forms if field in f.get("properties", {}))
         branches = [b for b in declared["anyOf"] if b.get("type") != "null"]
         if len(branches) == 1 and "anyOf" in branches[0]:  # nullable: anyOf [ours, null]
             branches = branches[0]["anyOf"]
