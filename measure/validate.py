@@ -145,7 +145,7 @@ def part_peak(tiny: bool, device: str) -> list[tuple[str, dict[str, Any]]]:
                     "mode": "simulated",
                     "device": device,
                     "batch": dict(batch, activation_checkpointing=ckpt),
-                    "steps": 0,
+                    "steps": 1,
                     "warmup_steps": 2,
                 }
                 out.append((f"{name} ckpt={ckpt}", run(spec, _log)))
