@@ -1,4 +1,5 @@
-"""Real DeepSpeed ZeRO (``engine: "deepspeed"``), run as ``bench/validate_deepspeed.py`` runs it.
+"""Real DeepSpeed ZeRO (``engine: "deepspeed"``): what ``/v1/measure`` and
+``bench/validate_deepspeed.py`` both run.
 
 The workload's module is built in fp32 on the CPU and handed to ``deepspeed.initialize`` with a
 client torch optimizer (``zero_allow_untested_optimizer``), the fp16 or bf16 section the
@@ -11,6 +12,9 @@ DeepSpeed user writes and that ``calculators.engines.deepspeed`` models::
     logits = engine(x)
     loss = F.cross_entropy(logits.float().view(-1, V), y.view(-1))
     engine.backward(loss); engine.step()
+
+(a Hugging Face model: ``loss = engine(input_ids=x, labels=x).loss``). Collectives are counted
+per phase of the loop (forward, backward, step).
 
 ``resident`` is the allocation after the recorded step over the baseline read before the engine
 exists, with the loop still holding ``logits``, ``loss``, ``x`` and ``y``; ``peak`` the highest
@@ -140,14 +144,17 @@ def _measure(
         with counter if recorded else contextlib.nullcontext():
             for micro in range(plan.grad_accumulation_steps):  # DeepSpeed steps at the boundary
                 x, y = workload.make_batch(device, gen)
+                counter.phase = "forward"
                 logits, loss = workload.forward(engine, x, y)
                 if recorded and micro == 0:
                     sync(device)
                     phases["after_forward"] = mem.allocated() - baseline
+                counter.phase = "backward"
                 engine.backward(loss)
                 if recorded and micro == plan.grad_accumulation_steps - 1:
                     sync(device)
                     phases["after_backward"] = mem.allocated() - baseline
+                counter.phase = "step"
                 engine.step()
             sync(device)
     sync(device)
@@ -190,6 +197,7 @@ def _measure(
         "reserved": reserved,
         "nvml_used": nvml,
         "skipped_steps": skipped,
+        "loss": float(loss.item()) if isinstance(loss, torch.Tensor) else None,
         "components": {
             "engine_buffers_and_other": resident
             - held_bytes
