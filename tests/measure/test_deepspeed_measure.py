@@ -148,9 +148,7 @@ def test_deepspeed_config_for_fp16() -> None:
 @pytest.mark.usefixtures("with_deepspeed")
 def test_communication_follows_the_engine() -> None:
     ms = parse_spec(_spec(dp=4, stages=[2]))
-    pred = predicted_communication(
-        _setup(ms, 4, Stage.GRADIENTS), Stage.GRADIENTS
-    )
+    pred = predicted_communication(_setup(ms, 4, Stage.GRADIENTS), Stage.GRADIENTS)
     assert pred["source"] == "calculators.communication (engine deepspeed)"
     assert pred["sent_bytes_per_rank"] > 0
 
