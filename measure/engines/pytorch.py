@@ -240,9 +240,16 @@ def _measure(
 
     parts: dict[str, int] = {}
 
+    phase_peaks: dict[str, int] = {}
+    peak_names = {"after_forward": "forward", "after_backward": "backward", "after_step": "step"}
+
     def probe(phase: str) -> None:
         sync(device)
         phases[phase] = mem.allocated()
+        if phase in peak_names and cuda:
+            # the highest allocation since the previous probe: which moment holds the peak
+            phase_peaks[peak_names[phase]] = max(mem.peak() or 0, phases[phase])
+            mem.reset_peak()
         if phase == "after_zero_grad":
             parts["requested"] = mem.requested()
             parts["held_outputs"] = sum(t.untyped_storage().nbytes() for t in held)
@@ -253,10 +260,11 @@ def _measure(
             parts["parameters"] = found["parameters"]
             parts["optimizer_states"] = found["optimizer_states"]
 
+    cuda = device.type == "cuda"
     mem.reset_peak()
     step(probe)
     sync(device)
-    peak = mem.peak()
+    peak = max([mem.peak() or 0, *phase_peaks.values()]) if cuda else None
     reserved = mem.reserved()
     nvml = mem.nvml_used()
 
@@ -270,7 +278,6 @@ def _measure(
     resident = phases["after_zero_grad"]
     held_bytes = parts["held_outputs"]  # the loop's last logits and loss, not the engine's
     kept = resident - baseline - held_bytes
-    cuda = device.type == "cuda"
     measured: dict[str, Any] = {
         "resident": resident,
         "model_state_resident": kept,
@@ -290,6 +297,8 @@ def _measure(
             "engine_buffers_and_other": kept - parts["parameters"] - parts["optimizer_states"],
         },
     }
+    if cuda:  # forward: to the first micro-batch's loss; backward: to the last backward's end
+        measured["phase_peaks"] = phase_peaks
     return {
         "engine_name": engine.name,
         "measured": measured,
