@@ -316,7 +316,7 @@ def _batch(body: Any) -> Batch | None:
 
 
 def _engine(body: Mapping[str, Any]) -> Engine:
-    engine = _enum(Engine, body.get("engine") or "torch", "engine")
+    engine: Engine = _enum(Engine, body.get("engine") or "torch", "engine")
     if engine is Engine.DEEPSPEED:
         if not deepspeed_available():
             raise InputError(
