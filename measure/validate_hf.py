@@ -100,8 +100,16 @@ def _distributed(a: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     rank, world = dist.get_rank(), dist.get_world_size()
     label = f"nccl_nd{world}" if cuda else f"gloo_nd{world}"
     results: list[dict[str, Any]] = []
+    start = time.perf_counter()
     try:
         for family, engine, ckpt in _cases(a, tuple(a.engines)):
+            # rank 0's clock decides for every rank, so all of them stop at the same case
+            go = torch.tensor([float(time.perf_counter() - start < a.budget_s)], device=device)
+            dist.broadcast(go, 0)
+            if not go.item():
+                if rank == 0:
+                    sys.stderr.write(f"budget spent: skipping {family} {engine} ckpt={ckpt}\n")
+                continue
             ms = parse_spec(_body(family, engine, ckpt, a, world, "distributed"))
             t0 = time.perf_counter()
             runs = _stage_runs(
@@ -124,9 +132,12 @@ def _distributed(a: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
 def _simulated(a: argparse.Namespace, nd: int) -> list[dict[str, Any]]:
     from measure.runner import run
 
-    results = []
+    results: list[dict[str, Any]] = []
     label = f"simulated_nd{nd}"
     for family, engine, ckpt in _cases(a, ("torch",)):  # DeepSpeed needs a real group
+        if time.perf_counter() - a.start > a.budget_s:
+            sys.stderr.write(f"budget spent: skipping {family} {engine} ckpt={ckpt} Nd {nd}\n")
+            continue
         result = run(
             _body(family, engine, ckpt, a, nd, "simulated"), _logger(0, family, engine, ckpt)
         )
@@ -149,10 +160,22 @@ def _logger(rank: int, family: str, engine: str, ckpt: str) -> Any:
     return log
 
 
+def _stem(a: argparse.Namespace, label: str) -> str:
+    """``hf_<world>``, with the engines where a run leaves some out (so runs never collide)."""
+    engines = ["torch"] if label.startswith("simulated") else a.engines
+    suffix = (
+        ""
+        if set(engines) == set(ENGINES) or label.startswith("simulated")
+        else "_" + "_".join(engines)
+    )
+    return f"hf_{label}{suffix}"
+
+
 def _write(a: argparse.Namespace, label: str, results: list[dict[str, Any]]) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"hf_{label}.json").write_text(json.dumps({"world": label, "cases": results}, indent=1))
+    body = {"world": label, "size": a.size, "cases": results}
+    (out / f"{_stem(a, label)}.json").write_text(json.dumps(body, indent=1))
 
 
 def _pct(x: float | None) -> str:
@@ -199,13 +222,17 @@ def table(label: str, cases: list[dict[str, Any]]) -> str:
         "|---|---:|---|---|---:|",
     ]
     for family, fam in errs.items():
-        res = [abs(x) for x in fam["resident"]]
-        peak = [abs(x) for x in fam["peak"]]
+
+        def summary(values: list[float]) -> str:
+            if not values:
+                return "n/a"
+            absolute = [abs(x) for x in values]
+            return f"{100 * statistics.median(absolute):.2f} / {100 * max(absolute):.2f}"
+
+        lowest = f"{100 * min(fam['peak']):+.2f}" if fam["peak"] else "n/a"
         lines.append(
-            f"| {family} | {len(res)} | "
-            f"{100 * statistics.median(res) if res else 0:.2f} / {100 * max(res, default=0):.2f} "
-            f"| {100 * statistics.median(peak) if peak else 0:.2f} / "
-            f"{100 * max(peak, default=0):.2f} | {100 * min(fam['peak'], default=0):+.2f} |"
+            f"| {family} | {len(fam['resident'])} | {summary(fam['resident'])} "
+            f"| {summary(fam['peak'])} | {lowest} |"
         )
     return "\n".join(lines)
 
@@ -223,7 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument(
+        "--budget-s", type=float, default=1e9, help="start no case after this many seconds"
+    )
     a = ap.parse_args(argv)
+    a.start = time.perf_counter()
     a.families = [f for f in a.families.split(",") if f]
     a.engines = [e for e in a.engines.split(",") if e]
     a.checkpointing = [c for c in a.checkpointing.split(",") if c]
@@ -238,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, results in worlds:
         text = table(label, results)
         sys.stdout.write(text + "\n\n")
-        (Path(a.out) / f"hf_{label}.md").write_text(text + "\n")
+        (Path(a.out) / f"{_stem(a, label)}.md").write_text(text + "\n")
     return 0
 
 
