@@ -462,6 +462,6 @@ def check_cpu_cost(spec: MeasureSpec, params: int, flops_per_s: float) -> float:
             f"on this host's CPU the run needs at least {math.ceil(seconds)} s of arithmetic "
             f"({cpu_flops(spec, params):.3g} FLOP at {flops_per_s:.3g} FLOP/s; limit "
             f"{CPU_LIMIT_S:.0f} s): use a GPU, a smaller model or batch, fewer stages or steps, "
-            "or send allow_slow_cpu: true",
+            "or ask for it: allow_slow_cpu: true (python -m measure --allow-slow-cpu)",
         )
     return seconds

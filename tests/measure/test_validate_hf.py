@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 from measure import validate_hf  # noqa: E402
 
 
+@pytest.mark.slow
 def test_simulated_run_writes_json_and_table(tmp_path: Path) -> None:
     args = ["--simulated", "4", "--size", "tiny", "--device", "cpu", "--families", "llama"]
     args += ["--checkpointing", "full", "--seq-len", "16", "--micro-batch-size", "1"]
