@@ -33,7 +33,7 @@ def main() -> int:
         "mode": "simulated",
         "device": device,
         "batch": {"micro_batch_size": 4, "seq_len": 1024},
-        "steps": 0,
+        "steps": 1,
         "warmup_steps": 2,
     }
     t0 = time.perf_counter()

@@ -5,10 +5,12 @@ Measure (on GPUs, one process per GPU)::
     NCCL_NVLS_ENABLE=0 DS_ACCELERATOR=cuda python3 -m torch.distributed.run --nproc_per_node 2 \
         bench/validate_deepspeed.py run --out results.json
 
-Each configuration (model × precision × stage × optimizer offload) builds the canonical decoder
+Each configuration (model × precision × stage × optimizer offload) runs through the path
+``/v1/measure`` ships: the config body from :mod:`measure.engines.deepspeed_config`, the run
+from :func:`measure.engines.deepspeed.measure_stage` — the canonical decoder
 (``measure.workloads.GPT``: GPT-2-style, learned positions, LayerNorm, biased linears, 4h GELU
-MLP, SDPA causal attention, untied bias-free head), hands it to ``deepspeed.initialize`` with a
-client ``torch.optim.Adam`` and runs warm-up steps, then one measured step of the plain loop::
+MLP, SDPA causal attention, untied bias-free head) handed to ``deepspeed.initialize`` with a
+client ``torch.optim.Adam``, warm-up steps, then one measured step of the plain loop::
 
     logits = engine(x)
     loss = F.cross_entropy(logits.float().view(-1, V), y.view(-1))
@@ -17,8 +19,10 @@ client ``torch.optim.Adam`` and runs warm-up steps, then one measured step of th
 Rank 0 records ``memory_allocated`` after the step (resident: the loop still holds ``logits``,
 ``loss``, ``x``, ``y``) and ``max_memory_allocated`` over the step after
 ``reset_peak_memory_stats`` (peak), plus every collective DeepSpeed issues during the measured
-step (``torch.distributed`` functions wrapped before DeepSpeed binds them). Between
+step, per phase (``measure.comms``: the c10d ops as dispatched), then one timed step. Between
 configurations everything is freed, including the cuBLAS workspaces, so each one starts empty.
+The committed results written by the earlier standalone driver (absolute readings, the
+``torch.distributed`` function names) are read by ``report`` the same way.
 
 Compare (anywhere, pure Python)::
 
@@ -33,7 +37,6 @@ import json
 import os
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -114,199 +117,82 @@ def configs(models: list[str]) -> list[dict[str, Any]]:
 
 
 def ds_config(c: dict[str, Any], micro_batch: int) -> dict[str, Any]:
-    zero: dict[str, Any] = {"stage": c["stage"], **c.get("zero", {})}
-    cfg: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": c.get("ga", 1),
-        c["precision"]: {"enabled": True},
-        "zero_optimization": zero,
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 1_000_000,
-    }
-    if c["offload"]:
-        zero["offload_optimizer"] = {"device": "cpu"}
-        cfg["zero_force_ds_cpu_optimizer"] = False  # a client torch.optim.Adam (engine.py:2341)
-    return cfg
+    """The body one configuration runs with, built by the measure path
+    (:func:`measure.engines.deepspeed_config.deepspeed_config`, what ``/v1/measure`` sends)."""
+    from calculators.conventions import Precision, Stage
+    from measure.engines.deepspeed_config import deepspeed_config
 
-
-# --- collective counting ---------------------------------------------------------------------
-
-PHASE = {"name": None}
-COLLECTIVES: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
-
-
-def _wrap(name: str, tensor_arg: int, key: str) -> None:
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    original = getattr(dist, name, None)
-    if original is None:
-        return
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if PHASE["name"] is not None:
-            t = kwargs.get(key, args[tensor_arg] if len(args) > tensor_arg else None)
-            if isinstance(t, (list, tuple)):
-                numel = sum(x.numel() for x in t)
-                elem = t[0].element_size() if t else 0
-                dtype = str(t[0].dtype) if t else "?"
-            else:
-                numel, elem, dtype = t.numel(), t.element_size(), str(t.dtype)
-            entry = COLLECTIVES[(name, PHASE["name"], dtype.replace("torch.", ""))]
-            entry[0] += 1
-            entry[1] += numel * elem
-        return original(*args, **kwargs)
-
-    setattr(dist, name, wrapped)
-    if getattr(c10d, name, None) is original:
-        setattr(c10d, name, wrapped)
-
-
-def install_counters() -> None:
-    """Wrap the collectives DeepSpeed's TorchBackend calls; payload = the whole tensor."""
-    _wrap("all_reduce", 0, "tensor")
-    _wrap("broadcast", 0, "tensor")
-    _wrap("reduce", 0, "tensor")
-    _wrap("all_gather_into_tensor", 0, "output_tensor")  # output = N x shard
-    _wrap("_all_gather_base", 0, "output_tensor")
-    _wrap("reduce_scatter_tensor", 1, "input")  # input = N x shard
-    _wrap("_reduce_scatter_base", 1, "input")
-    _wrap("all_gather", 0, "tensor_list")
-    _wrap("reduce_scatter", 1, "input_list")
-    _wrap("all_to_all_single", 1, "input")
+    return deepspeed_config(
+        Stage(c["stage"]),
+        Precision.MIXED_BF16 if c["precision"] == "bf16" else Precision.MIXED_FP16,
+        micro_batch,
+        c.get("ga", 1),
+        {"optimizer": "cpu" if c["offload"] else "none"},
+        {"zero_optimization": dict(c["zero"])} if c.get("zero") else None,
+    )
 
 
 # --- one configuration -------------------------------------------------------------------------
 
 
-class Mem:
-    """torch.cuda memory counters, or zeros on a CPU smoke test."""
+def clear_device() -> None:
+    """Free everything, the cuBLAS workspaces included, so the next configuration starts empty."""
+    import torch
 
-    def __init__(self) -> None:
-        import torch
-
-        self.cuda = torch.cuda.is_available()
-        self.torch = torch
-
-    def sync(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-
-    def alloc(self) -> int:
-        return self.torch.cuda.memory_allocated() if self.cuda else 0
-
-    def peak(self) -> int:
-        return self.torch.cuda.max_memory_allocated() if self.cuda else 0
-
-    def requested(self) -> int:
-        """Bytes the tensors asked for, before the allocator's rounding and block reuse."""
-        if not self.cuda:
-            return 0
-        return int(self.torch.cuda.memory_stats().get("requested_bytes.all.current", 0))
-
-    def reset(self) -> None:
-        if self.cuda:
-            self.torch.cuda.reset_peak_memory_stats()
-
-    def clear(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-            self.torch._C._cuda_clearCublasWorkspaces()
-            self.torch.cuda.empty_cache()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
 
 
 def run_one(c: dict[str, Any], rank: int) -> dict[str, Any]:
-    import deepspeed
+    """One configuration through the shipped measure path (``measure.engines.deepspeed``)."""
     import torch
 
-    from measure.workloads import GPT, fp32_cross_entropy
+    from calculators.conventions import Optimizer, Stage
+    from measure.engines import deepspeed as ds_engine
+    from measure.spec import StepPlan
+    from measure.workloads import gpt_workload
 
     arch, micro_batch, seq = MODELS.get(c["model"], TINY)
-    torch.manual_seed(0)
-    model = GPT(arch)  # fp32 on the CPU; DeepSpeed moves and casts it
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    mem = Mem()
-    dev = torch.device("cuda", torch.cuda.current_device()) if mem.cuda else torch.device("cpu")
-    base = mem.alloc()
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=opt, config=ds_config(c, micro_batch)
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    workload = gpt_workload(arch, micro_batch, seq)
+    plan = StepPlan(warmup_steps=WARMUP, steps=1, grad_accumulation_steps=c.get("ga", 1))
+    out = ds_engine.measure_stage(
+        workload, Stage(c["stage"]), Optimizer.ADAM, dev, plan, ds_config(c, micro_batch), rank
     )
-    gen = torch.Generator().manual_seed(rank)
-
-    def batch() -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randint(0, arch.vocab_size, (micro_batch, seq), generator=gen).to(dev)
-        y = torch.randint(0, arch.vocab_size, (micro_batch, seq), generator=gen).to(dev)
-        return x, y
-
-    phase_peaks: dict[str, int] = defaultdict(int)
-    x = y = logits = loss = None
-    ga = c.get("ga", 1)
-    for i in range(WARMUP + 1):
-        measured = i == WARMUP
-        if measured:
-            mem.sync()
-            COLLECTIVES.clear()
-            mem.reset()
-            start_alloc = mem.alloc()
-        for _ in range(ga):  # engine.step() every micro-batch; it steps at the boundary
-            x, y = batch()
-            PHASE["name"] = "forward" if measured else None
-            logits = engine(x)
-            loss = fp32_cross_entropy(logits, y)
-            if measured:
-                mem.sync()
-                phase_peaks["forward"] = max(phase_peaks["forward"], mem.peak())
-                mem.reset()
-                PHASE["name"] = "backward"
-            engine.backward(loss)
-            if measured:
-                mem.sync()
-                phase_peaks["backward"] = max(phase_peaks["backward"], mem.peak())
-                after_backward = mem.alloc()
-                mem.reset()
-                PHASE["name"] = "step"
-            engine.step()
-            if measured:
-                mem.sync()
-                phase_peaks["step"] = max(phase_peaks["step"], mem.peak())
-                mem.reset()
-                PHASE["name"] = None
-    resident = mem.alloc()
+    m = out["measured"]
+    base = m["baseline"]
     result = {
         **c,
         "dp": torch.distributed.get_world_size(),
         "micro_batch": micro_batch,
         "seq_len": seq,
-        "params": sum(
-            p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()
-        ),
+        "params": workload.params,
+        # absolute allocator readings, as the committed results hold them
         "baseline": base,
-        "start_of_step": start_alloc,
-        "after_backward": after_backward,
-        "resident": resident,
-        "peak": max(phase_peaks.values()),
-        "phase_peaks": dict(phase_peaks),
-        "requested_resident": mem.requested(),
-        "skipped_steps": int(getattr(engine, "skipped_steps", 0)),
-        "optimizer": type(engine.optimizer).__name__,
-        "loss": float(loss.item()),
+        "after_backward": base + m["after_backward"],
+        "resident": base + m["resident"],
+        "peak": base + (m["peak"] or 0),
+        "requested_resident": m["model_state_requested"] + m["held_outputs"],
+        "skipped_steps": m["skipped_steps"],
+        "optimizer": out["engine_name"].split()[-1],
+        "loss": m["loss"],
+        "step_time_s": out["step_time_s"],
+        "sent_bytes_per_rank": out["measured_sent_bytes_per_rank"],
         "collectives": [
-            {"op": k[0], "phase": k[1], "dtype": k[2], "calls": v[0], "payload_bytes": v[1]}
-            for k, v in sorted(COLLECTIVES.items())
+            {k: r[k] for k in ("op", "phase", "dtype", "calls", "payload_bytes")}
+            for r in out["collectives"]
         ],
     }
-    del x, y, logits, loss
-    if hasattr(engine, "destroy"):
-        engine.destroy()
-    del engine, opt, model
-    gc.collect()
-    mem.clear()
-    result["leftover"] = mem.alloc()
+    clear_device()
+    result["leftover"] = torch.cuda.memory_allocated() if cuda else 0
     return result
 
 
 def run(out: Path, budget_s: float, only: str | None, which: str) -> None:
-    install_counters()  # before deepspeed binds torch.distributed functions
     import deepspeed
     import torch
 
@@ -333,8 +219,7 @@ def run(out: Path, budget_s: float, only: str | None, which: str) -> None:
             r = run_one(c, rank)
         except Exception as exc:  # report and go on: one failing config must not hide the rest
             r = {**c, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-            gc.collect()
-            Mem().clear()
+            clear_device()
         r["seconds"] = round(time.time() - t0, 1)
         results.append(r)
         if rank == 0:
@@ -345,6 +230,7 @@ def run(out: Path, budget_s: float, only: str | None, which: str) -> None:
                         "torch": torch.__version__,
                         "deepspeed": deepspeed.__version__,
                         "device": torch.cuda.get_device_name() if cuda else "cpu",
+                        "driver": "measure.engines.deepspeed",
                         "results": results,
                     },
                     indent=1,
@@ -413,6 +299,7 @@ OPS = {
     "all_gather": "all_gather",
     "reduce_scatter": "reduce_scatter",
     "all_to_all_single": "all_to_all",
+    "all_to_all": "all_to_all",  # measure.comms names each collective by its kind
 }
 
 

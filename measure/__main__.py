@@ -1,8 +1,9 @@
-"""``python -m measure``: measure the torch engines without the service, JSON on stdout.
+"""``python -m measure``: measure the engines without the service, JSON on stdout.
 
 Examples::
 
     python -m measure --preset gpt2 --dp 8 --mode simulated --device cuda
+    python -m measure --hf-config config.json --dp 8 --mode simulated --stages 3   # transformers
     python -m measure --architecture '{"layers": 2, "hidden": 256, "heads": 4,
         "vocab_size": 1024, "max_seq_len": 128}' --dp 4 --precision fp32 --device cpu
     torchrun --nproc-per-node 8 -m measure --preset gpt2 --dp 8   # one rank per GPU, any nodes
@@ -28,6 +29,7 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     model.add_argument("--spec", help="path to a whole POST /v1/measure body (JSON)")
     p.add_argument("--dp", type=int, default=1)
     p.add_argument("--stages", default="0,1,2,3")
+    p.add_argument("--engine", default="torch", choices=["torch", "deepspeed"])
     p.add_argument("--precision", default="mixed_bf16")
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--mode", default="auto", choices=["simulated", "distributed", "auto"])
@@ -38,6 +40,11 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--grad-accumulation-steps", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument(
+        "--allow-slow-cpu",
+        action="store_true",
+        help="run on the CPU even when the run's arithmetic alone takes over a minute there",
+    )
     a = p.parse_args(argv)
     if a.spec:
         with open(a.spec) as f:
@@ -55,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         "stages": [int(s) for s in a.stages.split(",") if s.strip()],
         "precision": a.precision,
         "optimizer": a.optimizer,
-        "engine": "torch",
+        "engine": a.engine,
+        "allow_slow_cpu": a.allow_slow_cpu,
         "mode": a.mode,
         "device": a.device,
         "steps": a.steps,

@@ -50,6 +50,7 @@ class CollectiveRecord:
 
     op: str
     dtype: str
+    phase: str | None = None
     calls: int = 0
     elements: int = 0
     payload_bytes: int = 0
@@ -58,6 +59,7 @@ class CollectiveRecord:
     def as_dict(self) -> dict[str, Any]:
         return {
             "op": self.op,
+            **({} if self.phase is None else {"phase": self.phase}),
             "dtype": self.dtype,
             "calls": self.calls,
             "elements": self.elements,
@@ -71,7 +73,8 @@ class CommCounter(TorchDispatchMode):
     """Records c10d collectives dispatched while active (group size ``world``)."""
 
     world: int
-    records: dict[tuple[str, str], CollectiveRecord] = field(default_factory=dict)
+    records: dict[tuple[str, str | None, str], CollectiveRecord] = field(default_factory=dict)
+    phase: str | None = None  # the loop's phase (forward, backward, step), where it sets one
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -103,7 +106,9 @@ class CommCounter(TorchDispatchMode):
             return
         payload = sum(t.numel() * t.element_size() for t in buf)
         dtype = str(buf[0].dtype).removeprefix("torch.")
-        rec = self.records.setdefault((op, dtype), CollectiveRecord(op, dtype))
+        rec = self.records.setdefault(
+            (op, self.phase, dtype), CollectiveRecord(op, dtype, self.phase)
+        )
         rec.calls += 1
         rec.elements += sum(t.numel() for t in buf)
         rec.payload_bytes += payload

@@ -8,39 +8,31 @@ mode, device, and optionally steps / warmup_steps / seed). The result is JSON-ab
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from calculators.architecture import Activation, Architecture, Norm, PositionEmbedding
-from calculators.batch import Batch, Checkpointing
-from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
+from calculators.conventions import Engine, Stage
 from calculators.errors import InputError
-from calculators.hf_config import architecture_from_hf_config
-from calculators.model_states import Offload, TrainingSetup
-from calculators.presets import get_preset
-from measure import deepspeed_engine
+from calculators.model_states import TrainingSetup
 from measure.compare import compare_run
-from measure.engines import half_dtype, root_reshards_after_forward
-from measure.mlp_presets import mlp_preset
-from measure.session import StepPlan, measure_stage, runtime_warmup
-from measure.workloads import Workload, gpt_workload, mlp_workload
+from measure.engines.pytorch import half_dtype, root_reshards_after_forward
+from measure.session import runtime_warmup
+from measure.spec import MeasureSpec, ModelKind, check_cpu_cost, model_params, parse_spec
+from measure.workloads import Workload, build_workload
 
 Progress = Callable[[float, str], None]
-MODES = ("simulated", "distributed", "auto")
-DEVICES = ("cuda", "cpu", "auto")
-DEFAULT_MICRO_BATCH = 1
-DEFAULT_SEQ_LEN = 512
 
 
 def _noop(_fraction: float, _message: str) -> None:
@@ -48,224 +40,92 @@ def _noop(_fraction: float, _message: str) -> None:
 
 
 @dataclass(frozen=True)
-class MeasureSpec:
-    """A validated request."""
+class RunSettings:
+    """What the run itself decides, beyond the request, that the prediction must know.
 
-    workload: Workload
-    dp: int
-    stages: tuple[Stage, ...]
-    precision: Precision
-    optimizer: Optimizer
-    mode: str
-    device: str
-    plan: StepPlan
-    batch: Batch | None
-    seed: int = 0
-    engine: Engine = Engine.TORCH
-    offload: Mapping[str, Any] = field(default_factory=dict)
-    engine_config: Mapping[str, Any] = field(default_factory=dict)
+    Attributes:
+        device_type: ``cuda`` or ``cpu`` (no cuBLAS workspaces on the CPU).
+        compute_capability_major: the GPU's (sizes cuBLAS workspaces); ``None`` on the CPU.
+        holds_outputs: the loop keeps its last logits and loss between steps.
+        fsdp_root_reshards_after_forward: this torch's FSDP2 reshards the root when told to.
+        linear_patched: an earlier DeepSpeed stage-3 engine of this process replaced
+            ``F.linear`` (no cuBLASLt workspace in later engines).
+        tensors: the built module's parameter list (name, shape, FSDP group), where it is not
+            the canonical decoder the calculator derives from an architecture.
+    """
 
+    device_type: str
+    compute_capability_major: int | None
+    holds_outputs: bool
+    fsdp_root_reshards_after_forward: bool
+    linear_patched: bool = False
+    tensors: tuple[tuple[str, tuple[int, ...], str], ...] | None = None
 
-def _enum(kind: type[Any], value: Any, name: str) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(str(m.value) for m in kind)
-        raise InputError(name, f"{value!r} is not one of {allowed}") from None
-
-
-def _int(spec: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = spec.get(key, default)
-    if value is None:
-        value = default
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InputError(key, f"must be an integer in {lo}..{hi}")
-    return value
-
-
-def _flag(spec: Mapping[str, Any], key: str, default: bool = False) -> bool:
-    value = spec.get(key, default)
-    if not isinstance(value, bool):
-        raise InputError(key, "must be true or false")
-    return value
+    def engine_config(self, engine: Engine, ds_body: dict[str, Any] | None) -> dict[str, Any]:
+        """The calculator's ``engine_config`` keys for these facts (its input format)."""
+        config: dict[str, Any] = {"holds_outputs": self.holds_outputs}
+        if engine is Engine.DEEPSPEED:
+            config.update(ds_body or {})
+            if self.device_type != "cuda" or self.linear_patched:
+                config["cublaslt_workspace_bytes"] = 0  # no cuBLASLt, or F.linear replaced
+        else:
+            config["fsdp_root_reshard_after_forward"] = self.fsdp_root_reshards_after_forward
+        if self.compute_capability_major is not None:
+            config["compute_capability_major"] = self.compute_capability_major
+        if self.device_type != "cuda":
+            config["cublas_workspace_bytes"] = 0  # no cuBLAS on the CPU
+        if self.tensors is not None:
+            config["tensors"] = [[n, list(shape), g] for n, shape, g in self.tensors]
+        return config
 
 
-def _architecture(body: Mapping[str, Any]) -> Architecture:
-    enums = {"norm": Norm, "position_embedding": PositionEmbedding, "activation": Activation}
-    values = dict(body)
-    for key, kind in enums.items():
-        if key in values and values[key] is not None:
-            values[key] = _enum(kind, values[key], f"model.architecture.{key}")
-    try:
-        return Architecture(**values)
-    except TypeError as err:
-        raise InputError("model.architecture", str(err)) from None
-
-
-def resolve_workload(model: Mapping[str, Any], batch: Batch | None) -> Workload:
-    """The module a model spec names; plain ``params`` cannot be built."""
-    if not isinstance(model, Mapping):
-        raise InputError("model", "must be an object")
-    if model.get("params") is not None:
-        raise InputError(
-            "model",
-            "a plain parameter count cannot be built and measured: it needs an architecture, "
-            "preset or hf_config",
-        )
-    if model.get("preset") is not None:
-        mlp = mlp_preset(str(model["preset"]))
-        if mlp is not None:
-            return mlp_workload(mlp)
-        arch = get_preset(str(model["preset"])).architecture
-    elif model.get("architecture") is not None:
-        arch = _architecture(model["architecture"])
-    elif model.get("hf_config") is not None:
-        arch = architecture_from_hf_config(model["hf_config"])
-    else:
-        raise InputError("model", "give one of architecture, preset or hf_config")
-    micro = batch.micro_batch_size if batch else DEFAULT_MICRO_BATCH
-    seq = batch.seq_len if batch else min(DEFAULT_SEQ_LEN, arch.max_seq_len or DEFAULT_SEQ_LEN)
-    checkpointing = batch.activation_checkpointing.value if batch else "none"
-    return gpt_workload(arch, micro, seq, checkpointing)
-
-
-def parse_spec(spec: Mapping[str, Any]) -> MeasureSpec:
-    engine = _enum(Engine, spec.get("engine") or "torch", "engine")
-    if engine is Engine.DEEPSPEED:
-        if not deepspeed_engine.available():
-            raise InputError("engine", "DeepSpeed is not installed on this host; use torch")
-        if spec.get("mode") == "simulated":
-            raise InputError(
-                "mode",
-                "DeepSpeed needs a real process group: use distributed (one process "
-                "per GPU, or a world of 1) or auto, not simulated",
-            )
-    elif engine is not Engine.TORCH:
-        raise InputError("engine", "measure runs a real engine: torch or deepspeed")
-    for key in ("tp", "pp"):
-        if spec.get(key) not in (None, 1):
-            raise InputError(key, "measure runs data parallelism only (tp = pp = 1)")
-    if spec.get("k") is not None:
-        raise InputError("k", "measure runs a real optimizer; its states are what they are")
-    offload = spec.get("offload") or {}
-    if not isinstance(offload, Mapping):
-        raise InputError("offload", "must be an object")
-    for key in ("optimizer", "params"):
-        if offload.get(key) not in (None, "none") and engine is not Engine.DEEPSPEED:
-            raise InputError(f"offload.{key}", "the torch engines here run without offload")
-    engine_config = spec.get("engine_config") or {}
-    if not isinstance(engine_config, Mapping):
-        raise InputError("engine_config", "must be an object")
-    body = spec.get("batch")
-    batch = None
-    if body is not None:
-        try:
-            batch = Batch(
-                micro_batch_size=int(body["micro_batch_size"]),
-                seq_len=int(body["seq_len"]),
-                activation_checkpointing=_enum(
-                    Checkpointing,
-                    body.get("activation_checkpointing") or "none",
-                    "batch.activation_checkpointing",
-                ),
-                grad_accumulation_steps=int(body.get("grad_accumulation_steps") or 1),
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise InputError("batch", f"needs micro_batch_size and seq_len ({err})") from None
-    stages_in = spec.get("stages", [0, 1, 2, 3])
-    if not isinstance(stages_in, list) or not stages_in:
-        raise InputError("stages", "must be a non-empty list of 0..3")
-    stages = tuple(_enum(Stage, s, "stages") for s in stages_in)
-    mode = spec.get("mode") or "auto"
-    if mode not in MODES:
-        raise InputError("mode", f"must be one of {', '.join(MODES)}")
-    device = spec.get("device") or "auto"
-    if device not in DEVICES:
-        raise InputError("device", f"must be one of {', '.join(DEVICES)}")
-    precision = _enum(Precision, spec.get("precision") or "mixed_bf16", "precision")
-    workload = resolve_workload(spec.get("model") or {}, batch)
-    if engine is Engine.DEEPSPEED:
-        micro = batch.micro_batch_size if batch else DEFAULT_MICRO_BATCH
-        for stage in stages:  # every stage's config body is checked before anything runs
-            deepspeed_engine.deepspeed_config(
-                stage,
-                precision,
-                micro,
-                batch.grad_accumulation_steps if batch else 1,
-                offload,
-                engine_config,
-            )
-    return MeasureSpec(
-        workload=workload,
-        dp=_int(spec, "dp", 1, 1, 1 << 20),
-        stages=stages,
-        precision=precision,
-        optimizer=_enum(Optimizer, spec.get("optimizer") or "adam", "optimizer"),
-        mode=mode,
-        device=device,
-        plan=StepPlan(
-            warmup_steps=_int(spec, "warmup_steps", 2, 1, 100),
-            steps=_int(spec, "steps", 2, 0, 1000),
-            grad_accumulation_steps=batch.grad_accumulation_steps if batch else 1,
-            hold_outputs=_flag(spec, "hold_outputs", default=True),
+def run_settings(
+    ms: MeasureSpec, workload: Workload, device: torch.device, stage: Stage
+) -> RunSettings:
+    """The facts of this process and device for one stage."""
+    major = None
+    if device.type == "cuda":
+        major = torch.cuda.get_device_capability(device)[0]
+    return RunSettings(
+        device_type=device.type,
+        compute_capability_major=major,
+        holds_outputs=ms.plan.hold_outputs,
+        fsdp_root_reshards_after_forward=(
+            ms.engine is Engine.TORCH and root_reshards_after_forward()
         ),
-        batch=batch,
-        seed=_int(spec, "seed", 0, 0, 2**31 - 1),
-        engine=engine,
-        offload=dict(offload),
-        engine_config=dict(engine_config),
+        linear_patched=(
+            ms.engine is Engine.DEEPSPEED
+            and stage is not Stage.PARAMETERS
+            and deepspeed_linear_patched()
+        ),
+        # the built module's own list where it is not the canonical decoder: a Hugging Face
+        # model orders its parameters its own way, and ZeroRedundancyOptimizer's partition
+        # and FSDP2's groups follow that order
+        tensors=None if ms.model.kind is ModelKind.GPT else tuple(workload.tensors),
     )
 
 
-def ds_config(ms: MeasureSpec, stage: Stage) -> dict[str, Any]:
-    """The DeepSpeed config body one stage runs with."""
-    micro = ms.batch.micro_batch_size if ms.batch else DEFAULT_MICRO_BATCH
-    return deepspeed_engine.deepspeed_config(
-        stage, ms.precision, micro, ms.plan.grad_accumulation_steps, ms.offload, ms.engine_config
-    )
+def deepspeed_linear_patched() -> bool:
+    from measure.engines import deepspeed as ds_engine
+
+    return ds_engine.linear_patched()
 
 
 def training_setup(
-    ms: MeasureSpec,
-    stage_world: int,
-    device: torch.device | None = None,
-    stage: Stage | None = None,
+    ms: MeasureSpec, workload: Workload, stage_world: int, settings: RunSettings, stage: Stage
 ) -> TrainingSetup:
-    """The calculator's view of the measured run, with the runtime facts of ``device``.
-
-    For DeepSpeed ``engine_config`` is the config body ``stage`` ran with (knobs, offload).
-    """
-    config: dict[str, Any] = {"holds_outputs": ms.plan.hold_outputs}
-    if ms.engine is Engine.DEEPSPEED:
-        config.update(ds_config(ms, stage if stage is not None else ms.stages[0]))
-        if device is not None and device.type != "cuda":
-            config["cublaslt_workspace_bytes"] = 0  # no cuBLASLt on the CPU
-        elif deepspeed_engine.linear_patched() and stage is not Stage.PARAMETERS:
-            # an earlier stage-3 engine of this process replaced F.linear for good
-            config["cublaslt_workspace_bytes"] = 0
-    else:
-        config["fsdp_root_reshard_after_forward"] = root_reshards_after_forward()
-    if device is not None and device.type == "cuda":
-        major, _ = torch.cuda.get_device_capability(device)
-        config["compute_capability_major"] = major
-    elif device is not None:
-        config["cublas_workspace_bytes"] = 0  # no cuBLAS on the CPU
-    if ms.workload.architecture is None:
-        config["tensors"] = [[n, list(s), g] for n, s, g in ms.workload.tensors]
-    offload = Offload(
-        optimizer=OffloadDevice(ms.offload.get("optimizer") or "none"),
-        params=OffloadDevice(ms.offload.get("params") or "none"),
-    )
+    """The calculator's view of the measured run."""
+    ds_body = ms.ds_config(stage) if ms.engine is Engine.DEEPSPEED else None
     return TrainingSetup(
-        params=ms.workload.params,
+        params=workload.params,
         dp=stage_world,
         precision=ms.precision,
         optimizer=ms.optimizer,
         engine=ms.engine,
-        offload=offload,
-        architecture=ms.workload.architecture,
+        offload=ms.offload,
+        architecture=workload.architecture,
         batch=ms.batch,
-        engine_config=config,
+        engine_config=settings.engine_config(ms.engine, ds_body),
     )
 
 
@@ -309,39 +169,51 @@ def _resolve_mode(ms: MeasureSpec, device: torch.device) -> str:
     return "distributed" if gpus > 1 and ms.dp == gpus else "simulated"
 
 
+def _measure_stage(
+    ms: MeasureSpec,
+    workload: Workload,
+    stage: Stage,
+    device: torch.device,
+    simulated: bool,
+    progress: Progress,
+) -> dict[str, Any]:
+    if ms.engine is Engine.DEEPSPEED:
+        from measure.engines import deepspeed as ds_engine
+
+        return ds_engine.measure_stage(
+            workload,
+            stage,
+            ms.optimizer,
+            device,
+            ms.plan,
+            ms.ds_config(stage),
+            ms.seed,
+            progress,
+        )
+    from measure.engines import pytorch
+
+    return pytorch.measure_stage(workload, stage, ms, device, simulated, progress)
+
+
 def _stage_runs(
     ms: MeasureSpec, device: torch.device, simulated: bool, progress: Progress, mode: str
 ) -> list[dict[str, Any]]:
     """Measure every stage on this rank (process group initialised by the caller)."""
     world = dist.get_world_size()
+    workload = build_workload(ms)
     if ms.engine is Engine.TORCH:
         # not for DeepSpeed: its convention counts the cuBLAS workspaces the first step makes
         runtime_warmup(device, half_dtype(ms.precision))
     runs = []
+    share = len(ms.stages)
     for i, stage in enumerate(ms.stages):
-        progress(i / len(ms.stages), f"stage {int(stage)}: measuring")
-        if ms.engine is Engine.DEEPSPEED:
-            measured = deepspeed_engine.measure_stage(
-                ms.workload,
-                stage,
-                ms.optimizer,
-                device,
-                ms.plan,
-                ds_config(ms, stage),
-                ms.seed,
-            )
-        else:
-            measured = measure_stage(
-                ms.workload,
-                stage,
-                ms.precision,
-                ms.optimizer,
-                device,
-                simulated,
-                ms.plan,
-                ms.seed,
-            )
-        run = {
+
+        def within(fraction: float, message: str, i: int = i, stage: Stage = stage) -> None:
+            progress((i + fraction) / share, f"stage {int(stage)}: {message}")
+
+        settings = run_settings(ms, workload, device, stage)  # before: a stage-3 run patches
+        measured = _measure_stage(ms, workload, stage, device, simulated, within)
+        run: dict[str, Any] = {
             "stage": int(stage),
             "engine": ms.engine.value,
             "engine_name": measured["engine_name"],
@@ -352,12 +224,20 @@ def _stage_runs(
             "measured": measured["measured"],
             "step_time_s": measured["step_time_s"],
         }
-        run.update(compare_run(training_setup(ms, world, device, stage), stage, measured))
+        run.update(
+            compare_run(training_setup(ms, workload, world, settings, stage), stage, measured)
+        )
+        notes = list(measured.get("notes", []))
+        if ms.model.prediction_note:
+            notes.append(ms.model.prediction_note)
+        run["notes"] = notes
         runs.append(run)
     return runs
 
 
-def _result(ms: MeasureSpec, device: torch.device, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _result(
+    ms: MeasureSpec, device: torch.device, runs: list[dict[str, Any]], mode: str
+) -> dict[str, Any]:
     from calculators.engines import engine_model
 
     env = environment(device)
@@ -365,9 +245,14 @@ def _result(ms: MeasureSpec, device: torch.device, runs: list[dict[str, Any]]) -
         import deepspeed
 
         env["deepspeed"] = deepspeed.__version__
-    return {
-        "workload": ms.workload.name,
-        "params": ms.workload.params,
+    if ms.model.kind is ModelKind.HF:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    workload = build_workload(ms)
+    result: dict[str, Any] = {
+        "workload": workload.name,
+        "params": workload.params,
         "dp": ms.dp,
         "precision": ms.precision.value,
         "optimizer": ms.optimizer.value,
@@ -377,6 +262,17 @@ def _result(ms: MeasureSpec, device: torch.device, runs: list[dict[str, Any]]) -
         "environment": env,
         "runs": runs,
     }
+    if device.type == "cpu":
+        from measure.engines.pytorch import CPU_PHASES_NOTE
+
+        result["cpu_mode"] = CPU_PHASES_NOTE
+    if mode == "simulated":
+        result["simulated_world"] = (
+            f"one process plays rank 0 of {ms.dp} through PyTorch's fake process group: "
+            "collectives move no data and take no time, so step times leave communication out; "
+            "memory and the bytes each collective would send are rank 0's"
+        )
+    return result
 
 
 def _simulated(ms: MeasureSpec, device: torch.device, progress: Progress) -> dict[str, Any]:
@@ -392,14 +288,11 @@ def _simulated(ms: MeasureSpec, device: torch.device, progress: Progress) -> dic
         runs = _stage_runs(ms, device, True, progress, "simulated")
     finally:
         dist.destroy_process_group()
-    return _result(ms, device, runs)
+    return _result(ms, device, runs, "simulated")
 
 
-def _rank_main(
-    rank: int, spec: dict[str, Any], world: int, port: int, out: str, queue: Any
-) -> None:
-    """One process of a distributed run (spawned)."""
-    ms = parse_spec(spec)
+def _rank_main(rank: int, ms: MeasureSpec, world: int, port: int, out: str, queue: Any) -> None:
+    """One process of a distributed run (spawned); ``ms`` is the spec the parent checked."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     device_type = _device(ms.device).type
@@ -426,7 +319,7 @@ def _rank_main(
 
         runs = _stage_runs(ms, device, False, progress, "distributed")
         if rank == 0:
-            Path(out).write_text(json.dumps(_result(ms, device, runs)))
+            Path(out).write_text(json.dumps(_result(ms, device, runs, "distributed")))
     finally:
         dist.destroy_process_group()
 
@@ -437,9 +330,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _distributed(
-    spec: dict[str, Any], ms: MeasureSpec, device: torch.device, progress: Progress
-) -> dict[str, Any]:
+def _distributed(ms: MeasureSpec, device: torch.device, progress: Progress) -> dict[str, Any]:
     """One process per rank, a fresh set of processes for each stage.
 
     Fresh processes keep one stage's leftovers out of the next one's baseline:
@@ -447,6 +338,8 @@ def _distributed(
     GBs for a 1B model) for a while after the engine is gone, and frees them in the middle of
     the next stage's run.
     """
+    import dataclasses
+
     import torch.multiprocessing as mp
 
     if device.type == "cuda" and ms.dp != torch.cuda.device_count():
@@ -459,7 +352,7 @@ def _distributed(
     merged: dict[str, Any] = {}
     for i, stage in enumerate(ms.stages):
         queue = ctx.SimpleQueue()
-        one = dict(spec, stages=[int(stage)])
+        one = dataclasses.replace(ms, stages=(stage,))
         share = len(ms.stages)
 
         def forward(fraction: float, message: str, i: int = i, share: int = share) -> None:
@@ -497,14 +390,45 @@ def _torchrun(ms: MeasureSpec, device: torch.device, progress: Progress) -> dict
     if device.type == "cuda":
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://")
+    init: dict[str, Any] = {"backend": "nccl" if device.type == "cuda" else "gloo"}
+    if device.type == "cuda":
+        init["device_id"] = device
+    if ms.engine is Engine.DEEPSPEED:
+        os.environ.setdefault("DS_ACCELERATOR", device.type)
+    dist.init_process_group(init_method="env://", **init)
     try:
         if dist.get_world_size() != ms.dp:
             raise InputError("dp", f"torchrun started {dist.get_world_size()} ranks, not {ms.dp}")
         runs = _stage_runs(ms, device, False, progress, "distributed")
     finally:
         dist.destroy_process_group()
-    return _result(ms, device, runs) if int(os.environ["RANK"]) == 0 else None
+    return _result(ms, device, runs, "distributed") if int(os.environ["RANK"]) == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flops_per_s() -> float:
+    """This host's fp32 matrix-multiply rate, measured on a 512 x 512 product (~0.1 s)."""
+    a = torch.randn(512, 512)
+    a @ a  # first call pays for thread-pool start-up
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.05 or n < 3:
+        a @ a
+        n += 1
+    return 2 * 512**3 * n / (time.perf_counter() - t0)
+
+
+def check_cpu_run(ms: MeasureSpec) -> float | None:
+    """Seconds of arithmetic the run needs if it runs on this host's CPU (``None`` on a GPU).
+
+    Raises:
+        InputError: a long CPU run without ``allow_slow_cpu``.
+    """
+    if _device(ms.device).type != "cpu":
+        return None
+    params = model_params(ms)
+    if params is None:
+        params = build_workload(ms).params  # the Hugging Face model, counted on the meta device
+    return check_cpu_cost(ms, params, cpu_flops_per_s())
 
 
 def run(spec: dict[str, Any], progress: Progress = _noop) -> dict[str, Any]:
@@ -516,15 +440,18 @@ def run(spec: dict[str, Any], progress: Progress = _noop) -> dict[str, Any]:
     ms = parse_spec(spec)
     device = _device(ms.device)
     mode = _resolve_mode(ms, device)
+    progress(0.0, f"checking the request: {mode} dp={ms.dp} on {device.type}")
+    cpu_seconds = check_cpu_run(ms) if mode != "torchrun" or device.type == "cpu" else None
     start = time.perf_counter()
-    progress(0.0, f"{ms.workload.name}: {mode} dp={ms.dp} on {device.type}")
     if mode == "torchrun":
         result = _torchrun(ms, device, progress) or {}
     elif mode == "distributed":
-        result = _distributed(dict(spec), ms, device, progress)
+        result = _distributed(ms, device, progress)
     else:
         result = _simulated(ms, device, progress)
     if result:
         result["wall_time_s"] = time.perf_counter() - start
+        if cpu_seconds is not None:
+            result["cpu_arithmetic_estimate_s"] = cpu_seconds
     progress(1.0, "done")
     return result

@@ -5,6 +5,8 @@
     python -m measure.validate --part peak  # one GPU: resident and peak, 2 sizes, Nd 1-64,
                                             # stages 0-3, with and without checkpointing
 
+    python -m measure.validate --part hf ...  # Hugging Face families: measure.validate_hf
+
 ``--tiny`` swaps in CPU-sized models to check the script itself.
 """
 
@@ -145,7 +147,7 @@ def part_peak(tiny: bool, device: str) -> list[tuple[str, dict[str, Any]]]:
                     "mode": "simulated",
                     "device": device,
                     "batch": dict(batch, activation_checkpointing=ckpt),
-                    "steps": 0,
+                    "steps": 1,
                     "warmup_steps": 2,
                 }
                 out.append((f"{name} ckpt={ckpt}", run(spec, _log)))
@@ -195,6 +197,10 @@ def _log(fraction: float, message: str) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:3] == ["--part", "hf"]:  # the families' run has its own options
+        from measure import validate_hf
+
+        return validate_hf.main(sys.argv[3:])
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", choices=["a", "b", "peak"], required=True)
     ap.add_argument("--tiny", action="store_true")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +20,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from calculators.architecture import Activation, Architecture, Norm, PositionEmbedding
-from calculators.errors import InputError
 from measure.mlp_presets import MLPSpec
+from measure.spec import MeasureSpec, ModelKind
 
 
 def mlp_tensors(spec: MLPSpec) -> list[tuple[str, tuple[int, ...], str]]:
@@ -231,29 +232,56 @@ class GPT(nn.Module):
 # --- building a workload from a spec ----------------------------------------------------------
 
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+Forward = Callable[
+    [Callable[..., Any], torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+]
+
+
 @dataclass
 class Workload:
-    """A module, how to make one micro-batch, and its loss.
+    """A module, how to make one micro-batch, and how a training loop gets its loss.
 
     Attributes:
         name: what it is, for reports.
-        architecture: the decoder's architecture (``None`` for the MLP).
+        architecture: the decoder's architecture as the calculator reads it (``None`` for the
+            MLP and for a family the calculator does not read).
         tensors: (name, shape, FSDP group) of each parameter, for the engine model.
         build: makes the module on ``device``.
         make_batch: makes (inputs, targets) on ``device``.
-        loss: loss of the module's output against targets (fp32 cross-entropy for the decoder).
+        forward: runs the (wrapped) module on a batch and returns (output the loop holds, loss).
+        shard_units: the submodules FSDP2 shards one by one before the root.
     """
 
     name: str
     architecture: Architecture | None
     tensors: list[tuple[str, tuple[int, ...], str]]
     build: Callable[[torch.device], nn.Module]
-    make_batch: Callable[[torch.device, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    make_batch: Callable[[torch.device, torch.Generator], Batch]
+    forward: Forward
+    shard_units: Callable[[nn.Module], list[nn.Module]]
 
     @property
     def params(self) -> int:
         return sum(math.prod(shape) for _, shape, _ in self.tensors)
+
+
+def _units(module: nn.Module) -> list[nn.Module]:
+    return module.shard_units()  # type: ignore[no-any-return,operator]
+
+
+def loss_forward(
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Forward:
+    """``out = module(x); loss(out, y)``: the plain loop of a training script."""
+
+    def forward(
+        module: Callable[..., Any], x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = module(x)
+        return out, loss(out, y)
+
+    return forward
 
 
 def gpt_tensors(arch: Architecture) -> list[tuple[str, tuple[int, ...], str]]:
@@ -273,10 +301,6 @@ def fp32_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 def gpt_workload(
     arch: Architecture, micro_batch: int, seq_len: int, checkpointing: str = "none"
 ) -> Workload:
-    if arch.max_seq_len is not None and seq_len > arch.max_seq_len:
-        raise InputError(
-            "batch.seq_len", f"{seq_len} exceeds the architecture's max_seq_len {arch.max_seq_len}"
-        )
 
     def build(device: torch.device) -> nn.Module:
         with torch.device(device):
@@ -294,7 +318,8 @@ def gpt_workload(
         tensors=gpt_tensors(arch),
         build=build,
         make_batch=make_batch,
-        loss=fp32_cross_entropy,
+        forward=loss_forward(fp32_cross_entropy),
+        shard_units=_units,
     )
 
 
@@ -317,5 +342,22 @@ def mlp_workload(spec: MLPSpec) -> Workload:
         tensors=mlp_tensors(spec),
         build=build,
         make_batch=make_batch,
-        loss=mse,
+        forward=loss_forward(mse),
+        shard_units=_units,
+    )
+
+
+def build_workload(spec: MeasureSpec) -> Workload:
+    """The workload a checked request names."""
+    choice = spec.model
+    if choice.kind is ModelKind.MLP:
+        assert choice.mlp is not None
+        return mlp_workload(choice.mlp)
+    if choice.kind is ModelKind.HF:
+        from measure.engines.hf import hf_workload
+
+        return hf_workload(spec)
+    assert choice.architecture is not None
+    return gpt_workload(
+        choice.architecture, spec.micro_batch_size, spec.seq_len, spec.checkpointing.value
     )

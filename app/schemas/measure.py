@@ -12,6 +12,7 @@ from app.jobs.store import Job, JobStatus
 from app.schemas.memory import TrainingIn
 from app.schemas.model import BatchIn, ModelSpec
 from calculators.conventions import Engine, Precision
+from measure.spec import STEPS, WARMUP_STEPS
 
 
 class Mode(StrEnum):
@@ -43,14 +44,19 @@ class MeasureRequest(TrainingIn):
     precision: Precision = Field(
         Precision.MIXED_BF16, description="Training precision (bf16 needs no loss scaling)."
     )
-    steps: Annotated[StrictInt, Field(ge=1, le=100)] = Field(
+    steps: Annotated[StrictInt, Field(ge=STEPS[0], le=STEPS[1])] = Field(
         2, description="Measured training steps per stage."
     )
-    warmup_steps: Annotated[StrictInt, Field(ge=1, le=20)] = Field(
+    warmup_steps: Annotated[StrictInt, Field(ge=WARMUP_STEPS[0], le=WARMUP_STEPS[1])] = Field(
         2, description="Steps run first, so lazily created optimizer states are counted."
     )
     seed: Annotated[StrictInt, Field(ge=0, le=2**31 - 1)] = Field(
         0, description="Seed of the weights and the synthetic batch."
+    )
+    allow_slow_cpu: StrictBool = Field(
+        False,
+        description="Run on the CPU even when the run's arithmetic alone is estimated at more "
+        "than a minute there (otherwise such a request is refused with a 422).",
     )
     hold_outputs: StrictBool = Field(
         True,

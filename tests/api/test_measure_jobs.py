@@ -368,6 +368,37 @@ def test_the_real_runner_measures_a_small_gpt_on_cpu(tmp_path: Path) -> None:
     assert run["measured"]["resident"] > 0
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_the_shipped_runner_refuses_a_long_cpu_run_up_front(tmp_path: Path) -> None:
+    """A 7B model on the CPU: a 422 naming device and the flag, before any job exists."""
+    body = {
+        **BODY,
+        "model": {"preset": "llama2-7b"},
+        "batch": {"micro_batch_size": 1, "seq_len": 512},
+    }
+    with Service(tmp_path) as service:
+        service.app.dependency_overrides[get_settings] = lambda: Settings(data_dir=tmp_path)
+        answer = service.client.post("/v1/measure", json=body)
+        listed = service.client.get("/v1/measurements").json()
+    assert answer.status_code == 422, answer.text
+    detail = answer.json()["detail"][0]
+    assert detail["field"] == "device" and "allow_slow_cpu" in detail["msg"]
+    assert listed["count"] == 0
+
+
+def test_hf_config_without_transformers_names_the_install(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from measure import spec
+
+    monkeypatch.setattr(spec, "transformers_available", lambda: False)
+    body = {**BODY, "model": {"hf_config": {"model_type": "llama", "hidden_size": 64}}}
+    answer = service.client.post("/v1/measure", json=body)
+    assert answer.status_code == 422, answer.text
+    detail = answer.json()["detail"][0]
+    assert detail["field"] == "model.hf_config" and "pip install" in detail["msg"]
+
+
 def _nested(depth: int) -> dict[str, Any]:
     body: dict[str, Any] = {"a": 1}
     for _ in range(depth):

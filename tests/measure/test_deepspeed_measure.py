@@ -11,9 +11,12 @@ torch = pytest.importorskip("torch")
 
 from calculators.conventions import Engine, Precision, Stage  # noqa: E402
 from calculators.errors import InputError  # noqa: E402
-from measure import deepspeed_engine  # noqa: E402
+from measure import spec as measure_spec  # noqa: E402
 from measure.compare import predicted_communication  # noqa: E402
-from measure.runner import parse_spec, run, training_setup  # noqa: E402
+from measure.engines.deepspeed_config import deepspeed_config  # noqa: E402
+from measure.runner import run, run_settings, training_setup  # noqa: E402
+from measure.spec import MeasureSpec, parse_spec  # noqa: E402
+from measure.workloads import build_workload  # noqa: E402
 
 TINY_GPT = {"layers": 2, "hidden": 64, "heads": 2, "vocab_size": 128, "max_seq_len": 32}
 
@@ -29,17 +32,23 @@ def _spec(**extra: Any) -> dict[str, Any]:
         "mode": "distributed",
         "device": "cpu",
         "warmup_steps": 2,
-        "steps": 0,
+        "steps": 1,
         "batch": {"micro_batch_size": 2, "seq_len": 32},
     }
     spec.update(extra)
     return spec
 
 
+def _setup(ms: MeasureSpec, world: int, stage: Stage) -> Any:
+    workload = build_workload(ms)
+    settings = run_settings(ms, workload, torch.device("cpu"), stage)
+    return training_setup(ms, workload, world, settings, stage)
+
+
 @pytest.fixture
 def with_deepspeed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Parse as if DeepSpeed were importable (nothing here imports it)."""
-    monkeypatch.setattr(deepspeed_engine, "available", lambda: True)
+    monkeypatch.setattr(measure_spec, "deepspeed_available", lambda: True)
 
 
 def _field(spec: dict[str, Any]) -> str:
@@ -49,7 +58,7 @@ def _field(spec: dict[str, Any]) -> str:
 
 
 def test_missing_deepspeed_names_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(deepspeed_engine, "available", lambda: False)
+    monkeypatch.setattr(measure_spec, "deepspeed_available", lambda: False)
     assert _field(_spec()) == "engine"
     with pytest.raises(InputError) as err:
         run(_spec())
@@ -113,7 +122,7 @@ def test_config_body_follows_the_request() -> None:
             batch={"micro_batch_size": 2, "seq_len": 32, "grad_accumulation_steps": 2},
         )
     )
-    setup = training_setup(ms, 1, torch.device("cpu"), Stage.PARAMETERS)
+    setup = _setup(ms, 1, Stage.PARAMETERS)
     cfg = setup.engine_config
     assert setup.engine is Engine.DEEPSPEED
     assert cfg["bf16"] == {"enabled": True}
@@ -131,7 +140,7 @@ def test_config_body_follows_the_request() -> None:
 
 
 def test_deepspeed_config_for_fp16() -> None:
-    cfg = deepspeed_engine.deepspeed_config(Stage.OPTIMIZER, Precision.MIXED_FP16, 4, 1, {}, None)
+    cfg = deepspeed_config(Stage.OPTIMIZER, Precision.MIXED_FP16, 4, 1, {}, None)
     assert cfg["fp16"] == {"enabled": True} and "bf16" not in cfg
     assert cfg["zero_optimization"] == {"stage": 1}
 
@@ -139,14 +148,12 @@ def test_deepspeed_config_for_fp16() -> None:
 @pytest.mark.usefixtures("with_deepspeed")
 def test_communication_follows_the_engine() -> None:
     ms = parse_spec(_spec(dp=4, stages=[2]))
-    pred = predicted_communication(
-        training_setup(ms, 4, torch.device("cpu"), Stage.GRADIENTS), Stage.GRADIENTS
-    )
+    pred = predicted_communication(_setup(ms, 4, Stage.GRADIENTS), Stage.GRADIENTS)
     assert pred["source"] == "calculators.communication (engine deepspeed)"
     assert pred["sent_bytes_per_rank"] > 0
 
 
-@pytest.mark.skipif(not deepspeed_engine.available(), reason="DeepSpeed is not installed")
+@pytest.mark.skipif(not measure_spec.deepspeed_available(), reason="DeepSpeed is not installed")
 def test_tiny_deepspeed_run_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/validate_deepspeed.py ``--only tiny`` through the runner: gloo, a world of 1."""
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")

@@ -25,7 +25,7 @@ def _spec(model: dict[str, Any], **extra: Any) -> dict[str, Any]:
         "mode": "simulated",
         "device": "cpu",
         "warmup_steps": 1,
-        "steps": 0,
+        "steps": 1,
     }
     spec.update(extra)
     return spec

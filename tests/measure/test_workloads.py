@@ -108,7 +108,8 @@ def test_decoder_trains_one_step(arch: Architecture) -> None:
     work = gpt_workload(arch, 2, 8)
     module = work.build(torch.device("cpu"))
     x, y = work.make_batch(torch.device("cpu"), torch.Generator().manual_seed(0))
-    work.loss(module(x), y).backward()
+    _, loss = work.forward(module, x, y)
+    loss.backward()
     assert all(p.grad is not None for p in module.parameters())
 
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
-from app.api.convert import resolve_model
 from app.api.deps import ApiKeyDep, JobsDep, SettingsDep, check_measure_limits
 from app.jobs.runner import QueueFull
 from app.jobs.store import JobStatus
 from app.schemas.measure import JobAccepted, JobPublic, JobsPublic, MeasureRequest
-from calculators.conventions import Engine
-from calculators.errors import InputError
-from measure.mlp_presets import mlp_preset
+from measure.spec import parse_spec
 
 router = APIRouter(prefix="/v1", tags=["measure"], dependencies=[ApiKeyDep])
 
@@ -30,28 +27,17 @@ def _not_found(job_id: str) -> HTTPException:
     )
 
 
-def check_measurable(req: MeasureRequest) -> None:
-    # engine_config and model.hf_config are already bounded JSON (app.schemas.common.JsonObject)
-    """Refuse up front (422) what no child could run; the runner checks the rest."""
-    if req.model.params is not None:
-        raise InputError(
-            "model",
-            "a measurement builds and trains the model: give architecture, preset or "
-            "hf_config, not params",
-        )
-    # the MLP presets (mlp, mlp-{L}x{h}) are measure's own; every other model resolves as
-    # /v1/memory's do
-    if req.model.preset is None or mlp_preset(req.model.preset) is None:
-        resolve_model(req.model)  # unknown presets and bad hf_config bodies are 422s here
-    if req.engine is Engine.PAPER:
-        raise InputError("engine", "a measurement runs a real engine: torch or deepspeed")
-    if req.engine is Engine.DEEPSPEED and importlib.util.find_spec("deepspeed") is None:
-        raise InputError("engine", "DeepSpeed is not installed on this host; use torch")
-    if req.engine is Engine.DEEPSPEED and req.mode.value == "simulated":
-        raise InputError("mode", "DeepSpeed needs a real process group: use distributed or auto")
-    for field in ("tp", "pp"):
-        if getattr(req, field) != 1:
-            raise InputError(field, "measure runs data parallelism alone: must be 1")
+DEFAULT_RUNNER = "measure.runner:run"
+
+
+def check_measurable(request: MeasureRequest, runner: str) -> None:
+    """Refuse up front (422) what no child could run, under the rules every rank reads it by
+    (``measure.spec.parse_spec``); with the shipped runner, also a long run on this host's CPU
+    that the request did not ask for."""
+    spec = parse_spec(request.model_dump(mode="json"))
+    if runner in (DEFAULT_RUNNER, DEFAULT_RUNNER.replace(":", ".")):
+        # the shipped runner's module imports torch: loaded only where it is the runner
+        importlib.import_module("measure.runner").check_cpu_run(spec)
 
 
 @router.post(
@@ -67,7 +53,7 @@ def submit_measure(
     request: MeasureRequest, settings: SettingsDep, jobs: JobsDep, response: Response
 ) -> JobAccepted:
     """Queue a measurement of the real ZeRO engines; poll the Location it answers."""
-    check_measurable(request)
+    check_measurable(request, settings.measure_runner)
     check_measure_limits(request, settings)
     try:
         job = jobs.submit(

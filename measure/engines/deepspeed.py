@@ -1,4 +1,5 @@
-"""Real DeepSpeed ZeRO (``engine: "deepspeed"``), run as ``bench/validate_deepspeed.py`` runs it.
+"""Real DeepSpeed ZeRO (``engine: "deepspeed"``): what ``/v1/measure`` and
+``bench/validate_deepspeed.py`` both run.
 
 The workload's module is built in fp32 on the CPU and handed to ``deepspeed.initialize`` with a
 client torch optimizer (``zero_allow_untested_optimizer``), the fp16 or bf16 section the
@@ -12,6 +13,9 @@ DeepSpeed user writes and that ``calculators.engines.deepspeed`` models::
     loss = F.cross_entropy(logits.float().view(-1, V), y.view(-1))
     engine.backward(loss); engine.step()
 
+(a Hugging Face model: ``loss = engine(input_ids=x, labels=x).loss``). Collectives are counted
+per phase of the loop (forward, backward, step).
+
 ``resident`` is the allocation after the recorded step over the baseline read before the engine
 exists, with the loop still holding ``logits``, ``loss``, ``x`` and ``y``; ``peak`` the highest
 allocation in that step over the same baseline. DeepSpeed needs a real process group (it
@@ -22,36 +26,20 @@ torchrun, never in the fake-group simulation.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from calculators.conventions import Optimizer, Precision, Stage
-from calculators.engines.deepspeed.config import parse_config
-from calculators.errors import InputError
+from calculators.conventions import Optimizer, Stage
 from measure.comms import CommCounter
-from measure.engines import make_optimizer_class
+from measure.engines.pytorch import make_optimizer_class
 from measure.memory import DeviceMemory, device_memory, storage_bytes
-from measure.session import StepPlan, release
-from measure.session import _sync as sync
+from measure.session import Progress, release, sync
+from measure.spec import StepPlan
 from measure.workloads import Workload
-
-# Keys the request's own fields set; an engine_config that sets them too is refused.
-OWNED_KEYS = {
-    "fp16": "precision",
-    "bf16": "precision",
-    "optimizer": "optimizer",
-    "train_batch_size": "batch",
-    "train_micro_batch_size_per_gpu": "batch.micro_batch_size",
-    "gradient_accumulation_steps": "batch.grad_accumulation_steps",
-}
-OWNED_ZERO_KEYS = {"stage": "stages", "offload_optimizer": "offload", "offload_param": "offload"}
-SECTIONS = {Precision.MIXED_BF16: "bf16", Precision.MIXED_FP16: "fp16"}
 
 # Set once a stage-3 engine was built in this process: DeepSpeedZeRoOffload replaced
 # torch.nn.functional.linear with zero3_linear_wrap for good (partition_parameters.py:412-419),
@@ -59,75 +47,12 @@ SECTIONS = {Precision.MIXED_BF16: "bf16", Precision.MIXED_FP16: "fp16"}
 _linear_patched = False
 
 
-def available() -> bool:
-    """Whether ``import deepspeed`` can work here (not imported: it is slow and reads the
-    accelerator once)."""
-    return importlib.util.find_spec("deepspeed") is not None
-
-
 def linear_patched() -> bool:
     return _linear_patched
 
 
-def check_precision(precision: Precision) -> None:
-    if precision not in SECTIONS:
-        raise InputError(
-            "precision",
-            "the deepspeed engine runs its bf16 or fp16 section: mixed_bf16 or mixed_fp16",
-        )
-
-
-def deepspeed_config(
-    stage: Stage,
-    precision: Precision,
-    micro_batch: int,
-    grad_accumulation: int,
-    offload: Mapping[str, Any],
-    engine_config: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """The DeepSpeed config body of one stage: ``engine_config``'s knobs plus the request's
-    fields (which ``engine_config`` may not contradict).
-
-    Raises:
-        InputError: a key the request's fields own, or a knob the calculator cannot read.
-    """
-    check_precision(precision)
-    body = dict(engine_config or {})
-    for key, field in OWNED_KEYS.items():
-        if key in body:
-            raise InputError(f"engine_config.{key}", f"set by the request's {field}")
-    zero_in = body.get("zero_optimization", {})
-    zero_in = {} if zero_in is None else zero_in
-    if not isinstance(zero_in, Mapping):
-        raise InputError("engine_config.zero_optimization", "must be an object")
-    for key, field in OWNED_ZERO_KEYS.items():
-        if key in zero_in:
-            raise InputError(
-                f"engine_config.zero_optimization.{key}", f"set by the request's {field}"
-            )
-    zero: dict[str, Any] = {**zero_in, "stage": int(stage)}
-    config: dict[str, Any] = {
-        "steps_per_print": 1_000_000,
-        **body,
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": grad_accumulation,
-        SECTIONS[precision]: {"enabled": True},
-        "zero_optimization": zero,
-        "zero_allow_untested_optimizer": True,
-    }
-    optimizer_off = offload.get("optimizer") or "none"
-    params_off = offload.get("params") or "none"
-    if optimizer_off != "none":
-        if stage is Stage.NONE:
-            raise InputError("offload.optimizer", "optimizer offload needs ZeRO stage 1 or higher")
-        zero["offload_optimizer"] = {"device": optimizer_off}
-        config["zero_force_ds_cpu_optimizer"] = False  # keep the client optimizer
-    if params_off != "none":
-        if stage is not Stage.PARAMETERS:
-            raise InputError("offload.params", "parameter offload needs ZeRO stage 3")
-        zero["offload_param"] = {"device": params_off}
-    parse_config(config)  # the calculator's reading of the same body: bad knobs are 422s
-    return config
+def _quiet(_fraction: float, _message: str) -> None:
+    return None
 
 
 def _attribution(engine: Any, device: torch.device) -> dict[str, int]:
@@ -164,10 +89,13 @@ def measure_stage(
     plan: StepPlan,
     config: dict[str, Any],
     seed: int = 0,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Measure one DeepSpeed stage on this rank; the process group must be initialised."""
     with device_memory(device) as mem:
-        result = _measure(workload, stage, optimizer, device, plan, config, seed, mem)
+        result = _measure(
+            workload, stage, optimizer, device, plan, config, seed, mem, progress or _quiet
+        )
     release(device)
     return result
 
@@ -181,6 +109,7 @@ def _measure(
     config: dict[str, Any],
     seed: int,
     mem: DeviceMemory,
+    progress: Progress,
 ) -> dict[str, Any]:
     global _linear_patched
     import deepspeed
@@ -192,6 +121,7 @@ def _measure(
     baseline = mem.allocated()
     baseline_requested = mem.requested()
 
+    progress(0.0, "building the model")
     model = workload.build(torch.device("cpu"))  # fp32 on the CPU; DeepSpeed moves and casts it
     opt_cls, opt_kwargs = make_optimizer_class(optimizer)
     client = opt_cls(model.parameters(), **opt_kwargs)
@@ -205,21 +135,26 @@ def _measure(
     counter = CommCounter(dist.get_world_size())
     for i in range(plan.warmup_steps + 1):
         recorded = i == plan.warmup_steps
+        progress(
+            i / plan.total_steps, "counting collectives" if recorded else f"warm-up step {i + 1}"
+        )
         if recorded:
             sync(device)
             mem.reset_peak()
         with counter if recorded else contextlib.nullcontext():
             for micro in range(plan.grad_accumulation_steps):  # DeepSpeed steps at the boundary
                 x, y = workload.make_batch(device, gen)
-                logits = engine(x)
-                loss = workload.loss(logits, y)
+                counter.phase = "forward"
+                logits, loss = workload.forward(engine, x, y)
                 if recorded and micro == 0:
                     sync(device)
                     phases["after_forward"] = mem.allocated() - baseline
+                counter.phase = "backward"
                 engine.backward(loss)
                 if recorded and micro == plan.grad_accumulation_steps - 1:
                     sync(device)
                     phases["after_backward"] = mem.allocated() - baseline
+                counter.phase = "step"
                 engine.step()
             sync(device)
     sync(device)
@@ -238,11 +173,11 @@ def _measure(
     wrapper = type(engine.optimizer).__name__
 
     t0 = time.perf_counter()
-    for _ in range(plan.steps):
+    for i in range(plan.steps):
+        progress((plan.warmup_steps + 1 + i) / plan.total_steps, f"timed step {i + 1}")
         for _micro in range(plan.grad_accumulation_steps):
             x, y = workload.make_batch(device, gen)
-            logits = engine(x)
-            loss = workload.loss(logits, y)
+            logits, loss = workload.forward(engine, x, y)
             engine.backward(loss)
             engine.step()
     sync(device)
@@ -262,6 +197,7 @@ def _measure(
         "reserved": reserved,
         "nvml_used": nvml,
         "skipped_steps": skipped,
+        "loss": float(loss.item()) if isinstance(loss, torch.Tensor) else None,
         "components": {
             "engine_buffers_and_other": resident
             - held_bytes

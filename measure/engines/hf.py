@@ -1,0 +1,125 @@
+"""The user's Hugging Face model, built and trained as transformers users do.
+
+The module is transformers' own modelling code::
+
+    config = AutoConfig.for_model(model_type, **hf_config)   # use_cache off for training
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                             dtype=torch.float32)  # random init, no download
+    model.gradient_checkpointing_enable()   # when batch.activation_checkpointing is "full"
+    loss = model(input_ids=x, labels=x).loss
+
+built in fp32 (the engines keep an fp32 master; autocast or FSDP2's policy or DeepSpeed casts),
+initialised on the device it trains on (no copy). FSDP2 shards each decoder layer
+(``model.get_decoder().layers``) and then the root, as the transformers and torchtitan recipes
+do. The parameter list the calculator's engine model partitions comes from the same module
+built on the meta device (no memory, no initialisation).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from calculators.batch import Checkpointing
+from measure.spec import MeasureSpec
+from measure.workloads import Batch, Workload
+
+
+def hf_config(body: Mapping[str, Any]) -> Any:
+    """transformers' config object for a ``config.json`` body, with the KV cache off (a
+    training forward has no use for it, and the output would hold it until the next step)."""
+    from transformers import AutoConfig
+
+    values = {k: v for k, v in body.items() if k != "model_type"}
+    config = AutoConfig.for_model(str(body["model_type"]), **values)
+    config.use_cache = False
+    return config
+
+
+def build_hf(config: Any, device: torch.device, checkpointing: bool) -> nn.Module:
+    """``AutoModelForCausalLM.from_config`` on ``device``, fp32, SDPA attention, train mode."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation="sdpa", dtype=torch.float32
+        )
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()  # transformers' default: use_reentrant=False
+    return model  # type: ignore[no-any-return]
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers FSDP2 wraps one by one (``model.model.layers`` in every family)."""
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    layers = getattr(decoder, "layers", None)
+    if isinstance(layers, nn.ModuleList):
+        return list(layers)
+    for name, module in model.named_modules():
+        if name.endswith("layers") and isinstance(module, nn.ModuleList):
+            return list(module)
+    raise ValueError(f"{type(model).__name__} has no list of decoder layers")
+
+
+@functools.lru_cache(maxsize=8)
+def _meta_tensors(config_json: str) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    import json
+
+    config = hf_config(json.loads(config_json))
+    model = build_hf(config, torch.device("meta"), checkpointing=False)
+    group_of: dict[int, str] = {}
+    for i, layer in enumerate(decoder_layers(model)):
+        for p in layer.parameters():
+            group_of[id(p)] = f"layers.{i}"
+    return tuple(
+        (name, tuple(p.shape), group_of.get(id(p), "root"))
+        for name, p in model.named_parameters()  # tied weights appear once, as FSDP2 sees them
+    )
+
+
+def hf_tensors(body: Mapping[str, Any]) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, FSDP group) of each parameter of the model ``body`` describes."""
+    import json
+
+    return list(_meta_tensors(json.dumps(dict(body), sort_keys=True)))
+
+
+def _forward(
+    module: Callable[..., Any], x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out = module(input_ids=x, labels=y)
+    return out.logits, out.loss
+
+
+def hf_workload(spec: MeasureSpec) -> Workload:
+    """The workload of a request whose model is a Hugging Face ``config.json``."""
+    body = spec.model.hf_config
+    assert body is not None  # ModelKind.HF carries its config
+    config = hf_config(body)
+    vocab = int(config.vocab_size)
+    micro, seq = spec.micro_batch_size, spec.seq_len
+    full = spec.checkpointing is Checkpointing.FULL
+
+    def build(device: torch.device) -> nn.Module:
+        return build_hf(config, device, full)
+
+    def make_batch(device: torch.device, gen: torch.Generator) -> Batch:
+        tokens = torch.randint(0, vocab, (micro, seq), generator=gen).to(device)
+        return tokens, tokens  # labels = input_ids: the model shifts them itself
+
+    return Workload(
+        name=f"{body['model_type']} (transformers, b{micro} s{seq}"
+        + (", gradient checkpointing)" if full else ")"),
+        architecture=spec.model.architecture,
+        tensors=hf_tensors(body),
+        build=build,
+        make_batch=make_batch,
+        forward=_forward,
+        shard_units=decoder_layers,
+    )

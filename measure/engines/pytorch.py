@@ -1,0 +1,309 @@
+"""PyTorch's own ZeRO-like engines, as a typical training script sets them up, and one stage
+measured on one rank (build, warm up, count collectives, probe memory per phase, time).
+
+- stage 0: ``DistributedDataParallel`` over fp32 parameters with autocast (mixed precision);
+- stage 1: the same plus ``ZeroRedundancyOptimizer(optimizer_class=Adam)``;
+- stage 2 / 3: FSDP2 ``fully_shard`` on every block, then the root, with
+  ``MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)`` and
+  ``reshard_after_forward`` False / True.
+
+``fp32`` uses no autocast and no policy; pure ``bf16`` casts the parameters to bf16.
+In a simulated world (the fake process group) DDP gets a communication hook that all-reduces
+the bucket in place, because the fake group's work objects carry no result for the Reducer's
+built-in hook; it is the same all-reduce, divided by N first as the built-in one divides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from calculators.conventions import Optimizer, Precision, Stage
+from calculators.errors import InputError
+from measure.comms import CommCounter
+from measure.memory import DeviceMemory, attribution, device_memory
+from measure.session import Progress, release, sync
+from measure.spec import MeasureSpec
+from measure.workloads import Workload
+
+LEARNING_RATE = 1e-4
+
+
+def half_dtype(precision: Precision) -> torch.dtype | None:
+    return {
+        Precision.MIXED_BF16: torch.bfloat16,
+        Precision.MIXED_FP16: torch.float16,
+        Precision.BF16: torch.bfloat16,
+    }.get(precision)
+
+
+def make_optimizer_class(
+    optimizer: Optimizer,
+) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    if optimizer is Optimizer.ADAM:
+        return torch.optim.Adam, {"lr": LEARNING_RATE}
+    if optimizer is Optimizer.ADAMW:
+        return torch.optim.AdamW, {"lr": LEARNING_RATE}
+    if optimizer is Optimizer.SGD:
+        return torch.optim.SGD, {"lr": LEARNING_RATE}
+    if optimizer is Optimizer.SGD_MOMENTUM:
+        return torch.optim.SGD, {"lr": LEARNING_RATE, "momentum": 0.9}
+    raise InputError("optimizer", "the torch engine runs adam, adamw, sgd and sgd_momentum")
+
+
+@dataclass
+class Engine:
+    """A wrapped module, its optimizer, and the autocast context forward runs in."""
+
+    stage: Stage
+    name: str
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+def _sim_allreduce_hook(world: int) -> Callable[[Any, Any], torch.futures.Future[torch.Tensor]]:
+    # no annotations: DDP's _check_comm_hook compares them with dist.GradBucket / Future
+    def hook(_state, bucket):  # type: ignore[no-untyped-def]
+        tensor = bucket.buffer()
+        tensor.div_(world)
+        fut = dist.all_reduce(tensor, async_op=True).get_future()  # type: ignore[union-attr]
+        return fut.then(lambda _f: tensor)
+
+    return hook
+
+
+def root_reshards_after_forward() -> bool:
+    """Whether this torch's FSDP2 honours an explicit ``reshard_after_forward=True`` on the root.
+
+    Recent ``_fsdp_state.FSDPState`` records ``_auto_reshard_after_forward`` and keeps the root
+    unsharded only when the flag was defaulted; older releases never reshard the root.
+    """
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    return hasattr(FSDPState(), "_auto_reshard_after_forward")
+
+
+def build_engine(
+    model: nn.Module,
+    shard_units: list[nn.Module],
+    stage: Stage,
+    precision: Precision,
+    optimizer: Optimizer,
+    device: torch.device,
+    simulated: bool,
+) -> Engine:
+    world = dist.get_world_size()
+    half = half_dtype(precision)
+    opt_cls, opt_kwargs = make_optimizer_class(optimizer)
+    if precision is Precision.BF16:
+        model.to(torch.bfloat16)
+    mixed = precision.is_mixed
+
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        if mixed and stage <= Stage.OPTIMIZER:
+            assert half is not None
+            return torch.autocast(device.type, dtype=half)
+        return contextlib.nullcontext()
+
+    if stage <= Stage.OPTIMIZER:
+        ddp = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        if simulated:
+            ddp.register_comm_hook(None, _sim_allreduce_hook(world))
+        if stage is Stage.NONE:
+            opt: torch.optim.Optimizer = opt_cls(ddp.parameters(), **opt_kwargs)
+            name = "DistributedDataParallel"
+        else:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=opt_cls, **opt_kwargs)
+            name = "DistributedDataParallel + ZeroRedundancyOptimizer"
+        return Engine(stage, name, ddp, opt, autocast)
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": stage is Stage.PARAMETERS}
+    if mixed:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+    for unit in shard_units:
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
+    opt = opt_cls(model.parameters(), **opt_kwargs)
+    flag = "True" if stage is Stage.PARAMETERS else "False"
+    return Engine(stage, f"FSDP2 fully_shard(reshard_after_forward={flag})", model, opt, autocast)
+
+
+# --- one stage on one rank ---------------------------------------------------------------------
+
+# The CPU has no allocator counter: LiveStorages sums the storages that ops create while it
+# watches. That holds for what stays alive between steps (resident, parameters, gradients,
+# optimizer states), but inside a step it can read less than is alive (FSDP2's after_backward
+# read below resident), so phase figures are reported on CUDA only.
+CPU_PHASES_NOTE = (
+    "CPU mode checks what the engine keeps between steps (resident, parameters, gradients, "
+    "optimizer states) and the collectives' bytes; it does not measure peak or the phase "
+    "figures (after_forward, after_backward, after_step), CUDA workspaces, the caching "
+    "allocator's rounding or step times of a GPU"
+)
+
+
+def measure_stage(
+    workload: Workload,
+    stage: Stage,
+    spec: MeasureSpec,
+    device: torch.device,
+    simulated: bool,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Measure one stage on this rank; the process group must already be initialised."""
+    with device_memory(device) as mem:
+        result = _measure(workload, stage, spec, device, simulated, mem, progress)
+    release(device)  # the engine, model and batches died with _measure's frame
+    return result
+
+
+def _measure(
+    workload: Workload,
+    stage: Stage,
+    spec: MeasureSpec,
+    device: torch.device,
+    simulated: bool,
+    mem: DeviceMemory,
+    progress: Progress,
+) -> dict[str, Any]:
+    plan = spec.plan
+    torch.manual_seed(spec.seed + dist.get_rank())
+    gen = torch.Generator().manual_seed(spec.seed + dist.get_rank())
+    batches = [workload.make_batch(device, gen) for _ in range(plan.grad_accumulation_steps)]
+    release(device)
+    baseline = mem.allocated()
+    baseline_requested = mem.requested()
+
+    progress(0.0, "building the model")
+    model = workload.build(device)
+    engine = build_engine(
+        model,
+        workload.shard_units(model),
+        stage,
+        spec.precision,
+        spec.optimizer,
+        device,
+        simulated,
+    )
+    sync(device)
+    phases: dict[str, int] = {"after_init": mem.allocated()}
+
+    held: list[torch.Tensor] = []
+
+    def step(probe: Callable[[str], None] | None = None) -> None:
+        for i, (x, y) in enumerate(batches):
+            with engine.autocast():
+                out, loss = workload.forward(engine.module, x, y)
+            held.clear()  # a loop rebinding ``out``/``loss`` frees the previous ones now
+            if probe is not None and i == 0:
+                probe("after_forward")
+            loss.backward()
+            if plan.hold_outputs:
+                held.extend((out, loss))
+            del out, loss
+        if probe is not None:
+            probe("after_backward")
+        engine.optimizer.step()
+        if probe is not None:
+            probe("after_step")
+        engine.optimizer.zero_grad(set_to_none=True)
+        if probe is not None:
+            probe("after_zero_grad")
+
+    total = plan.total_steps
+    for i in range(plan.warmup_steps):
+        progress(i / total, f"warm-up step {i + 1} of {plan.warmup_steps}")
+        step()
+    sync(device)
+
+    progress(plan.warmup_steps / total, "counting collectives")
+    counter = CommCounter(dist.get_world_size())
+    with counter:
+        step()
+    sync(device)
+
+    parts: dict[str, int] = {}
+
+    phase_peaks: dict[str, int] = {}
+    peak_names = {"after_forward": "forward", "after_backward": "backward", "after_step": "step"}
+
+    def probe(phase: str) -> None:
+        sync(device)
+        phases[phase] = mem.allocated()
+        if phase in peak_names and cuda:
+            # the highest allocation since the previous probe: which moment holds the peak
+            phase_peaks[peak_names[phase]] = max(mem.peak() or 0, phases[phase])
+            mem.reset_peak()
+        if phase == "after_zero_grad":
+            parts["requested"] = mem.requested()
+            parts["held_outputs"] = sum(t.untyped_storage().nbytes() for t in held)
+        if phase == "after_backward":
+            parts["gradients"] = attribution(engine.module, engine.optimizer, device)["gradients"]
+        elif phase == "after_step":
+            found = attribution(engine.module, engine.optimizer, device)
+            parts["parameters"] = found["parameters"]
+            parts["optimizer_states"] = found["optimizer_states"]
+
+    cuda = device.type == "cuda"
+    mem.reset_peak()
+    step(probe)
+    sync(device)
+    peak = max([mem.peak() or 0, *phase_peaks.values()]) if cuda else None
+    reserved = mem.reserved()
+    nvml = mem.nvml_used()
+
+    t0 = time.perf_counter()
+    for i in range(plan.steps):
+        progress((plan.warmup_steps + 1 + i) / total, f"timed step {i + 1} of {plan.steps}")
+        step()
+    sync(device)
+    step_time = (time.perf_counter() - t0) / plan.steps if plan.steps else None
+
+    resident = phases["after_zero_grad"]
+    held_bytes = parts["held_outputs"]  # the loop's last logits and loss, not the engine's
+    kept = resident - baseline - held_bytes
+    measured: dict[str, Any] = {
+        "resident": resident,
+        "model_state_resident": kept,
+        "model_state_requested": parts.pop("requested") - baseline_requested - held_bytes,
+        "baseline": baseline,
+        "peak": peak,
+        "peak_over_baseline": None if peak is None else peak - baseline,
+        **parts,
+        **{
+            k: v
+            for k, v in phases.items()
+            if k != "after_zero_grad" and (cuda or k == "after_init")
+        },
+        "reserved": reserved,
+        "nvml_used": nvml,
+        "components": {
+            "engine_buffers_and_other": kept - parts["parameters"] - parts["optimizer_states"],
+        },
+    }
+    if cuda:  # forward: to the first micro-batch's loss; backward: to the last backward's end
+        measured["phase_peaks"] = phase_peaks
+    return {
+        "engine_name": engine.name,
+        "measured": measured,
+        "collectives": counter.collectives(),
+        "measured_sent_bytes_per_rank": counter.sent_bytes_per_rank,
+        "step_time_s": step_time,
+        "notes": [] if cuda else [CPU_PHASES_NOTE],
+    }

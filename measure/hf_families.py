@@ -1,0 +1,82 @@
+"""Small Hugging Face configs of the families ``measure`` builds with transformers.
+
+Each family keeps its shape (grouped-query ratio, gated MLP, tied or untied embeddings, q/k
+norms, qkv bias, sliding windows, experts) at a width and depth that trains in seconds:
+``tiny`` for CPU tests, ``small`` (~30-130M parameters) for GPU validation runs. The bodies are
+``config.json`` bodies: what ``model.hf_config`` carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# family -> (config fields that give it its shape, beyond the common sizes below)
+_SHAPES: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama", "tie_word_embeddings": False},
+    "mistral": {"model_type": "mistral", "tie_word_embeddings": False, "sliding_window": None},
+    "qwen2": {"model_type": "qwen2", "tie_word_embeddings": True},
+    "qwen3": {"model_type": "qwen3", "tie_word_embeddings": True, "head_dim": None},
+    "gemma": {"model_type": "gemma", "tie_word_embeddings": True, "head_dim": None},
+    "gemma2": {
+        "model_type": "gemma2",
+        "tie_word_embeddings": True,
+        "head_dim": None,
+        "sliding_window": None,
+    },
+    "gemma3_text": {
+        "model_type": "gemma3_text",
+        "tie_word_embeddings": True,
+        "head_dim": None,
+        "sliding_window": None,
+    },
+    "phi3": {"model_type": "phi3", "tie_word_embeddings": False},
+    "mixtral": {
+        "model_type": "mixtral",
+        "tie_word_embeddings": False,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    },
+    "qwen2_moe": {
+        "model_type": "qwen2_moe",
+        "tie_word_embeddings": False,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": None,
+        "shared_expert_intermediate_size": None,
+    },
+}
+FAMILIES = tuple(_SHAPES)
+
+# (layers, hidden, heads, kv heads, ffn, vocab, positions)
+SIZES = {
+    "tiny": (2, 64, 4, 2, 128, 256, 128),
+    "small": (8, 768, 12, 4, 2048, 32000, 2048),
+}
+
+
+def family_config(family: str, size: str = "tiny") -> dict[str, Any]:
+    """The ``config.json`` body of ``family`` at ``size`` (``tiny`` or ``small``)."""
+    layers, hidden, heads, kv_heads, ffn, vocab, positions = SIZES[size]
+    body: dict[str, Any] = {
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": ffn,
+        "vocab_size": vocab,
+        "max_position_embeddings": positions,
+        # token ids inside the small vocabulary (some families default to ids past it)
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
+    for key, value in _SHAPES[family].items():
+        if value is not None:
+            body[key] = value
+        elif key == "head_dim":
+            body[key] = hidden // heads
+        elif key == "sliding_window":
+            body[key] = positions // 2  # local layers see half the context
+        else:  # the experts' widths
+            body[key] = ffn // 2
+    return body

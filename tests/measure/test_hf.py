@@ -1,0 +1,117 @@
+"""The user's Hugging Face model, built by transformers: its parameter list, a simulated run on
+the CPU, and the refusals (no transformers, selective recomputation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from calculators.architecture import count_params  # noqa: E402
+from calculators.errors import InputError  # noqa: E402
+from calculators.hf_config import architecture_from_hf_config  # noqa: E402
+from measure import spec as measure_spec  # noqa: E402
+from measure.engines.hf import build_hf, decoder_layers, hf_config, hf_tensors  # noqa: E402
+from measure.hf_families import FAMILIES, family_config  # noqa: E402
+from measure.runner import run  # noqa: E402
+from measure.spec import parse_spec  # noqa: E402
+
+# families the calculator reads from config.json today (the others are predicted from Ψ)
+READ_BY_CALCULATOR = ("llama", "mistral", "qwen2", "mixtral")
+
+
+def _body(family: str, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": {"hf_config": family_config(family)},
+        "dp": 4,
+        "stages": [1, 3],
+        "precision": "mixed_bf16",
+        "mode": "simulated",
+        "device": "cpu",
+        "warmup_steps": 1,
+        "steps": 1,
+        "batch": {"micro_batch_size": 1, "seq_len": 32},
+    }
+    body.update(extra)
+    return body
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_builds_on_meta_with_one_group_per_layer(family: str) -> None:
+    cfg = family_config(family)
+    model = build_hf(hf_config(cfg), torch.device("meta"), checkpointing=False)
+    layers = decoder_layers(model)
+    assert len(layers) == cfg["num_hidden_layers"]
+    tensors = hf_tensors(cfg)
+    groups = {g for _, _, g in tensors}
+    assert groups == {"root"} | {f"layers.{i}" for i in range(len(layers))}
+    in_layers = sum(p.numel() for layer in layers for p in layer.parameters())
+    assert sum(torch.Size(s).numel() for _, s, g in tensors if g != "root") == in_layers
+
+
+@pytest.mark.parametrize("family", READ_BY_CALCULATOR)
+def test_built_model_counts_what_the_calculator_counts(family: str) -> None:
+    cfg = family_config(family)
+    built = sum(torch.Size(s).numel() for _, s, _ in hf_tensors(cfg))
+    assert built == count_params(architecture_from_hf_config(cfg))
+
+
+def test_llama_simulated_world_matches_the_prediction() -> None:
+    seen: list[tuple[float, str]] = []
+    result = run(_body("llama"), lambda f, m: seen.append((f, m)))
+    assert "transformers" in result["workload"]
+    assert result["environment"]["transformers"]
+    assert "CPU mode" in result["cpu_mode"]
+    for r in result["runs"]:
+        assert r["engine"] == "torch"
+        meas, pred = r["measured"]["resident"], r["predicted"]["resident"]
+        assert abs(pred - meas) <= 0.005 * meas, (r["stage"], pred, meas)
+        comm = r["communication"]
+        assert comm["relative_error"] is not None and abs(comm["relative_error"]) <= 0.005
+        assert "after_backward" not in r["measured"]  # phase figures are CUDA-only
+    # progress moves inside each stage, not only between stages
+    inside = {round(f, 3) for f, _ in seen if 0 < f < 1}
+    assert len(inside) >= 4, seen
+
+
+def test_family_the_calculator_does_not_read_is_measured_with_a_note() -> None:
+    result = run(_body("gemma", stages=[2]))
+    (r,) = result["runs"]
+    assert any("does not read model_type 'gemma'" in n for n in r["notes"])
+    assert r["measured"]["parameters"] > 0
+
+
+def test_without_transformers_the_request_names_the_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(measure_spec, "transformers_available", lambda: False)
+    with pytest.raises(InputError) as err:
+        parse_spec(_body("llama"))
+    assert err.value.field == "model.hf_config"
+    assert "pip install" in err.value.message and "transformers" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (
+            {
+                "batch": {
+                    "micro_batch_size": 1,
+                    "seq_len": 8,
+                    "activation_checkpointing": "selective",
+                }
+            },
+            "batch.activation_checkpointing",
+        ),
+        ({"model": {"hf_config": {"model_type": "no-such-family"}}}, "model.hf_config.model_type"),
+        ({"model": {"hf_config": {"hidden_size": 8}}}, "model.hf_config.model_type"),
+    ],
+)
+def test_bad_hf_requests_name_the_field(change: dict[str, Any], field: str) -> None:
+    with pytest.raises(InputError) as err:
+        parse_spec(_body("llama", **change))
+    assert err.value.field == field
