@@ -26,6 +26,7 @@ from enum import StrEnum
 from calculators.architecture import Activation, Architecture, Norm
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
+from calculators.errors import InputError
 
 INDEX_BYTES = 8  # int64 token ids and targets
 
@@ -189,6 +190,8 @@ def activations(
     at a time in backward; selective checkpointing recomputes the attention core only, whose
     quadratic scores SDPA never keeps, so with SDPA it saves just the logsumexp.
     """
+    if arch.modelling is not None:
+        return _transformers_activations(arch, batch, regime, attention, tp, pp)
     t = batch.tokens
     res, lin = _bytes(regime)
     per_layer = layer_activations(arch, batch, regime, attention, tp)
@@ -236,5 +239,50 @@ def activations(
         logits=logits,
         loss=loss,
         loss_transient=loss_transient,
+        autocast_weights=autocast_weights,
+    )
+
+
+def _transformers_activations(
+    arch: Architecture, batch: Batch, regime: Regime, attention: Attention, tp: int, pp: int
+) -> ActivationBreakdown:
+    """The same breakdown for a model trained with transformers' modelling code
+    (``calculators/transformers_activations.py``)."""
+    from calculators import transformers_activations as hf
+
+    if tp != 1 or pp != 1:
+        raise InputError("tp", "transformers' modelling code is modelled without tp/pp splits")
+    if attention is Attention.EAGER:
+        raise InputError("attention", "transformers' models are modelled with sdpa attention")
+    terms = hf.model_terms(arch, batch, regime.value)
+    per_layer = LayerActivations(
+        terms.per_layer.norms,
+        terms.per_layer.linear_inputs,
+        terms.per_layer.attention,
+        terms.per_layer.mlp,
+    )
+    full = batch.activation_checkpointing is Checkpointing.FULL
+    layers, recompute = terms.layers, terms.recompute
+    if batch.activation_checkpointing is Checkpointing.SELECTIVE:
+        # the attention core recomputed: only SDPA's logsumexp goes
+        lse = FP32_BYTES * batch.tokens * arch.heads
+        layers -= arch.layers * lse
+        recompute = lse
+    autocast_weights = 0
+    if regime is Regime.AUTOCAST:
+        autocast_weights = HALF_BYTES * hf.autocast_weight_elements(arch, checkpointed=full)
+        if full:
+            # backward re-casts the recomputed layer's weights
+            layer_weights = hf.autocast_weight_elements(arch, checkpointed=False)
+            recompute += HALF_BYTES * (layer_weights - arch.vocab_size * arch.hidden) // arch.layers
+    return ActivationBreakdown(
+        per_layer=per_layer,
+        layers=layers,
+        recompute=recompute,
+        embedding=terms.embedding,
+        head=terms.head,
+        logits=terms.logits,
+        loss=terms.loss,
+        loss_transient=terms.loss_transient,
         autocast_weights=autocast_weights,
     )
