@@ -64,6 +64,8 @@ class TransformersModelling:
         router_normalize: top-k routing weights renormalised in place.
         router_weights_fp32: routing weights stay fp32 (Mixtral) rather than the logits' dtype.
         use_cache: ``config.use_cache``: forward fills a ``DynamicCache`` unless checkpointing.
+        out_bias: bias on ``o_proj`` (Llama's ``attention_bias`` covers q, k, v and o);
+            ``None`` follows the architecture's ``bias``.
     """
 
     family: str
@@ -79,6 +81,7 @@ class TransformersModelling:
     router_normalize: bool = True
     router_weights_fp32: bool = True
     use_cache: bool = True
+    out_bias: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -277,7 +280,8 @@ def block_tensors(arch: Architecture, i: int) -> list[Tensor]:
     if m is not None and m.qk_norm:
         out += _norm(arch, f"{p}.attn.q_norm", arch.d_head, i, "layer")
         out += _norm(arch, f"{p}.attn.k_norm", arch.d_head, i, "layer")
-    out += _linear(_Linear(f"{p}.attn.proj", h, arch.q_dim, arch.bias, False), i, "layer")
+    out_bias = arch.bias if m is None or m.out_bias is None else m.out_bias
+    out += _linear(_Linear(f"{p}.attn.proj", h, arch.q_dim, out_bias, False), i, "layer")
     if m is not None and m.sandwich_norms:
         out += _norm(arch, f"{p}.post_attn_norm", h, i, "layer")
     out += _norm(arch, f"{p}.ln2", h, i, "layer")

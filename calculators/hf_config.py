@@ -152,6 +152,7 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
         router_normalize=model_type == "mixtral" or _flag(cfg, "norm_topk_prob", False),
         router_weights_fp32=model_type == "mixtral",
         use_cache=_flag(cfg, "use_cache", True),
+        out_bias=False if model_type in ("qwen2", "qwen2_moe") else attention_bias,
     )
     default_act = Activation.GELU if model_type in _GEMMA else Activation.SILU
     act_key = (
