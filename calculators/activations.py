@@ -75,6 +75,10 @@ class ActivationBreakdown:
         loss_transient: bytes alive only inside the loss call (the fp32 copy of the logits
             before log-softmax frees it).
         autocast_weights: bf16 copies of linear weights held by autocast for backward.
+        cache: bytes of the key/value cache transformers' models fill during a training forward
+            (``use_cache``), held by the model output for as long as the loop keeps it.
+        cache_only: the part of ``cache`` that nothing saved for backward shares (alive at the
+            end of forward while the output is).
     """
 
     per_layer: LayerActivations
@@ -86,6 +90,8 @@ class ActivationBreakdown:
     loss: int
     loss_transient: int
     autocast_weights: int
+    cache: int = 0
+    cache_only: int = 0
 
     @property
     def end_of_forward(self) -> int:
@@ -97,6 +103,7 @@ class ActivationBreakdown:
             + self.logits
             + self.loss
             + self.autocast_weights
+            + self.cache_only
         )
 
 
@@ -285,4 +292,6 @@ def _transformers_activations(
         loss=terms.loss,
         loss_transient=terms.loss_transient,
         autocast_weights=autocast_weights,
+        cache=terms.cache,
+        cache_only=terms.cache_only,
     )

@@ -204,6 +204,8 @@ class ModelTerms:
     logits: int
     loss: int
     loss_transient: int
+    cache: int
+    cache_only: int
 
 
 def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
@@ -236,6 +238,15 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     labels = INDEX_BYTES * (s + 1) if b == 1 else INDEX_BYTES * t
     loss = FP32_BYTES * t * v + labels + FP32_BYTES  # log_softmax output, targets, total_weight
     loss_transient = FP32_BYTES * t * v if d.lin != FP32_BYTES else 0
+    # DynamicCache (cache_utils.py DynamicLayer.update): torch.cat copies of the rotated k and
+    # of v per layer, held by the output's past_key_values. SDPA saves the same copies, except
+    # under autocast: the rotated k is fp32, the cache allocates v in k's dtype (cat promotes),
+    # and SDPA saves bf16 casts of both; in fp32 with GQA SDPA saves expanded copies instead.
+    cache = cache_only = 0
+    if use_cache:
+        cache = arch.layers * 2 * d.res * t * arch.kv_dim
+        if d.autocast or (regime == "fp32" and arch.n_kv_heads != arch.heads):
+            cache_only = cache
     return ModelTerms(
         per_layer=per_layer,
         per_layer_total=total,
@@ -246,6 +257,8 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
         logits=logits,
         loss=loss,
         loss_transient=loss_transient,
+        cache=cache,
+        cache_only=cache_only,
     )
 
 

@@ -70,6 +70,8 @@ class TraceResult:
         logits: the model output's logits (held by the caller, not saved).
         loss_transient: tensors alive only inside the loss call (the fp32 logits copy when the
             logits are 16-bit, and the shifted labels when they are a fresh copy).
+        cache: bytes of the key/value cache the output holds (``use_cache``).
+        cache_only: the part of ``cache`` autograd does not also save.
         by_layer: activation bytes first saved inside decoder layer ``i`` (``-1``: outside).
         tensors: one row per distinct saved storage: (layer, shape, dtype, bytes, grad_fn).
     """
@@ -79,6 +81,8 @@ class TraceResult:
     rng_state: int = 0
     logits: int = 0
     loss_transient: int = 0
+    cache: int = 0
+    cache_only: int = 0
     by_layer: dict[int, int] = field(default_factory=dict)
     tensors: list[tuple[int, tuple[int, ...], str, int, str]] = field(default_factory=list)
 
@@ -258,6 +262,14 @@ def trace(
         ):
             out = model(input_ids=ids, labels=ids)
         result.logits = out.logits.untyped_storage().nbytes()
+        cached: set[int] = set()
+        for layer_cache in getattr(out.past_key_values, "layers", None) or []:
+            for t in (layer_cache.keys, layer_cache.values):
+                if isinstance(t, torch.Tensor) and _key(t) not in cached:
+                    cached.add(_key(t))
+                    result.cache += t.untyped_storage().nbytes()
+                    if _key(t) not in seen:
+                        result.cache_only += t.untyped_storage().nbytes()
         logits_key = _key(out.logits)
         for t in loss_inputs:
             if _key(t) != logits_key and _key(t) not in seen:
@@ -331,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = json.load(f)
     r = trace(cfg, ns.batch, ns.seq, ns.regime, ns.checkpointing)
     out = sys.stdout
-    for name in ("activations", "autocast_weights", "rng_state", "logits", "loss_transient"):
+    names = ("activations", "autocast_weights", "rng_state", "logits", "loss_transient", "cache")
+    for name in names:
         out.write(f"{name:18} {getattr(r, name):>16,} B\n")
     if ns.tensors:
         for row in r.tensors:

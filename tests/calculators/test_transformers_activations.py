@@ -83,7 +83,16 @@ def _check(family: str, batch: Batch, regime: Regime) -> None:
         acts.autocast_weights,
         acts.logits,
         acts.loss_transient,
-    ) == (traced.activations, traced.autocast_weights, traced.logits, traced.loss_transient)
+        acts.cache,
+        acts.cache_only,
+    ) == (
+        traced.activations,
+        traced.autocast_weights,
+        traced.logits,
+        traced.loss_transient,
+        traced.cache,
+        traced.cache_only,
+    )
 
 
 @pytest.mark.parametrize("regime", list(Regime))
@@ -116,9 +125,7 @@ def test_untied_gemma_and_biased_llama_counts() -> None:
         {**_config("qwen3"), "attention_bias": True},
         {**_config("qwen2_moe"), "qkv_bias": False},
     ):
-        assert count_params(architecture_from_hf_config(cfg)) == trace_module.count_parameters(
-            cfg
-        )
+        assert count_params(architecture_from_hf_config(cfg)) == trace_module.count_parameters(cfg)
 
 
 def test_canonical_architecture_keeps_its_figures() -> None:
