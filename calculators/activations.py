@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from calculators.architecture import Activation, Architecture, Norm
+from calculators.architecture import Activation, Architecture, Norm, TracedActivations
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.errors import InputError
@@ -262,13 +262,14 @@ def _transformers_activations(
     if attention is Attention.EAGER:
         raise InputError("attention", "transformers' models are modelled with sdpa attention")
     terms = hf.model_terms(arch, batch, regime.value)
+    full = batch.activation_checkpointing is Checkpointing.FULL
+    traced = _traced(arch, batch, regime, full)
     per_layer = LayerActivations(
         terms.per_layer.norms,
         terms.per_layer.linear_inputs,
         terms.per_layer.attention,
         terms.per_layer.mlp,
     )
-    full = batch.activation_checkpointing is Checkpointing.FULL
     layers, recompute = terms.layers, terms.recompute
     if batch.activation_checkpointing is Checkpointing.SELECTIVE:
         # the attention core recomputed: only SDPA's logsumexp goes
@@ -282,6 +283,22 @@ def _transformers_activations(
             # backward re-casts the recomputed layer's weights
             layer_weights = hf.autocast_weight_elements(arch, checkpointed=False)
             recompute += HALF_BYTES * (layer_weights - arch.vocab_size * arch.hidden) // arch.layers
+    if traced is not None:
+        # the trace's totals in place of the formulas: the layers carry whatever the trace
+        # saved beyond the embedding, head and loss terms (the recomputed layer stays analytical)
+        return ActivationBreakdown(
+            per_layer=per_layer,
+            layers=traced.saved - terms.embedding - terms.head - terms.loss,
+            recompute=recompute,
+            embedding=terms.embedding,
+            head=terms.head,
+            logits=traced.logits,
+            loss=terms.loss,
+            loss_transient=traced.loss_transient,
+            autocast_weights=traced.autocast_weights,
+            cache=traced.cache,
+            cache_only=traced.cache_only,
+        )
     return ActivationBreakdown(
         per_layer=per_layer,
         layers=layers,
@@ -295,3 +312,19 @@ def _transformers_activations(
         cache=terms.cache,
         cache_only=terms.cache_only,
     )
+
+
+def _traced(
+    arch: Architecture, batch: Batch, regime: Regime, checkpointing: bool
+) -> TracedActivations | None:
+    """The traced measurement of this batch and regime, when the architecture carries one."""
+    assert arch.modelling is not None
+    for t in arch.modelling.traced:
+        if (t.regime, t.micro_batch_size, t.seq_len, t.checkpointing) == (
+            regime.value,
+            batch.micro_batch_size,
+            batch.seq_len,
+            checkpointing,
+        ):
+            return t
+    return None

@@ -66,6 +66,8 @@ class TransformersModelling:
         use_cache: ``config.use_cache``: forward fills a ``DynamicCache`` unless checkpointing.
         out_bias: bias on ``o_proj`` (Llama's ``attention_bias`` covers q, k, v and o);
             ``None`` follows the architecture's ``bias``.
+        traced: measurements of what this model's code saves (``measure/trace.py``), used in
+            place of the analytical figures for the batch and regime each one was traced at.
     """
 
     family: str
@@ -82,6 +84,36 @@ class TransformersModelling:
     router_weights_fp32: bool = True
     use_cache: bool = True
     out_bias: bool | None = None
+    traced: tuple[TracedActivations, ...] = ()
+
+
+@dataclass(frozen=True)
+class TracedActivations:
+    """Bytes autograd saved when the model's own code ran one forward + loss (traced).
+
+    Attributes:
+        regime: ``half``, ``autocast`` or ``fp32``.
+        micro_batch_size: sequences traced.
+        seq_len: tokens per sequence traced.
+        checkpointing: transformers' gradient checkpointing was on.
+        saved: activation bytes saved for backward (parameters and weight copies excluded).
+        autocast_weights: bf16 weight copies autograd saved (autocast).
+        logits: the output logits.
+        loss_transient: tensors alive only inside the loss.
+        cache: the key/value cache in the output.
+        cache_only: the part of the cache nothing saved shares.
+    """
+
+    regime: str
+    micro_batch_size: int
+    seq_len: int
+    checkpointing: bool
+    saved: int
+    autocast_weights: int
+    logits: int
+    loss_transient: int
+    cache: int
+    cache_only: int
 
 
 @dataclass(frozen=True)

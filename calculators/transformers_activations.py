@@ -184,8 +184,8 @@ def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
     weight_bytes = FP32_BYTES if _m(arch).router_weights_fp32 else d.lin
     saved += weight_bytes * n  # routing weights, saved by the weighted product
     saved += x * n * h  # down output (masked), saved by the weighted product
-    if _m(arch).shared_expert_ffn:
-        fs = _m(arch).shared_expert_ffn
+    fs = _m(arch).shared_expert_ffn
+    if fs:
         saved += 4 * d.lin * t * fs  # the shared expert's SwiGLU
         saved += d.lin * t + d.lin * t * h  # sigmoid(shared_expert_gate) and shared output
     return saved
@@ -275,6 +275,7 @@ def autocast_weight_elements(arch: Architecture, checkpointed: bool) -> int:
         per_layer += 3 * h * f
     else:
         per_layer += arch.num_experts * h  # router
-        if _m(arch).shared_expert_ffn:
-            per_layer += 3 * h * _m(arch).shared_expert_ffn + h
+        shared = _m(arch).shared_expert_ffn
+        if shared:
+            per_layer += 3 * h * shared + h
     return arch.layers * per_layer + head

@@ -156,8 +156,8 @@ def _gpu_sdpa(
 @contextlib.contextmanager
 def _gpu_behaviour() -> Iterator[None]:
     """Make the fake run take the branches a GPU run takes (see the module doc)."""
-    import transformers.masking_utils as masking
     import transformers.integrations.moe as moe
+    import transformers.masking_utils as masking
 
     saved = (
         torch.nn.functional.scaled_dot_product_attention,
@@ -275,6 +275,32 @@ def trace(
             if _key(t) != logits_key and _key(t) not in seen:
                 result.loss_transient += t.untyped_storage().nbytes()
     return result
+
+
+def traced_activations(
+    hf_config: Mapping[str, Any], micro_batch_size: int, seq_len: int, checkpointing: bool
+) -> tuple[Any, ...]:
+    """The trace in every regime, as the calculators' ``TracedActivations``."""
+    from calculators.architecture import TracedActivations
+
+    out = []
+    for regime in REGIMES:
+        r = trace(hf_config, micro_batch_size, seq_len, regime, checkpointing)
+        out.append(
+            TracedActivations(
+                regime=regime,
+                micro_batch_size=micro_batch_size,
+                seq_len=seq_len,
+                checkpointing=checkpointing,
+                saved=r.activations,
+                autocast_weights=r.autocast_weights,
+                logits=r.logits,
+                loss_transient=r.loss_transient,
+                cache=r.cache,
+                cache_only=r.cache_only,
+            )
+        )
+    return tuple(out)
 
 
 def _enter(current: list[int], i: int, *_: Any) -> None:
