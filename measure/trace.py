@@ -303,6 +303,39 @@ def traced_activations(
     return tuple(out)
 
 
+def compare_table(hf_config: Mapping[str, Any], micro_batch_size: int, seq_len: int) -> str:
+    """Saved bytes at the end of forward: canonical GPT formula, transformers formula, trace."""
+    from dataclasses import replace
+
+    from calculators.activations import Regime, activations
+    from calculators.batch import Batch, Checkpointing
+    from calculators.hf_config import architecture_from_hf_config
+
+    arch = architecture_from_hf_config(hf_config)
+    mib = 2**20
+    rows = [
+        "| regime | checkpointing | canonical GPT (MiB) | analytical (MiB) | traced (MiB) "
+        "| analytical − traced (B) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for regime in REGIMES:
+        for full in (False, True):
+            policy = Checkpointing.FULL if full else Checkpointing.NONE
+            batch = Batch(micro_batch_size, seq_len, policy)
+            hf = activations(arch, batch, Regime(regime))
+            gpt = activations(replace(arch, modelling=None), batch, Regime(regime))
+            r = trace(hf_config, micro_batch_size, seq_len, regime, full)
+            # the same moment on both sides: saved tensors + autocast weight copies + the
+            # cache no saved tensor shares + the logits
+            predicted = hf.end_of_forward
+            traced = r.activations + r.autocast_weights + r.cache_only + r.logits
+            rows.append(
+                f"| {regime} | {'full' if full else 'none'} | {gpt.end_of_forward / mib:,.1f} "
+                f"| {predicted / mib:,.1f} | {traced / mib:,.1f} | {predicted - traced:,} |"
+            )
+    return "\n".join(rows) + "\n"
+
+
 def _enter(current: list[int], i: int, *_: Any) -> None:
     current[0] = i
 
@@ -364,9 +397,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regime", choices=REGIMES, default="half")
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--tensors", action="store_true", help="list every saved storage")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="table of analytical vs traced (every regime, with and without checkpointing)",
+    )
     ns = parser.parse_args(argv)
     with open(ns.config) as f:
         cfg = json.load(f)
+    if ns.compare:
+        sys.stdout.write(compare_table(cfg, ns.batch, ns.seq))
+        return 0
     r = trace(cfg, ns.batch, ns.seq, ns.regime, ns.checkpointing)
     out = sys.stdout
     names = ("activations", "autocast_weights", "rng_state", "logits", "loss_transient", "cache")
