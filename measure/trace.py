@@ -336,6 +336,59 @@ def compare_table(hf_config: Mapping[str, Any], micro_batch_size: int, seq_len: 
     return "\n".join(rows) + "\n"
 
 
+def gpu_check(
+    hf_config: Mapping[str, Any],
+    micro_batch_size: int,
+    seq_len: int,
+    regime: str,
+    full: bool,
+    device_type: str = "cuda",
+) -> dict[str, int]:
+    """On a CUDA device: the bytes a real forward + loss leaves allocated, against the formula.
+
+    The model is built for real (random init) with transformers' code and trained one warm-up
+    step (cuBLAS workspaces, lazy state); then ``torch.cuda.memory_allocated`` is read before
+    and after ``out = model(input_ids=ids, labels=ids)``. The difference is everything the
+    forward left alive: saved tensors, autocast's weight copies, the key/value cache, the
+    logits and the loss (the caching allocator rounds each block up to 512 bytes).
+    """
+    from calculators.activations import Regime, activations
+    from calculators.batch import Batch, Checkpointing
+    from calculators.hf_config import architecture_from_hf_config
+
+    device = torch.device(device_type)
+    dtype = HALF if regime == "half" else torch.float32
+    with device:
+        model = build_model(hf_config, dtype)
+    if full:
+        model.gradient_checkpointing_enable()
+    vocab = int(hf_config["vocab_size"])
+    ids = torch.randint(0, vocab, (micro_batch_size, seq_len), device=device)
+
+    def step() -> Any:
+        with torch.autocast(device_type, dtype=HALF, enabled=regime == "autocast"):
+            return model(input_ids=ids, labels=ids)
+
+    out = step()
+    out.loss.backward()
+    del out
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = step()
+    torch.cuda.synchronize()
+    measured = torch.cuda.memory_allocated() - before
+    policy = Checkpointing.FULL if full else Checkpointing.NONE
+    arch = architecture_from_hf_config(hf_config)
+    acts = activations(arch, Batch(micro_batch_size, seq_len, policy), Regime(regime))
+    predicted = acts.end_of_forward + acts.logits + FP32_LOSS_BYTES
+    del out
+    return {"measured": measured, "predicted": predicted}
+
+
+FP32_LOSS_BYTES = 4  # the loss scalar the output holds
+
+
 def _enter(current: list[int], i: int, *_: Any) -> None:
     current[0] = i
 
@@ -402,9 +455,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="table of analytical vs traced (every regime, with and without checkpointing)",
     )
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="on CUDA: measured end-of-forward bytes vs the formula, every regime ± checkpointing",
+    )
     ns = parser.parse_args(argv)
     with open(ns.config) as f:
         cfg = json.load(f)
+    if ns.gpu:
+        for regime in REGIMES:
+            for full in (False, True):
+                r = gpu_check(cfg, ns.batch, ns.seq, regime, full)
+                error = (r["predicted"] - r["measured"]) / r["measured"]
+                sys.stdout.write(
+                    f"{regime:8} checkpointing={'full' if full else 'none':4} "
+                    f"measured {r['measured']:>15,} B predicted {r['predicted']:>15,} B "
+                    f"({error:+.3%})\n"
+                )
+                torch.cuda.empty_cache()
+        return 0
     if ns.compare:
         sys.stdout.write(compare_table(cfg, ns.batch, ns.seq))
         return 0
