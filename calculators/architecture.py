@@ -66,6 +66,8 @@ class TransformersModelling:
         use_cache: ``config.use_cache``: forward fills a ``DynamicCache`` unless checkpointing.
         out_bias: bias on ``o_proj`` (Llama's ``attention_bias`` covers q, k, v and o);
             ``None`` follows the architecture's ``bias``.
+        sliding_window: attention window of the sliding layers (``None``: none).
+        sliding_layers: how many layers attend through ``sliding_window``.
         traced: measurements of what this model's code saves (``measure/trace.py``), used in
             place of the analytical figures for the batch and regime each one was traced at.
     """
@@ -84,6 +86,8 @@ class TransformersModelling:
     router_weights_fp32: bool = True
     use_cache: bool = True
     out_bias: bool | None = None
+    sliding_window: int | None = None
+    sliding_layers: int = 0
     traced: tuple[TracedActivations, ...] = ()
 
 

@@ -92,6 +92,43 @@ _GEMMA = {"gemma", "gemma2", "gemma3_text"}
 _MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
 
 
+_WINDOW_DEFAULT = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096}
+_QWEN = {"qwen2", "qwen3", "qwen2_moe", "qwen3_moe"}
+
+
+def _sliding_window(cfg: Mapping[str, Any], model_type: str) -> int | None:
+    """The window transformers' mask functions use (``None``: causal masks only)."""
+    if model_type in ("llama", "gemma"):
+        return None
+    if model_type in _QWEN and not _flag(cfg, "use_sliding_window", False):
+        return None  # configuration_qwen*.py: sliding_window if use_sliding_window else None
+    default = _WINDOW_DEFAULT.get(model_type, 4096 if model_type in _QWEN else None)
+    if "sliding_window" in cfg and cfg["sliding_window"] is None:
+        return None
+    window: int | None = _get(cfg, "sliding_window", default=default, required=False)
+    return window or None
+
+
+def _layer_types(cfg: Mapping[str, Any], model_type: str, layers: int) -> list[str]:
+    """``config.layer_types`` as the family's configuration class fills it in."""
+    given = _list(cfg, "layer_types")
+    if given:
+        if len(given) != layers:
+            raise InputError(f"{_FIELD}.layer_types", f"must list {layers} layers")
+        return [str(x) for x in given]
+    if model_type == "gemma2":
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if model_type == "gemma3_text":
+        pattern = _get(cfg, "sliding_window_pattern", default=6, required=False)
+        return [
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+        ]
+    if model_type in _QWEN:
+        first = _get(cfg, "max_window_layers", default=28, required=False)
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    return ["sliding_attention"] * layers  # mistral, mixtral, phi3: every layer when windowed
+
+
 def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     """The RMSNorm + RoPE + gated-MLP families, each as its ``modeling_<family>.py`` builds it.
 
@@ -128,15 +165,9 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     top_k = _get(cfg, "num_experts_per_tok", default=min(2, experts), required=False)
     layers = _get(cfg, "num_hidden_layers")
     fraction = _rotary_fraction(cfg) if model_type == "phi3" else 1.0
-    rope_kinds = 1
-    if model_type == "gemma3_text":
-        types = _list(cfg, "layer_types") or [
-            "sliding_attention"
-            if (i + 1) % _get(cfg, "sliding_window_pattern", default=6, required=False)
-            else "full_attention"
-            for i in range(layers)
-        ]
-        rope_kinds = len(set(types))
+    types = _layer_types(cfg, model_type, layers)
+    window = _sliding_window(cfg, model_type)
+    rope_kinds = len(set(types)) if model_type == "gemma3_text" else 1
     modelling = TransformersModelling(
         family=model_type,
         norm_plus_one=model_type in _GEMMA,
@@ -153,6 +184,8 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
         router_weights_fp32=model_type == "mixtral",
         use_cache=_flag(cfg, "use_cache", True),
         out_bias=False if model_type in ("qwen2", "qwen2_moe") else attention_bias,
+        sliding_window=window,
+        sliding_layers=types.count("sliding_attention") if window is not None else 0,
     )
     default_act = Activation.GELU if model_type in _GEMMA else Activation.SILU
     act_key = (

@@ -55,6 +55,7 @@ INDEX_BYTES = 8  # int64
 BOOL_BYTES = 1
 INT32_BYTES = 4
 EFFICIENT_LSE_ROWS = 32  # mem-efficient attention pads logsumexp rows to a multiple of 32
+MASK_ALIGNMENT = 16  # mem-efficient attention pads the bias's last dim (attention.cu pad_bias)
 
 
 def _m(arch: Architecture) -> TransformersModelling:
@@ -120,8 +121,17 @@ def _mlp_consumers(arch: Architecture) -> int:
     return 1 + (3 if _m(arch).shared_expert_ffn else 0)
 
 
-def layer_terms(arch: Architecture, batch: Batch, regime: str, use_cache: bool) -> LayerTerms:
-    """Bytes one decoder layer saves for backward, without checkpointing."""
+def layer_terms(
+    arch: Architecture, batch: Batch, regime: str, use_cache: bool, masked: bool = False
+) -> LayerTerms:
+    """Bytes one decoder layer saves for backward, without checkpointing.
+
+    ``masked``: a sliding-window layer whose window the sequence reaches. transformers then
+    builds a boolean mask (``masking_utils._ignore_causal_mask_sdpa`` refuses the ``is_causal``
+    shortcut), ``sdpa_attention_forward`` expands k/v with ``repeat_kv`` (no GQA with a mask),
+    and SDPA runs the memory-efficient kernel, which saves the mask converted to a float bias
+    in q's dtype (last dim padded to a multiple of 16) and a logsumexp padded to 32 rows.
+    """
     d = dtypes(regime)
     t, b, s = batch.tokens, batch.micro_batch_size, batch.seq_len
     h, q, kv = arch.hidden, arch.q_dim, arch.kv_dim
@@ -140,18 +150,22 @@ def layer_terms(arch: Architecture, batch: Batch, regime: str, use_cache: bool) 
         attention += _norm_internal(arch, t * arch.heads, arch.d_head, d.lin)
         attention += _norm_internal(arch, t * arch.n_kv_heads, arch.d_head, d.lin)
     sdpa = HALF_BYTES if regime != "fp32" else FP32_BYTES
-    gqa_expanded = regime == "fp32" and arch.n_kv_heads != arch.heads
+    efficient = regime == "fp32" or masked
+    gqa_expanded = efficient and arch.n_kv_heads != arch.heads
     k_width = q if gqa_expanded else kv
     attention += sdpa * t * q + 2 * sdpa * t * k_width  # q, k, v as SDPA saves them
     if _m(arch).fused_projections and not use_cache and not gqa_expanded:
         # v is a view of the fused qkv output: the whole output stays alive
         attention += d.lin * t * (q + kv)
     attention += sdpa * t * q  # output (o_proj's input)
-    if _m(arch).rotary_cat and regime != "fp32":
+    if _m(arch).rotary_cat and not efficient:
         # flash's output follows q's layout (empty_like); the memory-efficient kernel always
         # writes (b, s, heads, d), so only flash needs the copy
         attention += sdpa * t * q  # transpose(1, 2).contiguous() copy for o_proj
-    if regime == "fp32":
+    if masked:
+        aligned = -(-s // MASK_ALIGNMENT) * MASK_ALIGNMENT
+        attention += sdpa * b * s * aligned  # the float bias made from the boolean mask
+    if efficient:
         rows = -(-s // EFFICIENT_LSE_ROWS) * EFFICIENT_LSE_ROWS
         attention += FP32_BYTES * b * arch.heads * rows
     else:
@@ -191,6 +205,10 @@ def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
     return saved
 
 
+def _total(terms: LayerTerms) -> int:
+    return terms.norms + terms.linear_inputs + terms.attention + terms.mlp
+
+
 @dataclass(frozen=True)
 class ModelTerms:
     """What one micro-batch keeps at the end of forward, by place."""
@@ -214,9 +232,12 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     h, v = arch.hidden, arch.vocab_size
     checkpointed = batch.activation_checkpointing is Checkpointing.FULL
     use_cache = _m(arch).use_cache and not checkpointed
-    per_layer = layer_terms(arch, batch, regime, use_cache)
-    total = per_layer.norms + per_layer.linear_inputs + per_layer.attention + per_layer.mlp
     m = _m(arch)
+    window = m.sliding_window
+    masked = m.sliding_layers if window is not None and s >= window else 0
+    per_layer = layer_terms(arch, batch, regime, use_cache)
+    total = _total(per_layer)
+    masked_total = _total(layer_terms(arch, batch, regime, use_cache, masked=True))
     # cos and sin (batch dim 1: position_ids is arange(s)[None]), once per rotary embedding
     rotary = 2 * d.res * s * (m.rotary_dim or arch.d_head) * m.rope_kinds
     embedding = INDEX_BYTES * t + rotary
@@ -224,12 +245,12 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
         # each checkpointed call keeps its hidden_states argument; position_ids ride along
         layers = arch.layers * d.res * t * h
         embedding += INDEX_BYTES * s
-        recompute = layer_terms(arch, batch, regime, use_cache=False)
-        recompute_total = (
-            recompute.norms + recompute.linear_inputs + recompute.attention + recompute.mlp
+        recompute_total = max(
+            _total(layer_terms(arch, batch, regime, use_cache=False, masked=bool(masked))),
+            _total(layer_terms(arch, batch, regime, use_cache=False)),
         )
     else:
-        layers = arch.layers * total
+        layers = (arch.layers - masked) * total + masked * masked_total
         recompute_total = 0
     head = _norm_internal(arch, t, h, d.res) + _norm_output(d, t, h, 1)
     logits = d.lin * t * v
@@ -244,9 +265,13 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     # and SDPA saves bf16 casts of both; in fp32 with GQA SDPA saves expanded copies instead.
     cache = cache_only = 0
     if use_cache:
-        cache = arch.layers * 2 * d.res * t * arch.kv_dim
-        if d.autocast or (regime == "fp32" and arch.n_kv_heads != arch.heads):
+        per_layer_cache = 2 * d.res * t * arch.kv_dim
+        cache = arch.layers * per_layer_cache
+        expanded = arch.n_kv_heads != arch.heads  # SDPA saves repeat_kv copies instead
+        if d.autocast or (regime == "fp32" and expanded):
             cache_only = cache
+        elif expanded:
+            cache_only = masked * per_layer_cache
     return ModelTerms(
         per_layer=per_layer,
         per_layer_total=total,

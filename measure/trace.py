@@ -47,6 +47,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 REGIMES = ("half", "autocast", "fp32")
+MEM_EFFICIENT_ALIGNMENT = 16
 HALF = torch.bfloat16
 
 
@@ -144,9 +145,16 @@ def _gpu_sdpa(
             key = key.repeat_interleave(rep, dim=1)
             value = value.repeat_interleave(rep, dim=1)
         bias = attn_mask
-        if bias is not None and bias.dtype == torch.bool:
-            bias = torch.zeros(bias.shape, dtype=query.dtype).masked_fill(~bias, float("-inf"))
         if bias is not None:
+            # sdpa's convert_boolean_attn_mask makes a float bias in q's dtype, and the
+            # memory-efficient kernel wants its last dim padded to a multiple of 16
+            # (attention.cu pad_bias): a new (.., s, ceil16(s)) tensor sliced back to s
+            if bias.dtype == torch.bool:
+                bias = torch.zeros(bias.shape, dtype=query.dtype).masked_fill(~bias, float("-inf"))
+            last = bias.shape[-1]
+            if last % MEM_EFFICIENT_ALIGNMENT:
+                pad = MEM_EFFICIENT_ALIGNMENT - last % MEM_EFFICIENT_ALIGNMENT
+                bias = torch.nn.functional.pad(bias, (0, pad))[..., :last]
             bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
         return torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, bias, True, dropout_p, is_causal, scale=scale

@@ -68,8 +68,8 @@ def _saved(acts: ActivationBreakdown) -> int:
     return acts.layers + acts.embedding + acts.head + acts.loss
 
 
-def _check(family: str, batch: Batch, regime: Regime) -> None:
-    cfg = _config(family)
+def _check(family: str | dict[str, Any], batch: Batch, regime: Regime) -> None:
+    cfg = _config(family) if isinstance(family, str) else family
     acts = activations(architecture_from_hf_config(cfg), batch, regime)
     traced = trace_module.trace(
         cfg,
@@ -111,6 +111,25 @@ def test_single_sequence_and_checkpointing_equal_the_trace(regime: Regime) -> No
     # b = 1: the shifted labels stay a view of the padded (1, s + 1) tensor
     _check("qwen3", Batch(1, 40), regime)
     _check("phi3", Batch(1, 40, Checkpointing.FULL), regime)
+
+
+# sliding-window layers whose window the sequence reaches: masked SDPA (memory-efficient kernel)
+WINDOWED: dict[str, dict[str, Any]] = {
+    "mistral": {"sliding_window": 16},
+    "mixtral": {"sliding_window": 16},
+    "phi3": {"sliding_window": 16},
+    "gemma2": {"sliding_window": 16},
+    "gemma3_text": {"sliding_window": 16},
+    "qwen2": {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1},
+}
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_sliding_window_layers_equal_the_trace(family: str, regime: Regime) -> None:
+    cfg = {**_config(family), **WINDOWED[family]}
+    _check(cfg, Batch(2, 40), regime)  # 40 ≥ 16 and not a multiple of 16 (padded bias)
+    _check(cfg, Batch(1, 12), regime)  # under the window: no mask
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
