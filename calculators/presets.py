@@ -61,6 +61,7 @@ def _llama(
     experts: int = 1,
     active: int = 1,
     family: str = "llama",
+    sliding_window: int | None = None,
 ) -> Architecture:
     # HF LlamaForCausalLM / MistralForCausalLM: RMSNorm, RoPE, bias-free SwiGLU, untied head,
     # trained as transformers' modelling code builds it (its activations and peak)
@@ -79,7 +80,11 @@ def _llama(
         activation=Activation.SILU,
         num_experts=experts,
         experts_per_token=active,
-        modelling=TransformersModelling(family=family),
+        modelling=TransformersModelling(
+            family=family,
+            sliding_window=sliding_window,
+            sliding_layers=layers if sliding_window else 0,
+        ),
     )
 
 
@@ -147,7 +152,8 @@ _PRESETS = [
     ),
     Preset(
         "mistral-7b",
-        _llama(32, 4096, 32, 8, 14336, 32000, 32768, family="mistral"),
+        # config.json: "sliding_window": 4096 (every layer)
+        _llama(32, 4096, 32, 8, 14336, 32000, 32768, family="mistral", sliding_window=4096),
         7_241_732_096,
         "mistralai/Mistral-7B-v0.1 safetensors index (7.24B)",
     ),
