@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from calculators.architecture import (
+    MAX_DIM,
     Activation,
     Architecture,
     Norm,
@@ -125,6 +126,8 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, layers: int) -> list[s
         ]
     if model_type in _QWEN:
         first = _get(cfg, "max_window_layers", default=28, required=False)
+        if not _flag(cfg, "use_sliding_window", False):
+            return ["full_attention"] * layers
         return ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
     return ["sliding_attention"] * layers  # mistral, mixtral, phi3: every layer when windowed
 
@@ -165,6 +168,8 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     top_k = _get(cfg, "num_experts_per_tok", default=min(2, experts), required=False)
     layers = _get(cfg, "num_hidden_layers")
     fraction = _rotary_fraction(cfg) if model_type == "phi3" else 1.0
+    if not 1 <= layers <= MAX_DIM:
+        raise InputError(f"{_FIELD}.num_hidden_layers", f"must be between 1 and {MAX_DIM}")
     types = _layer_types(cfg, model_type, layers)
     window = _sliding_window(cfg, model_type)
     rope_kinds = len(set(types)) if model_type == "gemma3_text" else 1
