@@ -64,6 +64,8 @@ def _list(cfg: Mapping[str, Any], key: str) -> list[Any]:
 
 def _rotary_fraction(cfg: Mapping[str, Any]) -> float:
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(rope, Mapping):
+        rope = {}
     value = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
         raise InputError(f"{_FIELD}.partial_rotary_factor", f"must be in (0, 1], got {value!r}")
@@ -107,6 +109,8 @@ def _sliding_window(cfg: Mapping[str, Any], model_type: str) -> int | None:
     if "sliding_window" in cfg and cfg["sliding_window"] is None:
         return None
     window: int | None = _get(cfg, "sliding_window", default=default, required=False)
+    if window is not None and window < 0:
+        raise InputError(f"{_FIELD}.sliding_window", "must be a token count >= 0")
     return window or None
 
 
@@ -121,6 +125,8 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, layers: int) -> list[s
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
     if model_type == "gemma3_text":
         pattern = _get(cfg, "sliding_window_pattern", default=6, required=False)
+        if pattern < 1:
+            raise InputError(f"{_FIELD}.sliding_window_pattern", "must be at least 1")
         return [
             "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
         ]
