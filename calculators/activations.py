@@ -23,9 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from calculators.architecture import Activation, Architecture, Norm
+from calculators.architecture import Activation, Architecture, Norm, TracedActivations
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
+from calculators.errors import InputError
 
 INDEX_BYTES = 8  # int64 token ids and targets
 
@@ -74,6 +75,10 @@ class ActivationBreakdown:
         loss_transient: bytes alive only inside the loss call (the fp32 copy of the logits
             before log-softmax frees it).
         autocast_weights: bf16 copies of linear weights held by autocast for backward.
+        cache: bytes of the key/value cache transformers' models fill during a training forward
+            (``use_cache``), held by the model output for as long as the loop keeps it.
+        cache_only: the part of ``cache`` that nothing saved for backward shares (alive at the
+            end of forward while the output is).
     """
 
     per_layer: LayerActivations
@@ -85,6 +90,8 @@ class ActivationBreakdown:
     loss: int
     loss_transient: int
     autocast_weights: int
+    cache: int = 0
+    cache_only: int = 0
 
     @property
     def end_of_forward(self) -> int:
@@ -96,6 +103,7 @@ class ActivationBreakdown:
             + self.logits
             + self.loss
             + self.autocast_weights
+            + self.cache_only
         )
 
 
@@ -189,6 +197,8 @@ def activations(
     at a time in backward; selective checkpointing recomputes the attention core only, whose
     quadratic scores SDPA never keeps, so with SDPA it saves just the logsumexp.
     """
+    if arch.modelling is not None:
+        return _transformers_activations(arch, batch, regime, attention, tp, pp)
     t = batch.tokens
     res, lin = _bytes(regime)
     per_layer = layer_activations(arch, batch, regime, attention, tp)
@@ -238,3 +248,83 @@ def activations(
         loss_transient=loss_transient,
         autocast_weights=autocast_weights,
     )
+
+
+def _transformers_activations(
+    arch: Architecture, batch: Batch, regime: Regime, attention: Attention, tp: int, pp: int
+) -> ActivationBreakdown:
+    """The same breakdown for a model trained with transformers' modelling code
+    (``calculators/transformers_activations.py``)."""
+    from calculators import transformers_activations as hf
+
+    if tp != 1 or pp != 1:
+        raise InputError("tp", "transformers' modelling code is modelled without tp/pp splits")
+    if attention is Attention.EAGER:
+        raise InputError("attention", "transformers' models are modelled with sdpa attention")
+    terms = hf.model_terms(arch, batch, regime.value)
+    full = batch.activation_checkpointing is Checkpointing.FULL
+    traced = _traced(arch, batch, regime, full)
+    per_layer = LayerActivations(
+        terms.per_layer.norms,
+        terms.per_layer.linear_inputs,
+        terms.per_layer.attention,
+        terms.per_layer.mlp,
+    )
+    layers, recompute = terms.layers, terms.recompute
+    if batch.activation_checkpointing is Checkpointing.SELECTIVE:
+        # the attention core recomputed: only SDPA's logsumexp goes
+        lse = FP32_BYTES * batch.tokens * arch.heads
+        layers -= arch.layers * lse
+        recompute = lse
+    autocast_weights = 0
+    if regime is Regime.AUTOCAST:
+        autocast_weights = HALF_BYTES * hf.autocast_weight_elements(arch, checkpointed=full)
+        if full:
+            # backward re-casts the recomputed layer's weights
+            layer_weights = hf.autocast_weight_elements(arch, checkpointed=False)
+            recompute += HALF_BYTES * (layer_weights - arch.vocab_size * arch.hidden) // arch.layers
+    if traced is not None:
+        # the trace's totals in place of the formulas: the layers carry whatever the trace
+        # saved beyond the embedding, head and loss terms (the recomputed layer stays analytical)
+        return ActivationBreakdown(
+            per_layer=per_layer,
+            layers=traced.saved - terms.embedding - terms.head - terms.loss,
+            recompute=recompute,
+            embedding=terms.embedding,
+            head=terms.head,
+            logits=traced.logits,
+            loss=terms.loss,
+            loss_transient=traced.loss_transient,
+            autocast_weights=traced.autocast_weights,
+            cache=traced.cache,
+            cache_only=traced.cache_only,
+        )
+    return ActivationBreakdown(
+        per_layer=per_layer,
+        layers=layers,
+        recompute=recompute,
+        embedding=terms.embedding,
+        head=terms.head,
+        logits=terms.logits,
+        loss=terms.loss,
+        loss_transient=terms.loss_transient,
+        autocast_weights=autocast_weights,
+        cache=terms.cache,
+        cache_only=terms.cache_only,
+    )
+
+
+def _traced(
+    arch: Architecture, batch: Batch, regime: Regime, checkpointing: bool
+) -> TracedActivations | None:
+    """The traced measurement of this batch and regime, when the architecture carries one."""
+    assert arch.modelling is not None
+    for t in arch.modelling.traced:
+        if (t.regime, t.micro_batch_size, t.seq_len, t.checkpointing) == (
+            regime.value,
+            batch.micro_batch_size,
+            batch.seq_len,
+            checkpointing,
+        ):
+            return t
+    return None

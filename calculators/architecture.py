@@ -43,6 +43,84 @@ class Activation(StrEnum):
 
 
 @dataclass(frozen=True)
+class TransformersModelling:
+    """How a Hugging Face family's transformers modelling code differs from the canonical module.
+
+    An :class:`Architecture` carrying one is trained as ``AutoModelForCausalLM`` builds it
+    (``calculators/transformers_activations.py``); without one it is the canonical decoder.
+
+    Attributes:
+        family: the ``model_type`` (``llama``, ``gemma2``, ...).
+        norm_plus_one: Gemma's RMSNorm, ``x_normed * (1 + weight)`` computed in fp32.
+        qk_norm: an RMSNorm over each query and key head (Qwen3, Gemma-3): a ``head_dim``
+            weight each.
+        sandwich_norms: four norms per layer (Gemma-2/3 post-attention and pre/post-feedforward).
+        fused_projections: one ``qkv_proj`` and one ``gate_up_proj`` linear (Phi-3).
+        rotary_cat: the rotation ends in ``torch.cat`` (partial rotary, Phi-3).
+        rotary_dim: dimensions rotated per head; ``None`` means ``head_dim``.
+        rope_kinds: distinct rotary embeddings in use (Gemma-3: local and global).
+        final_logit_softcap: ``tanh`` soft-capping of the logits (Gemma-2).
+        shared_expert_ffn: width of the always-on shared expert and its sigmoid gate (Qwen2-MoE).
+        router_normalize: top-k routing weights renormalised in place.
+        router_weights_fp32: routing weights stay fp32 (Mixtral) rather than the logits' dtype.
+        use_cache: ``config.use_cache``: forward fills a ``DynamicCache`` unless checkpointing.
+        out_bias: bias on ``o_proj`` (Llama's ``attention_bias`` covers q, k, v and o);
+            ``None`` follows the architecture's ``bias``.
+        sliding_window: attention window of the sliding layers (``None``: none).
+        sliding_layers: how many layers attend through ``sliding_window``.
+        traced: measurements of what this model's code saves (``measure/trace.py``), used in
+            place of the analytical figures for the batch and regime each one was traced at.
+    """
+
+    family: str
+    norm_plus_one: bool = False
+    qk_norm: bool = False
+    sandwich_norms: bool = False
+    fused_projections: bool = False
+    rotary_cat: bool = False
+    rotary_dim: int | None = None
+    rope_kinds: int = 1
+    final_logit_softcap: bool = False
+    shared_expert_ffn: int | None = None
+    router_normalize: bool = True
+    router_weights_fp32: bool = True
+    use_cache: bool = True
+    out_bias: bool | None = None
+    sliding_window: int | None = None
+    sliding_layers: int = 0
+    traced: tuple[TracedActivations, ...] = ()
+
+
+@dataclass(frozen=True)
+class TracedActivations:
+    """Bytes autograd saved when the model's own code ran one forward + loss (traced).
+
+    Attributes:
+        regime: ``half``, ``autocast`` or ``fp32``.
+        micro_batch_size: sequences traced.
+        seq_len: tokens per sequence traced.
+        checkpointing: transformers' gradient checkpointing was on.
+        saved: activation bytes saved for backward (parameters and weight copies excluded).
+        autocast_weights: bf16 weight copies autograd saved (autocast).
+        logits: the output logits.
+        loss_transient: tensors alive only inside the loss.
+        cache: the key/value cache in the output.
+        cache_only: the part of the cache nothing saved shares.
+    """
+
+    regime: str
+    micro_batch_size: int
+    seq_len: int
+    checkpointing: bool
+    saved: int
+    autocast_weights: int
+    logits: int
+    loss_transient: int
+    cache: int
+    cache_only: int
+
+
+@dataclass(frozen=True)
 class Architecture:
     """A decoder-only transformer, enough to count its parameters exactly.
 
@@ -69,6 +147,8 @@ class Architecture:
         embedding_norm: a norm right after the token embedding (BLOOM).
         final_norm: a norm before the output head.
         embed_proj_dim: OPT's ``word_embed_proj_dim`` when it differs from hidden.
+        modelling: transformers' modelling code this model is trained with; ``None`` for the
+            canonical decoder.
     """
 
     layers: int
@@ -93,6 +173,7 @@ class Architecture:
     embedding_norm: bool = False
     final_norm: bool = True
     embed_proj_dim: int | None = None
+    modelling: TransformersModelling | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -208,8 +289,8 @@ def _linear(spec: _Linear, layer: int | None, hint: str) -> list[Tensor]:
     return out
 
 
-def _mlp(arch: Architecture, prefix: str, layer: int) -> list[Tensor]:
-    h, f, b = arch.hidden, arch.ffn, arch.bias
+def _mlp(arch: Architecture, prefix: str, layer: int, width: int | None = None) -> list[Tensor]:
+    h, f, b = arch.hidden, width or arch.ffn, arch.bias
     if arch.gated_mlp:
         specs = [
             _Linear(f"{prefix}.gate", f, h, b, True),
@@ -231,7 +312,14 @@ def block_tensors(arch: Architecture, i: int) -> list[Tensor]:
         i,
         "layer",
     )
-    out += _linear(_Linear(f"{p}.attn.proj", h, arch.q_dim, arch.bias, False), i, "layer")
+    m = arch.modelling
+    if m is not None and m.qk_norm:
+        out += _norm(arch, f"{p}.attn.q_norm", arch.d_head, i, "layer")
+        out += _norm(arch, f"{p}.attn.k_norm", arch.d_head, i, "layer")
+    out_bias = arch.bias if m is None or m.out_bias is None else m.out_bias
+    out += _linear(_Linear(f"{p}.attn.proj", h, arch.q_dim, out_bias, False), i, "layer")
+    if m is not None and m.sandwich_norms:
+        out += _norm(arch, f"{p}.post_attn_norm", h, i, "layer")
     out += _norm(arch, f"{p}.ln2", h, i, "layer")
     if arch.num_experts == 1:
         out += _mlp(arch, f"{p}.mlp", i)
@@ -239,6 +327,11 @@ def block_tensors(arch: Architecture, i: int) -> list[Tensor]:
         out.append(Tensor(f"{p}.router.weight", (arch.num_experts, h), i, False, "layer"))
         for e in range(arch.num_experts):
             out += _mlp(arch, f"{p}.experts.{e}", i)
+        if m is not None and m.shared_expert_ffn:
+            out += _mlp(arch, f"{p}.shared_expert", i, m.shared_expert_ffn)
+            out.append(Tensor(f"{p}.shared_expert_gate.weight", (1, h), i, False, "layer"))
+    if m is not None and m.sandwich_norms:
+        out += _norm(arch, f"{p}.post_mlp_norm", h, i, "layer")
     return out
 
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from calculators.architecture import Activation, Architecture, Norm, PositionEmbedding
+from calculators.architecture import (
+    MAX_DIM,
+    Activation,
+    Architecture,
+    Norm,
+    PositionEmbedding,
+    TransformersModelling,
+)
 from calculators.errors import InputError
 
 _FIELD = "model.hf_config"
@@ -46,32 +53,175 @@ def _activation(cfg: Mapping[str, Any], key: str, default: Activation) -> Activa
     return default
 
 
+def _list(cfg: Mapping[str, Any], key: str) -> list[Any]:
+    value = cfg.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InputError(f"{_FIELD}.{key}", f"must be a list, got {value!r}")
+    return value
+
+
+def _rotary_fraction(cfg: Mapping[str, Any]) -> float:
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(rope, Mapping):
+        rope = {}
+    value = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise InputError(f"{_FIELD}.partial_rotary_factor", f"must be in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _dense_moe_layers(cfg: Mapping[str, Any]) -> None:
+    """Qwen-MoE's dense layers (``mlp_only_layers``, ``decoder_sparse_step``) are not modelled."""
+    if _list(cfg, "mlp_only_layers"):
+        raise InputError(
+            f"{_FIELD}.mlp_only_layers", "dense layers between MoE layers are not supported"
+        )
+    if _get(cfg, "decoder_sparse_step", default=1, required=False) != 1:
+        raise InputError(f"{_FIELD}.decoder_sparse_step", "only 1 (every layer MoE) is supported")
+
+
+# transformers' configuration_<family>.py defaults for keys a config.json may leave out
+_HEAD_DIM_DEFAULT = {
+    "qwen3": 128,
+    "qwen3_moe": 128,
+    "gemma": 256,
+    "gemma2": 256,
+    "gemma3_text": 256,
+}
+_TIED_DEFAULT = {"gemma", "gemma2", "gemma3_text"}
+_GEMMA = {"gemma", "gemma2", "gemma3_text"}
+_MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
+
+
+_WINDOW_DEFAULT = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096}
+_QWEN = {"qwen2", "qwen3", "qwen2_moe", "qwen3_moe"}
+
+
+def _sliding_window(cfg: Mapping[str, Any], model_type: str) -> int | None:
+    """The window transformers' mask functions use (``None``: causal masks only)."""
+    if model_type in ("llama", "gemma"):
+        return None
+    if model_type in _QWEN and not _flag(cfg, "use_sliding_window", False):
+        return None  # configuration_qwen*.py: sliding_window if use_sliding_window else None
+    default = _WINDOW_DEFAULT.get(model_type, 4096 if model_type in _QWEN else None)
+    if "sliding_window" in cfg and cfg["sliding_window"] is None:
+        return None
+    window: int | None = _get(cfg, "sliding_window", default=default, required=False)
+    if window is not None and window < 0:
+        raise InputError(f"{_FIELD}.sliding_window", "must be a token count >= 0")
+    return window or None
+
+
+def _layer_types(cfg: Mapping[str, Any], model_type: str, layers: int) -> list[str]:
+    """``config.layer_types`` as the family's configuration class fills it in."""
+    given = _list(cfg, "layer_types")
+    if given:
+        if len(given) != layers:
+            raise InputError(f"{_FIELD}.layer_types", f"must list {layers} layers")
+        return [str(x) for x in given]
+    if model_type == "gemma2":
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if model_type == "gemma3_text":
+        pattern = _get(cfg, "sliding_window_pattern", default=6, required=False)
+        if pattern < 1:
+            raise InputError(f"{_FIELD}.sliding_window_pattern", "must be at least 1")
+        return [
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+        ]
+    if model_type in _QWEN:
+        first = _get(cfg, "max_window_layers", default=28, required=False)
+        if not _flag(cfg, "use_sliding_window", False):
+            return ["full_attention"] * layers
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    return ["sliding_attention"] * layers  # mistral, mixtral, phi3: every layer when windowed
+
+
 def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
-    # transformers/models/llama/modeling_llama.py (mistral, mixtral, qwen2 share the layout).
+    """The RMSNorm + RoPE + gated-MLP families, each as its ``modeling_<family>.py`` builds it.
+
+    llama / mistral / qwen2 / qwen3 / phi3: ``LlamaDecoderLayer``'s layout (phi3 fuses
+    ``qkv_proj`` and ``gate_up_proj``; qwen3 adds per-head q/k norms); gemma / gemma2 /
+    gemma3_text: ``(1 + weight)`` norms, tied head, GeGLU, four norms per layer from gemma2 on;
+    mixtral / qwen2_moe / qwen3_moe: a top-k router and ``num_experts`` SwiGLU experts (qwen2_moe
+    adds a gated shared expert).
+    """
+    model_type = str(cfg.get("model_type"))
     hidden = _get(cfg, "hidden_size")
     heads = _get(cfg, "num_attention_heads")
-    model_type = cfg.get("model_type")
-    bias = _flag(cfg, "attention_bias", False)
-    experts = _get(cfg, "num_local_experts", default=1, required=False)
+    if not heads:
+        raise InputError(f"{_FIELD}.num_attention_heads", "must be at least 1")
+    head_dim = _get(
+        cfg, "head_dim", default=_HEAD_DIM_DEFAULT.get(model_type, hidden // heads), required=False
+    )
+    attention_bias = _flag(cfg, "attention_bias", False)
+    if model_type in ("qwen2", "qwen2_moe"):
+        qkv_bias = _flag(cfg, "qkv_bias", True)  # Qwen2 biases q, k and v, never o
+    else:
+        qkv_bias = attention_bias
+    experts = 1
+    ffn = _get(cfg, "intermediate_size")
+    shared = None
+    if model_type == "mixtral":
+        experts = _get(cfg, "num_local_experts", default=8, required=False)
+    elif model_type in ("qwen2_moe", "qwen3_moe"):
+        _dense_moe_layers(cfg)
+        experts = _get(cfg, "num_experts")
+        ffn = _get(cfg, "moe_intermediate_size")
+        if model_type == "qwen2_moe":
+            shared = _get(cfg, "shared_expert_intermediate_size")
+    top_k = _get(cfg, "num_experts_per_tok", default=min(2, experts), required=False)
+    layers = _get(cfg, "num_hidden_layers")
+    fraction = _rotary_fraction(cfg) if model_type == "phi3" else 1.0
+    if not 1 <= layers <= MAX_DIM:
+        raise InputError(f"{_FIELD}.num_hidden_layers", f"must be between 1 and {MAX_DIM}")
+    types = _layer_types(cfg, model_type, layers)
+    window = _sliding_window(cfg, model_type)
+    rope_kinds = len(set(types)) if model_type == "gemma3_text" else 1
+    modelling = TransformersModelling(
+        family=model_type,
+        norm_plus_one=model_type in _GEMMA,
+        qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
+        sandwich_norms=model_type in ("gemma2", "gemma3_text"),
+        fused_projections=model_type == "phi3",
+        rotary_cat=model_type == "phi3",
+        rotary_dim=int(head_dim * fraction) if fraction != 1.0 else None,
+        rope_kinds=rope_kinds,
+        final_logit_softcap=model_type == "gemma2"
+        and cfg.get("final_logit_softcapping", 30.0) is not None,
+        shared_expert_ffn=shared,
+        router_normalize=model_type == "mixtral" or _flag(cfg, "norm_topk_prob", False),
+        router_weights_fp32=model_type == "mixtral",
+        use_cache=_flag(cfg, "use_cache", True),
+        out_bias=False if model_type in ("qwen2", "qwen2_moe") else attention_bias,
+        sliding_window=window,
+        sliding_layers=types.count("sliding_attention") if window is not None else 0,
+    )
+    default_act = Activation.GELU if model_type in _GEMMA else Activation.SILU
+    act_key = (
+        "hidden_activation" if model_type in _GEMMA and "hidden_activation" in cfg else "hidden_act"
+    )
     return Architecture(
-        layers=_get(cfg, "num_hidden_layers"),
+        layers=layers,
         hidden=hidden,
         heads=heads,
         kv_heads=_get(cfg, "num_key_value_heads", default=heads, required=False),
-        head_dim=_get(cfg, "head_dim", default=hidden // heads if heads else 1, required=False),
+        head_dim=head_dim,
         vocab_size=_get(cfg, "vocab_size"),
-        ffn_hidden=_get(cfg, "intermediate_size"),
+        ffn_hidden=ffn,
         max_seq_len=_get(cfg, "max_position_embeddings", default=2048, required=False),
-        tied_embeddings=_flag(cfg, "tie_word_embeddings", False),
+        tied_embeddings=_flag(cfg, "tie_word_embeddings", model_type in _TIED_DEFAULT),
+        # Llama's mlp_bias covers gate/up/down; attention_bias q, k, v and o
         bias=_flag(cfg, "mlp_bias", False) if model_type == "llama" else False,
-        # Llama's attention_bias covers q, k, v and o; Qwen2 biases q, k, v only.
-        qkv_bias=True if model_type == "qwen2" else bias,
+        qkv_bias=qkv_bias,
         norm=Norm.RMSNORM,
         position_embedding=PositionEmbedding.ROPE,
         gated_mlp=True,
-        activation=_activation(cfg, "hidden_act", Activation.SILU),
+        activation=_activation(cfg, act_key, default_act),
         num_experts=experts,
-        experts_per_token=_get(cfg, "num_experts_per_tok", default=min(2, experts), required=False),
+        experts_per_token=top_k,
+        modelling=modelling,
     )
 
 
@@ -147,6 +297,13 @@ _FAMILIES: dict[str, Callable[[Mapping[str, Any]], Architecture]] = {
     "mistral": _llama_like,
     "mixtral": _llama_like,
     "qwen2": _llama_like,
+    "qwen3": _llama_like,
+    "gemma": _llama_like,
+    "gemma2": _llama_like,
+    "gemma3_text": _llama_like,
+    "phi3": _llama_like,
+    "qwen2_moe": _llama_like,
+    "qwen3_moe": _llama_like,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,

@@ -9,6 +9,7 @@ from calculators.architecture import (
     Architecture,
     Norm,
     PositionEmbedding,
+    TransformersModelling,
     count_params,
 )
 from calculators.errors import InputError
@@ -59,8 +60,11 @@ def _llama(
     seq: int,
     experts: int = 1,
     active: int = 1,
+    family: str = "llama",
+    sliding_window: int | None = None,
 ) -> Architecture:
-    # HF LlamaForCausalLM / MistralForCausalLM: RMSNorm, RoPE, bias-free SwiGLU, untied head.
+    # HF LlamaForCausalLM / MistralForCausalLM: RMSNorm, RoPE, bias-free SwiGLU, untied head,
+    # trained as transformers' modelling code builds it (its activations and peak)
     return Architecture(
         layers=layers,
         hidden=hidden,
@@ -76,6 +80,11 @@ def _llama(
         activation=Activation.SILU,
         num_experts=experts,
         experts_per_token=active,
+        modelling=TransformersModelling(
+            family=family,
+            sliding_window=sliding_window,
+            sliding_layers=layers if sliding_window else 0,
+        ),
     )
 
 
@@ -143,13 +152,14 @@ _PRESETS = [
     ),
     Preset(
         "mistral-7b",
-        _llama(32, 4096, 32, 8, 14336, 32000, 32768),
+        # config.json: "sliding_window": 4096 (every layer)
+        _llama(32, 4096, 32, 8, 14336, 32000, 32768, family="mistral", sliding_window=4096),
         7_241_732_096,
         "mistralai/Mistral-7B-v0.1 safetensors index (7.24B)",
     ),
     Preset(
         "mixtral-8x7b",
-        _llama(32, 4096, 32, 8, 14336, 32000, 32768, experts=8, active=2),
+        _llama(32, 4096, 32, 8, 14336, 32000, 32768, experts=8, active=2, family="mixtral"),
         46_702_792_704,
         "mistralai/Mixtral-8x7B-v0.1 safetensors index (46.7B)",
         note="8 experts per layer, 2 active per token (12.9B active parameters)",

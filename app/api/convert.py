@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import replace
 from fractions import Fraction
 
 from app.schemas.communication import CommunicationRequest, InterconnectIn, LinkIn
 from app.schemas.memory import MemoryRequest, TrainingIn
 from app.schemas.model import BatchIn, ModelSpec
 from calculators.architecture import Architecture, PositionEmbedding, count_params
-from calculators.batch import Batch
+from calculators.batch import Batch, Checkpointing
 from calculators.capacity import MAX_PARAMS
 from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
@@ -82,7 +84,35 @@ def to_setup(
 
 def memory_setup(req: MemoryRequest) -> TrainingSetup:
     params, arch = resolve_model(req.model)
-    return to_setup(req, params, arch, to_batch(req.batch))
+    batch = to_batch(req.batch)
+    if req.activation_model == "traced":
+        arch = _traced(req, arch, batch)
+    return to_setup(req, params, arch, batch)
+
+
+def _traced(req: MemoryRequest, arch: Architecture | None, batch: Batch | None) -> Architecture:
+    """The architecture carrying a trace of transformers' code for this batch (every regime)."""
+    field = "activation_model"
+    if arch is None or arch.modelling is None or req.model.hf_config is None:
+        raise InputError(field, "traced needs the model as hf_config of a transformers family")
+    if batch is None:
+        raise InputError(field, "traced needs a batch")
+    try:
+        # measure/ needs torch, which the calculator service may not have
+        trace = importlib.import_module("measure.trace")
+    except ImportError:
+        trace = None
+    if trace is None or not trace.transformers_available():
+        raise InputError(
+            field,
+            "traced needs torch and transformers on the server: pip install 'zerocalc[hf]' "
+            "(or use analytical, derived from the same code)",
+        )
+    full = batch.activation_checkpointing is Checkpointing.FULL
+    traced = trace.traced_activations(
+        req.model.hf_config, batch.micro_batch_size, batch.seq_len, full
+    )
+    return replace(arch, modelling=replace(arch.modelling, traced=traced))
 
 
 def _link(spec: LinkIn, field: str) -> Interconnect:

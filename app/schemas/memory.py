@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator
 from pydantic_core import PydanticCustomError
@@ -93,6 +93,14 @@ class MemoryRequest(TrainingIn):
         None, description="Micro-batch; with an architecture it turns on activations and peak."
     )
     device_memory: DeviceBytes | None = Field(None, description="Bytes per device; turns on fits.")
+    activation_model: Literal["analytical", "traced"] = Field(
+        "analytical",
+        description=(
+            "How a model given as hf_config gets its activations: the formulas derived from "
+            "transformers' modelling code, or a trace of that code run on the server under fake "
+            "tensors (needs torch and transformers there: pip install 'zerocalc[hf]')."
+        ),
+    )
 
 
 class PerDevice(BaseModel):

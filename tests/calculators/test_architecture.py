@@ -147,7 +147,121 @@ HF_CASES: list[tuple[str, dict[str, Any], int]] = [
         },
         494_032_768,
     ),
+    # Qwen/Qwen3-0.6B config.json; transformers 5.17 builds 596,049,920 parameters
+    (
+        "qwen3-0.6b",
+        {
+            "model_type": "qwen3",
+            "hidden_size": 1024,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 3072,
+            "vocab_size": 151936,
+            "tie_word_embeddings": True,
+        },
+        596_049_920,
+    ),
+    # google/gemma-2b config.json; transformers 5.17 builds 2,506,172,416 parameters
+    (
+        "gemma-2b",
+        {
+            "model_type": "gemma",
+            "hidden_size": 2048,
+            "num_hidden_layers": 18,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 1,
+            "head_dim": 256,
+            "intermediate_size": 16384,
+            "vocab_size": 256000,
+        },
+        2_506_172_416,
+    ),
+    # google/gemma-2-2b config.json; transformers 5.17 builds 2,614,341,888 parameters
+    (
+        "gemma-2-2b",
+        {
+            "model_type": "gemma2",
+            "hidden_size": 2304,
+            "num_hidden_layers": 26,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "intermediate_size": 9216,
+            "vocab_size": 256000,
+        },
+        2_614_341_888,
+    ),
+    # google/gemma-3-1b-pt config.json; transformers 5.17 builds 999,885,952 parameters
+    (
+        "gemma-3-1b",
+        {
+            "model_type": "gemma3_text",
+            "hidden_size": 1152,
+            "num_hidden_layers": 26,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 256,
+            "intermediate_size": 6912,
+            "vocab_size": 262144,
+        },
+        999_885_952,
+    ),
+    # microsoft/Phi-3-mini-4k-instruct config.json; transformers 5.17 builds 3,821,079,552
+    (
+        "phi-3-mini",
+        {
+            "model_type": "phi3",
+            "hidden_size": 3072,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "intermediate_size": 8192,
+            "vocab_size": 32064,
+        },
+        3_821_079_552,
+    ),
+    # Qwen/Qwen1.5-MoE-A2.7B config.json; transformers 5.17 builds 14,315,784,192 parameters
+    (
+        "qwen1.5-moe-a2.7b",
+        {
+            "model_type": "qwen2_moe",
+            "hidden_size": 2048,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "intermediate_size": 5632,
+            "moe_intermediate_size": 1408,
+            "shared_expert_intermediate_size": 5632,
+            "num_experts": 60,
+            "num_experts_per_tok": 4,
+            "vocab_size": 151936,
+        },
+        14_315_784_192,
+    ),
+    # Qwen/Qwen3-30B-A3B config.json; transformers 5.17 builds 30,532,122,624 parameters
+    (
+        "qwen3-30b-a3b",
+        {
+            "model_type": "qwen3_moe",
+            "hidden_size": 2048,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "vocab_size": 151936,
+        },
+        30_532_122_624,
+    ),
 ]
+
+
+HF_CONFIGS = {name: cfg for name, cfg, _ in HF_CASES}
 
 
 @pytest.mark.parametrize(("name", "cfg", "expected"), HF_CASES, ids=[c[0] for c in HF_CASES])
@@ -166,6 +280,15 @@ def test_hf_config_counts(
         ({"model_type": "t5"}, "model.hf_config.model_type"),
         ({"model_type": "llama", "hidden_size": 64}, "model.hf_config.num_attention_heads"),
         ({"model_type": "gpt2", "n_embd": "768"}, "model.hf_config.n_embd"),
+        ({"model_type": "deepseek_v3"}, "model.hf_config.model_type"),
+        (
+            {**HF_CONFIGS["qwen1.5-moe-a2.7b"], "mlp_only_layers": [0, 3]},
+            "model.hf_config.mlp_only_layers",
+        ),
+        (
+            {**HF_CONFIGS["phi-3-mini"], "partial_rotary_factor": 1.5},
+            "model.hf_config.partial_rotary_factor",
+        ),
     ],
 )
 def test_hf_config_errors_name_the_key(cfg: dict[str, Any], field: str) -> None:

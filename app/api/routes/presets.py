@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from calculators.architecture import count_active_params
 from calculators.presets import PRESETS
@@ -21,6 +21,11 @@ class PresetPublic(BaseModel):
     source: str
     note: str
     architecture: dict[str, Any]
+    family: str | None = Field(
+        None,
+        description="The transformers model_type whose modelling code sets activations and peak "
+        "(null: the canonical GPT decoder).",
+    )
 
 
 @router.get("/presets", response_model=list[PresetPublic])
@@ -36,7 +41,8 @@ def presets() -> list[PresetPublic]:
             published_params=p.published_params,
             source=p.source,
             note=p.note,
-            architecture=asdict(p.architecture),
+            architecture={k: v for k, v in asdict(p.architecture).items() if k != "modelling"},
+            family=None if p.architecture.modelling is None else p.architecture.modelling.family,
         )
         for p in PRESETS.values()
     ]

@@ -1,0 +1,306 @@
+"""Activation memory of a model trained with transformers' own modelling code.
+
+``AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")`` trained with the loss
+from ``labels``, as Hugging Face users run it. Every term below is a tensor autograd saves in
+transformers 5.x's modelling files (``models/<family>/modeling_<family>.py``), in the dtype
+it has there; ``measure/trace.py`` runs the same code under fake tensors and CI checks that the
+two agree byte for byte for every family.
+
+Notation: ``t`` tokens of the micro-batch, ``h`` hidden, ``q``/``kv`` query and key/value
+widths, ``f`` MLP width; ``res`` bytes of the residual stream (bf16 under ``half``, fp32 under
+``autocast`` and ``fp32``), ``lin`` bytes a linear produces (bf16, bf16, fp32).
+
+What differs from the canonical decoder (``calculators/activations.py``):
+
+- RMSNorm (``LlamaRMSNorm.forward``) computes in fp32: ``x.to(float32)`` (saved by ``pow``
+  and ``mul``), the fp32 ``rsqrt``, ``x_normed.to(input_dtype)`` (saved by ``weight * ·``)
+  and the output (saved by the next linear). Gemma's norm (``GemmaRMSNorm``) keeps the fp32
+  normalised tensor and ``1 + weight.float()`` instead, and casts its output back.
+- Under autocast each ``nn.Linear`` casts its fp32 input to bf16 for itself: separate
+  ``q_proj``/``k_proj``/``v_proj`` keep three bf16 copies of the norm output, gate and up two
+  (the canonical fused ``qkv`` keeps one). Autocast's cast cache only holds leaf tensors.
+- Rotary embeddings: ``cos`` and ``sin`` (``(1, s, rotary_dim)``, the residual dtype) are
+  saved once for the model; ``q * cos + rotate_half(q) * sin`` saves only them. Under
+  autocast the rotated q and k are fp32 (bf16 × fp32 promotes) and SDPA saves bf16 copies.
+- SDPA with no mask dispatches to flash attention with ``enable_gqa`` (no ``repeat_kv``):
+  q, k, v, the output and an fp32 logsumexp ``(b, heads, s)``. In fp32 the memory-efficient
+  kernel runs instead (logsumexp padded to 32 rows); it has no GQA, so k/v are expanded.
+  With ``use_cache`` (the config default when not checkpointing) k and v are the
+  ``DynamicCache``'s concatenated copies: same bytes, and the cache outlives backward.
+- Phi-3 rotates with ``torch.cat`` (partial rotary), so the attention output is laid out
+  (b, heads, s, d) and ``transpose(1, 2).contiguous()`` copies it for ``o_proj``.
+- Loss from ``labels`` (``loss/loss_utils.py`` ``ForCausalLMLoss``): ``logits.float()``
+  (transient), ``log_softmax`` saves its fp32 output, ``nll_loss`` the shifted labels (a view of
+  the padded ``(b, s + 1)`` labels when b = 1, a contiguous ``(b, s)`` copy otherwise) and an
+  fp32 ``total_weight`` scalar. Gemma-2's final logit softcapping saves ``tanh``'s output.
+- Mixture of experts through transformers' default experts kernel on CUDA (``grouped_mm``,
+  ``integrations/moe.py``): router softmax (fp32), top-k indices, the sort permutation and its
+  inverse, a gather index, the sentinel mask, the gathered ``t·k × h`` input, gate/up output,
+  activation, product, routing weights and the down output, all ``t·k`` rows whatever the
+  routing. Under autocast the experts run in fp32 (``input.to(weight.dtype)``).
+- Gradient checkpointing (``model.gradient_checkpointing_enable()``, non-reentrant): each layer
+  keeps its ``hidden_states`` input, plus ``position_ids`` and ``cos``/``sin`` for all layers;
+  ``use_cache`` is forced off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calculators.architecture import Architecture, TransformersModelling
+from calculators.batch import Batch, Checkpointing
+from calculators.conventions import FP32_BYTES, HALF_BYTES
+
+INDEX_BYTES = 8  # int64
+BOOL_BYTES = 1
+INT32_BYTES = 4
+EFFICIENT_LSE_ROWS = 32  # mem-efficient attention pads logsumexp rows to a multiple of 32
+MASK_ALIGNMENT = 16  # mem-efficient attention pads the bias's last dim (attention.cu pad_bias)
+
+
+def _m(arch: Architecture) -> TransformersModelling:
+    if arch.modelling is None:
+        raise ValueError("the architecture does not follow transformers' modelling code")
+    return arch.modelling
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Bytes per element of the tensors a regime produces."""
+
+    res: int  # residual stream (embedding output and the adds)
+    lin: int  # a linear's output
+    experts: int  # MoE experts' compute (the expert weights' dtype)
+    autocast: bool
+
+
+def dtypes(regime: str) -> Dtypes:
+    if regime == "autocast":
+        return Dtypes(FP32_BYTES, HALF_BYTES, FP32_BYTES, True)
+    if regime == "half":
+        return Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES, False)
+    return Dtypes(FP32_BYTES, FP32_BYTES, FP32_BYTES, False)
+
+
+@dataclass(frozen=True)
+class LayerTerms:
+    norms: int
+    linear_inputs: int
+    attention: int
+    mlp: int
+
+
+def _norm_internal(arch: Architecture, rows: int, width: int, in_bytes: int) -> int:
+    """What an RMSNorm saves besides its output (``rows`` vectors of ``width``)."""
+    saved = FP32_BYTES * rows * width + FP32_BYTES * rows  # x.to(float32) (or x) and rsqrt
+    if _m(arch).norm_plus_one:
+        # GemmaRMSNorm: the fp32 normalised x and (1 + weight.float()) saved by their product
+        saved += FP32_BYTES * rows * width + FP32_BYTES * width
+    else:
+        # LlamaRMSNorm: x_normed.to(input_dtype), saved by weight * ·
+        saved += in_bytes * rows * width
+    return saved
+
+
+def _norm_output(d: Dtypes, t: int, width: int, consumers: int) -> int:
+    """The norm output the following linears save: one tensor, or under autocast one bf16
+    copy per linear (each ``nn.Linear`` casts its fp32 input itself)."""
+    if d.autocast:
+        return consumers * HALF_BYTES * t * width
+    return d.lin * t * width
+
+
+def _attention_consumers(arch: Architecture) -> int:
+    return 1 if _m(arch).fused_projections else 3
+
+
+def _mlp_consumers(arch: Architecture) -> int:
+    if arch.num_experts == 1:
+        return 1 if _m(arch).fused_projections else 2
+    # the router's linear, and the shared expert's gate, up and its sigmoid gate
+    return 1 + (3 if _m(arch).shared_expert_ffn else 0)
+
+
+def layer_terms(
+    arch: Architecture, batch: Batch, regime: str, use_cache: bool, masked: bool = False
+) -> LayerTerms:
+    """Bytes one decoder layer saves for backward, without checkpointing.
+
+    ``masked``: a sliding-window layer whose window the sequence reaches. transformers then
+    builds a boolean mask (``masking_utils._ignore_causal_mask_sdpa`` refuses the ``is_causal``
+    shortcut), ``sdpa_attention_forward`` expands k/v with ``repeat_kv`` (no GQA with a mask),
+    and SDPA runs the memory-efficient kernel, which saves the mask converted to a float bias
+    in q's dtype (last dim padded to a multiple of 16) and a logsumexp padded to 32 rows.
+    """
+    d = dtypes(regime)
+    t, b, s = batch.tokens, batch.micro_batch_size, batch.seq_len
+    h, q, kv = arch.hidden, arch.q_dim, arch.kv_dim
+    n_norms = 4 if _m(arch).sandwich_norms else 2
+    # input norms read the residual stream; Gemma-2/3's post-attention and post-feedforward
+    # norms read a linear's output
+    norms = 2 * _norm_internal(arch, t, h, d.res)
+    if _m(arch).sandwich_norms:
+        norms += (n_norms - 2) * _norm_internal(arch, t, h, d.lin)
+    # (MoE experts gather rows of the norm output and save only the index)
+    linear_inputs = _norm_output(d, t, h, _attention_consumers(arch))
+    linear_inputs += _norm_output(d, t, h, _mlp_consumers(arch))
+
+    attention = 0
+    if _m(arch).qk_norm:
+        attention += _norm_internal(arch, t * arch.heads, arch.d_head, d.lin)
+        attention += _norm_internal(arch, t * arch.n_kv_heads, arch.d_head, d.lin)
+    sdpa = HALF_BYTES if regime != "fp32" else FP32_BYTES
+    efficient = regime == "fp32" or masked
+    gqa_expanded = efficient and arch.n_kv_heads != arch.heads
+    k_width = q if gqa_expanded else kv
+    attention += sdpa * t * q + 2 * sdpa * t * k_width  # q, k, v as SDPA saves them
+    if _m(arch).fused_projections and not use_cache and not gqa_expanded:
+        # v is a view of the fused qkv output: the whole output stays alive
+        attention += d.lin * t * (q + kv)
+    attention += sdpa * t * q  # output (o_proj's input)
+    if _m(arch).rotary_cat and not efficient:
+        # flash's output follows q's layout (empty_like); the memory-efficient kernel always
+        # writes (b, s, heads, d), so only flash needs the copy
+        attention += sdpa * t * q  # transpose(1, 2).contiguous() copy for o_proj
+    if masked:
+        aligned = -(-s // MASK_ALIGNMENT) * MASK_ALIGNMENT
+        attention += sdpa * b * s * aligned  # the float bias made from the boolean mask
+    if efficient:
+        rows = -(-s // EFFICIENT_LSE_ROWS) * EFFICIENT_LSE_ROWS
+        attention += FP32_BYTES * b * arch.heads * rows
+    else:
+        attention += FP32_BYTES * b * arch.heads * s
+
+    f = arch.ffn
+    if arch.num_experts == 1:
+        mlp = 4 * d.lin * t * f  # gate (or gate_up) output, up, act(gate), act * up
+    else:
+        mlp = _moe_terms(arch, t, d)
+    return LayerTerms(norms, linear_inputs, attention, mlp)
+
+
+def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
+    """``MixtralSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock`` through ``grouped_mm``."""
+    e, k, f, h = arch.num_experts, arch.experts_per_token, arch.ffn, arch.hidden
+    n = t * k  # token-expert assignments
+    saved = FP32_BYTES * t * e  # softmax(router_logits.float())
+    saved += INDEX_BYTES * t * k  # top-k indices
+    if _m(arch).router_normalize:
+        saved += FP32_BYTES * t + FP32_BYTES * t * k  # sum and the clone the in-place div saves
+    saved += 3 * INDEX_BYTES * n  # sort permutation, gather index (perm // k), inverse perm
+    saved += BOOL_BYTES * n  # sentinel mask
+    if d.experts == HALF_BYTES:
+        saved += INT32_BYTES * e  # offsets, saved by torch's grouped_mm
+    x = d.experts
+    saved += x * n * h  # gathered input (masked_fill), saved by the up grouped_mm
+    saved += x * n * 2 * f  # gate_up output (masked), saved by act and the product
+    saved += 2 * x * n * f  # act(gate), act * up (down's input)
+    weight_bytes = FP32_BYTES if _m(arch).router_weights_fp32 else d.lin
+    saved += weight_bytes * n  # routing weights, saved by the weighted product
+    saved += x * n * h  # down output (masked), saved by the weighted product
+    fs = _m(arch).shared_expert_ffn
+    if fs:
+        saved += 4 * d.lin * t * fs  # the shared expert's SwiGLU
+        saved += d.lin * t + d.lin * t * h  # sigmoid(shared_expert_gate) and shared output
+    return saved
+
+
+def _total(terms: LayerTerms) -> int:
+    return terms.norms + terms.linear_inputs + terms.attention + terms.mlp
+
+
+@dataclass(frozen=True)
+class ModelTerms:
+    """What one micro-batch keeps at the end of forward, by place."""
+
+    per_layer: LayerTerms
+    per_layer_total: int
+    layers: int
+    recompute: int
+    embedding: int
+    head: int
+    logits: int
+    loss: int
+    loss_transient: int
+    cache: int
+    cache_only: int
+
+
+def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
+    d = dtypes(regime)
+    t, b, s = batch.tokens, batch.micro_batch_size, batch.seq_len
+    h, v = arch.hidden, arch.vocab_size
+    checkpointed = batch.activation_checkpointing is Checkpointing.FULL
+    use_cache = _m(arch).use_cache and not checkpointed
+    m = _m(arch)
+    window = m.sliding_window
+    masked = m.sliding_layers if window is not None and s >= window else 0
+    per_layer = layer_terms(arch, batch, regime, use_cache)
+    total = _total(per_layer)
+    masked_total = _total(layer_terms(arch, batch, regime, use_cache, masked=True))
+    # cos and sin (batch dim 1: position_ids is arange(s)[None]), once per rotary embedding
+    rotary = 2 * d.res * s * (m.rotary_dim or arch.d_head) * m.rope_kinds
+    embedding = INDEX_BYTES * t + rotary
+    if checkpointed:
+        # each checkpointed call keeps its hidden_states argument; position_ids ride along
+        layers = arch.layers * d.res * t * h
+        embedding += INDEX_BYTES * s
+        recompute_total = max(
+            _total(layer_terms(arch, batch, regime, use_cache=False, masked=bool(masked))),
+            _total(layer_terms(arch, batch, regime, use_cache=False)),
+        )
+    else:
+        layers = (arch.layers - masked) * total + masked * masked_total
+        recompute_total = 0
+    head = _norm_internal(arch, t, h, d.res) + _norm_output(d, t, h, 1)
+    logits = d.lin * t * v
+    if _m(arch).final_logit_softcap:
+        head += d.lin * t * v  # tanh(logits / cap) saved by tanh's backward
+    labels = INDEX_BYTES * (s + 1) if b == 1 else INDEX_BYTES * t
+    loss = FP32_BYTES * t * v + labels + FP32_BYTES  # log_softmax output, targets, total_weight
+    loss_transient = FP32_BYTES * t * v if d.lin != FP32_BYTES else 0
+    # DynamicCache (cache_utils.py DynamicLayer.update): torch.cat copies of the rotated k and
+    # of v per layer, held by the output's past_key_values. SDPA saves the same copies, except
+    # under autocast: the rotated k is fp32, the cache allocates v in k's dtype (cat promotes),
+    # and SDPA saves bf16 casts of both; in fp32 with GQA SDPA saves expanded copies instead.
+    cache = cache_only = 0
+    if use_cache:
+        per_layer_cache = 2 * d.res * t * arch.kv_dim
+        cache = arch.layers * per_layer_cache
+        expanded = arch.n_kv_heads != arch.heads  # SDPA saves repeat_kv copies instead
+        if d.autocast or (regime == "fp32" and expanded):
+            cache_only = cache
+        elif expanded:
+            cache_only = masked * per_layer_cache
+    return ModelTerms(
+        per_layer=per_layer,
+        per_layer_total=total,
+        layers=layers,
+        recompute=recompute_total,
+        embedding=embedding,
+        head=head,
+        logits=logits,
+        loss=loss,
+        loss_transient=loss_transient,
+        cache=cache,
+        cache_only=cache_only,
+    )
+
+
+def autocast_weight_elements(arch: Architecture, checkpointed: bool) -> int:
+    """Elements of the bf16 weight copies autocast makes and autograd saves: every
+    ``nn.Linear`` / ``F.linear`` weight (the experts' 3-D weights go through ``grouped_mm``,
+    which autocast does not cast); only the head's when the layers are checkpointed."""
+    head = arch.vocab_size * arch.hidden
+    if checkpointed:
+        return head
+    h, q, kv, f = arch.hidden, arch.q_dim, arch.kv_dim, arch.ffn
+    per_layer = h * (q + 2 * kv) + q * h
+    if arch.num_experts == 1:
+        per_layer += 3 * h * f
+    else:
+        per_layer += arch.num_experts * h  # router
+        shared = _m(arch).shared_expert_ffn
+        if shared:
+            per_layer += 3 * h * shared + h
+    return arch.layers * per_layer + head

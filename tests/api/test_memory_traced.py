@@ -1,0 +1,63 @@
+"""POST /v1/memory with ``activation_model``: the traced ground truth offered to users."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import app
+
+CONFIG: dict[str, Any] = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 128,
+}
+
+
+def _body(activation_model: str, model: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "model": model or {"hf_config": CONFIG},
+        "dp": 2,
+        "engine": "torch",
+        "precision": "mixed_bf16",
+        "stages": [0, 3],
+        "batch": {"micro_batch_size": 2, "seq_len": 24},
+        "activation_model": activation_model,
+    }
+
+
+def test_traced_peak_equals_the_analytical_peak() -> None:
+    pytest.importorskip("transformers", reason="traced mode needs transformers")
+    pytest.importorskip("torch", reason="traced mode needs torch")
+    with TestClient(app) as client:
+        analytical = client.post("/v1/memory", json=_body("analytical"))
+        traced = client.post("/v1/memory", json=_body("traced"))
+    assert analytical.status_code == traced.status_code == 200
+    peaks = [[s["per_device"]["peak"] for s in r.json()["stages"]] for r in (analytical, traced)]
+    assert peaks[0] == peaks[1]
+    assert all(p is not None and p > 0 for p in peaks[0])
+
+
+def test_traced_without_transformers_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = pytest.importorskip("measure.trace", reason="needs torch", exc_type=ImportError)
+    monkeypatch.setattr(trace, "transformers_available", lambda: False)
+    with TestClient(app) as client:
+        r = client.post("/v1/memory", json=_body("traced"))
+    assert r.status_code == 422
+    (error,) = r.json()["detail"]
+    assert error["field"] == "activation_model"
+    assert "pip install 'zerocalc[hf]'" in error["msg"]
+
+
+def test_traced_needs_an_hf_config() -> None:
+    with TestClient(app) as client:
+        r = client.post("/v1/memory", json=_body("traced", {"preset": "gpt2"}))
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["field"] == "activation_model"

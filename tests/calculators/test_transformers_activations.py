@@ -1,0 +1,159 @@
+"""The analytical model of transformers' modelling code against the traced ground truth.
+
+For every supported family, a small config of the same shape: the saved-activation bytes the
+analytical model predicts equal, byte for byte, what autograd saves when transformers' own code
+runs forward + loss from ``labels`` (``measure/trace.py``, fake tensors on CPU), in each dtype
+regime and with transformers' gradient checkpointing; the parameter count equals
+``sum(p.numel())`` of the model transformers builds on the meta device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from calculators.activations import ActivationBreakdown, Regime, activations
+from calculators.architecture import count_params
+from calculators.batch import Batch, Checkpointing
+from calculators.hf_config import architecture_from_hf_config
+
+trace_module = pytest.importorskip(
+    "measure.trace", reason="the traced ground truth needs torch", exc_type=ImportError
+)
+pytest.importorskip("transformers", reason="install the hf extra: pip install 'zerocalc[hf]'")
+
+_BASE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "pad_token_id": None,
+    "bos_token_id": None,
+    "eos_token_id": None,
+}
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+# one small config per family, shaped like the family's real ones (GQA, head_dim, experts)
+CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama"},
+    "mistral": {"model_type": "mistral", "sliding_window": None},
+    "qwen2": {"model_type": "qwen2"},
+    "qwen3": {"model_type": "qwen3", "head_dim": 16},
+    "gemma": {"model_type": "gemma", "head_dim": 16, "num_key_value_heads": 1},
+    "gemma2": {"model_type": "gemma2", "head_dim": 16, "sliding_window": 128},
+    # one sliding and one full layer: both rotary embeddings in use
+    "gemma3_text": {
+        "model_type": "gemma3_text",
+        "head_dim": 16,
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
+    "phi3": {"model_type": "phi3", "partial_rotary_factor": 0.5},
+    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {"model_type": "qwen2_moe", **_MOE, "shared_expert_intermediate_size": 48},
+    "qwen3_moe": {"model_type": "qwen3_moe", "head_dim": 16, "norm_topk_prob": True, **_MOE},
+}
+
+
+def _config(family: str) -> dict[str, Any]:
+    return {**_BASE, **CONFIGS[family]}
+
+
+def _saved(acts: ActivationBreakdown) -> int:
+    """What autograd holds at the end of forward (the logits are the caller's, not saved)."""
+    return acts.layers + acts.embedding + acts.head + acts.loss
+
+
+def _check(family: str | dict[str, Any], batch: Batch, regime: Regime) -> None:
+    cfg = _config(family) if isinstance(family, str) else family
+    acts = activations(architecture_from_hf_config(cfg), batch, regime)
+    traced = trace_module.trace(
+        cfg,
+        batch.micro_batch_size,
+        batch.seq_len,
+        regime.value,
+        batch.activation_checkpointing is Checkpointing.FULL,
+    )
+    assert (
+        _saved(acts),
+        acts.autocast_weights,
+        acts.logits,
+        acts.loss_transient,
+        acts.cache,
+        acts.cache_only,
+    ) == (
+        traced.activations,
+        traced.autocast_weights,
+        traced.logits,
+        traced.loss_transient,
+        traced.cache,
+        traced.cache_only,
+    )
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_saved_activations_equal_the_trace(family: str, regime: Regime) -> None:
+    _check(family, Batch(2, 24), regime)
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_checkpointed_saved_activations_equal_the_trace(family: str) -> None:
+    _check(family, Batch(2, 24, Checkpointing.FULL), Regime.AUTOCAST)
+
+
+@pytest.mark.parametrize("regime", [Regime.HALF, Regime.FP32])
+def test_single_sequence_and_checkpointing_equal_the_trace(regime: Regime) -> None:
+    # b = 1: the shifted labels stay a view of the padded (1, s + 1) tensor
+    _check("qwen3", Batch(1, 40), regime)
+    _check("phi3", Batch(1, 40, Checkpointing.FULL), regime)
+
+
+# sliding-window layers whose window the sequence reaches: masked SDPA (memory-efficient kernel)
+WINDOWED: dict[str, dict[str, Any]] = {
+    "mistral": {"sliding_window": 16},
+    "mixtral": {"sliding_window": 16},
+    "phi3": {"sliding_window": 16},
+    "gemma2": {"sliding_window": 16},
+    "gemma3_text": {"sliding_window": 16},
+    "qwen2": {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1},
+}
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_sliding_window_layers_equal_the_trace(family: str, regime: Regime) -> None:
+    cfg = {**_config(family), **WINDOWED[family]}
+    _check(cfg, Batch(2, 40), regime)  # 40 ≥ 16 and not a multiple of 16 (padded bias)
+    _check(cfg, Batch(1, 12), regime)  # under the window: no mask
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_parameter_count_equals_transformers(family: str) -> None:
+    cfg = _config(family)
+    assert count_params(architecture_from_hf_config(cfg)) == trace_module.count_parameters(cfg)
+
+
+def test_untied_gemma_and_biased_llama_counts() -> None:
+    for cfg in (
+        {**_config("gemma"), "tie_word_embeddings": False},
+        {**_config("qwen3"), "attention_bias": True},
+        {**_config("qwen2_moe"), "qkv_bias": False},
+    ):
+        assert count_params(architecture_from_hf_config(cfg)) == trace_module.count_parameters(cfg)
+
+
+def test_canonical_architecture_keeps_its_figures() -> None:
+    """A model given as ``architecture`` (no transformers modelling) is the canonical GPT."""
+    arch = architecture_from_hf_config(_config("llama"))
+    from dataclasses import replace
+
+    canonical = replace(arch, modelling=None)
+    batch = Batch(2, 24)
+    assert _saved(activations(canonical, batch, Regime.HALF)) != _saved(
+        activations(arch, batch, Regime.HALF)
+    )
