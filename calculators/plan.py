@@ -36,6 +36,7 @@ from calculators.speed import (
     DEFAULT_EFFICIENCY,
     DEFAULT_EFFICIENCY_SOURCE,
     PhaseComm,
+    achieved_efficiency,
     exposed_seconds,
     optimizer_bytes_per_param,
     peak_flops_for,
@@ -445,6 +446,21 @@ def configs(setup: PlanSetup) -> list[Config]:
     return out
 
 
+@dataclass(frozen=True)
+class _CommProfile:
+    """One stage's communication as a function of the micro-step count."""
+
+    phases: dict[Phase, PhaseComm]
+    transfer: tuple[float, float]  # seconds: (per micro-step, once per step)
+    sent: tuple[float, float]  # bytes per rank: (per micro-step, once per step)
+
+
+def _linear(at_one: float, at_two: float) -> tuple[float, float]:
+    """(repeated, once) of a figure that is ``repeated · micro_steps + once``."""
+    repeated = max(0.0, at_two - at_one)
+    return repeated, max(0.0, at_one - repeated)
+
+
 class _Evaluator:
     """Evaluates configurations of one setup, computing what candidates share once."""
 
@@ -454,7 +470,7 @@ class _Evaluator:
         self.topology = Topology(
             nodes=setup.nodes, gpus_per_node=setup.gpus_per_node, dp=setup.gpus
         )
-        self._comm: dict[tuple[Stage, OffloadChoice, int, int | None], StageCommunication] = {}
+        self._comm: dict[tuple[Stage, OffloadChoice, int | None], _CommProfile] = {}
         self.communication_evaluations = 0
         # K: optimizer-state bytes per parameter (fp32 master included), as the memory model has it
         self.k = float(
@@ -485,21 +501,37 @@ class _Evaluator:
     def memory(self, c: Config) -> StageEstimate:
         return estimate(self.training(c, with_batch=True), [c.stage]).stages[0]
 
-    def communication(self, c: Config, micro_steps: int) -> StageCommunication:
-        key = (c.stage, c.offload, micro_steps, c.shard_group_size)
+    def stage_communication(self, c: Config, micro_steps: int) -> StageCommunication:
+        """The communication model's answer for ``c``'s stage at ``micro_steps``."""
+        training = replace(self.training(c, with_batch=False), dp=self.setup.gpus)
+        comm_setup = CommunicationSetup(
+            training=training,
+            topology=self.topology,
+            network=self.setup.network,
+            grad_accumulation_steps=micro_steps,
+            shard_group_size=c.shard_group_size,
+        )
+        self.communication_evaluations += 1
+        return estimate_communication(comm_setup, [c.stage]).stages[0]
+
+    def communication(self, c: Config) -> _CommProfile:
+        """Per-micro-step and per-step parts of ``c``'s communication, from the model's answers
+        at one and two micro-steps (every call costs the same at any count, so each figure is
+        ``repeated · micro_steps + once``); shared by every micro-batch and checkpointing."""
+        key = (c.stage, c.offload, c.shard_group_size)
         found = self._comm.get(key)
         if found is None:
-            training = replace(self.training(c, with_batch=False), dp=self.setup.gpus)
-            comm_setup = CommunicationSetup(
-                training=training,
-                topology=self.topology,
-                network=self.setup.network,
-                grad_accumulation_steps=micro_steps,
-                shard_group_size=c.shard_group_size,
+            one, two = self.stage_communication(c, 1), self.stage_communication(c, 2)
+            phases = {}
+            for phase in Phase:
+                (s1, n1), (s2, n2) = _phase_totals(one, phase), _phase_totals(two, phase)
+                phases[phase] = split_phase(s2, n2, s1, n1, 2)
+            found = _CommProfile(
+                phases=phases,
+                transfer=_linear(one.transfer_time_seconds, two.transfer_time_seconds),
+                sent=_linear(one.sent_bytes_per_rank, two.sent_bytes_per_rank),
             )
-            found = estimate_communication(comm_setup, [c.stage]).stages[0]
             self._comm[key] = found
-            self.communication_evaluations += 1
         return found
 
     def step_time(self, c: Config) -> tuple[StepTime, Overlap, int]:
@@ -511,17 +543,12 @@ class _Evaluator:
         bwd = (flops.backward + flops.recompute) * micro_tokens / rate
         ga = c.grad_accumulation_steps
 
-        comm = self.communication(c, ga)
-        one = self.communication(c, 1) if ga > 1 else comm
+        comm = self.communication(c)
         ov = overlap(s.engine, c.stage, self.config)
         windows = {Phase.FORWARD: fwd, Phase.BACKWARD: bwd, Phase.STEP: 0.0}
         flags = {Phase.FORWARD: ov.forward, Phase.BACKWARD: ov.backward, Phase.STEP: ov.step}
-        exposed = 0.0
-        for phase in Phase:
-            secs, calls = _phase_totals(comm, phase)
-            secs_one, calls_one = _phase_totals(one, phase)
-            split: PhaseComm = split_phase(secs, calls, secs_one, calls_one, ga)
-            exposed += exposed_seconds(split, ga, windows[phase], flags[phase])
+        exposed = sum(exposed_seconds(comm.phases[p], ga, windows[p], flags[p]) for p in Phase)
+        collective = sum(comm.phases[p].total(ga) for p in Phase)
 
         # the optimizer updates the whole model at stage 0, its partition from stage 1 on
         dp = 1 if c.stage is Stage.NONE else c.shard_group_size or s.gpus
@@ -537,10 +564,10 @@ class _Evaluator:
             recompute=flops.recompute * micro_tokens / rate * ga,
             optimizer_step=optimizer,
             exposed_communication=exposed,
-            communication=comm.collective_time_seconds,
-            offload_transfer=comm.transfer_time_seconds,
+            communication=collective,
+            offload_transfer=comm.transfer[0] * ga + comm.transfer[1],
         )
-        return step, ov, comm.sent_bytes_per_rank
+        return step, ov, round(comm.sent[0] * ga + comm.sent[1])
 
 
 def _phase_totals(comm: StageCommunication, phase: Phase) -> tuple[float, int]:
@@ -600,6 +627,45 @@ def plan(setup: PlanSetup) -> Plan:
         evaluated=len(todo),
         communication_evaluations=ev.communication_evaluations,
     )
+
+
+def predict(setup: PlanSetup, config: Config) -> tuple[StageEstimate, StepTime, Overlap]:
+    """Memory and step time of one configuration, fitting or not."""
+    ev = _Evaluator(setup)
+    step, ov, _ = ev.step_time(config)
+    return ev.memory(config), step, ov
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The efficiency a measured step implies.
+
+    Attributes:
+        efficiency: fraction of the dense peak the matmuls reached.
+        other_seconds: predicted non-compute time taken off the measured step.
+        predicted_step_seconds: the step the stated default efficiency predicts.
+    """
+
+    efficiency: float
+    other_seconds: float
+    predicted_step_seconds: float
+
+
+def calibrate(
+    setup: PlanSetup, config: Config, measured_seconds: float, *, communicated: bool = True
+) -> Calibration:
+    """Solve the step-time model for the efficiency of one measured configuration.
+
+    ``communicated=False`` for a simulated world (collectives complete without moving data):
+    only the optimizer step is taken off the measured time.
+    """
+    _, step, _ = predict(setup, config)
+    other = step.optimizer_step
+    if communicated:
+        other += step.exposed_communication + step.offload_transfer
+    flops = step.compute * setup.peak_flops * setup.efficiency.value
+    eff = achieved_efficiency(flops, setup.peak_flops, measured_seconds, other)
+    return Calibration(efficiency=eff, other_seconds=other, predicted_step_seconds=step.total)
 
 
 def assumptions(setup: PlanSetup) -> Assumptions:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from app.core.units import readable
 from app.schemas.communication import (
     CollectiveOut,
@@ -21,12 +23,24 @@ from app.schemas.memory import (
     PerDevice,
     StageMemory,
 )
+from app.schemas.plan import (
+    CalibrationUsed,
+    CandidateOut,
+    ConfigOut,
+    GpuOut,
+    OverlapOut,
+    PlanAssumptions,
+    PlanResponse,
+    RejectedOut,
+    StepTimeOut,
+)
 from calculators.communication import CommunicationEstimate, StageCommunication
 from calculators.conventions import OPTIMIZER_ASSUMPTIONS
 from calculators.inference import InferenceMemory
 from calculators.interconnects import Interconnect
 from calculators.memory import MemoryEstimate, StageEstimate
 from calculators.model_states import Placement, bytes_per_param
+from calculators.plan import Candidate, Config, Plan
 
 
 def _host(p: Placement, buffers: int = 0) -> HostMemory:
@@ -229,4 +243,77 @@ def inference_response(
         readable={k: readable(v) for k, v in sizes.items() if v is not None},
         fits=None if device_memory is None else needed <= device_memory,
         notes=notes,
+    )
+
+
+def _config_out(c: Config) -> ConfigOut:
+    return ConfigOut(
+        stage=int(c.stage),
+        micro_batch_size=c.micro_batch_size,
+        grad_accumulation_steps=c.grad_accumulation_steps,
+        activation_checkpointing=c.activation_checkpointing,
+        offload=c.offload,
+        shard_group_size=c.shard_group_size,
+    )
+
+
+def _candidate_out(rank: int, c: Candidate) -> CandidateOut:
+    s = c.step
+    return CandidateOut(
+        rank=rank,
+        config=_config_out(c.config),
+        tokens_per_second=c.tokens_per_second,
+        step_time_seconds=s.total,
+        step_time=StepTimeOut(
+            compute=s.compute,
+            recompute=s.recompute,
+            optimizer_step=s.optimizer_step,
+            exposed_communication=s.exposed_communication,
+            communication=s.communication,
+            offload_transfer=s.offload_transfer,
+        ),
+        per_device=per_device(c.memory),
+        headroom=c.headroom,
+        cpu=_host(c.memory.cpu, c.memory.cpu_buffers),
+        sent_bytes_per_rank=c.sent_bytes_per_rank,
+        assumptions=OverlapOut(**asdict(c.overlap)),
+    )
+
+
+def plan_response(result: Plan) -> PlanResponse:
+    setup = result.setup
+    g = setup.gpu
+    a = asdict(result.assumptions)
+    a["notes"] = list(result.assumptions.notes)
+    return PlanResponse(
+        params=setup.params,
+        gpu=GpuOut(
+            name=g.name,
+            label=g.label,
+            memory=g.memory,
+            peak_flops=setup.peak_flops,
+            memory_bandwidth=g.memory_bandwidth,
+            source=g.source,
+        ),
+        gpus=setup.gpus,
+        nodes=setup.nodes,
+        gpus_per_node=setup.gpus_per_node,
+        global_batch_size=setup.global_batch_size,
+        seq_len=setup.seq_len,
+        tokens_per_step=setup.global_batch_size * setup.seq_len,
+        engine=setup.engine,
+        candidates=[_candidate_out(i, c) for i, c in enumerate(result.candidates, 1)],
+        rejected=[
+            RejectedOut(
+                config=_config_out(r.config), reason=r.reason, peak=r.peak, over_by=r.over_by
+            )
+            for r in result.rejected
+        ],
+        calibration=CalibrationUsed(
+            efficiency=setup.efficiency.value,
+            source=setup.efficiency.source,
+            calibration_id=setup.efficiency.calibration_id,
+        ),
+        assumptions=PlanAssumptions(**a),
+        evaluated=result.evaluated,
     )
