@@ -19,6 +19,7 @@ from calculators.architecture import Architecture
 from calculators.batch import Batch, Checkpointing
 from calculators.communication import (
     CommunicationSetup,
+    GradSync,
     Network,
     Phase,
     StageCommunication,
@@ -140,6 +141,8 @@ class PlanSetup:
         context_reserve: device bytes outside the allocator (CUDA context, NCCL).
         allocator_margin: fraction of the device kept free for the allocator's rounding.
         host_optimizer_bandwidth: host bytes/s one rank's CPU optimizer streams.
+        grad_sync: when the torch engines reduce gradients under accumulation (a loop without
+            ``no_sync`` reduces on every micro-step).
     """
 
     architecture: Architecture
@@ -159,6 +162,7 @@ class PlanSetup:
     context_reserve: int = CONTEXT_RESERVE
     allocator_margin: float = ALLOCATOR_MARGIN
     host_optimizer_bandwidth: float = HOST_OPTIMIZER_BANDWIDTH
+    grad_sync: GradSync = GradSync.PER_STEP
 
     def __post_init__(self) -> None:
         if self.engine is Engine.PAPER:
@@ -509,6 +513,7 @@ class _Evaluator:
             topology=self.topology,
             network=self.setup.network,
             grad_accumulation_steps=micro_steps,
+            grad_sync=self.setup.grad_sync,
             shard_group_size=c.shard_group_size,
         )
         self.communication_evaluations += 1
@@ -687,5 +692,10 @@ def assumptions(setup: PlanSetup) -> Assumptions:
         host_optimizer_bandwidth=setup.host_optimizer_bandwidth,
         offload_transfer_overlapped=False,
         compute_slowdown_from_overlap=0.0,
-        notes=ASSUMPTION_NOTES,
+        notes=ASSUMPTION_NOTES
+        + (
+            ()
+            if g.memory_bandwidth
+            else ("no memory bandwidth given: the on-device optimizer step is counted as 0 s",)
+        ),
     )
