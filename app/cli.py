@@ -816,6 +816,11 @@ def serve(
     uvicorn.run("app.main:app", host=host, port=port, workers=1)
 
 
+from app.cli_plan import plan as plan_command  # noqa: E402 (it uses the helpers above)
+
+cli.command("plan")(plan_command)
+
+
 def main() -> None:
     """Console-script entry point (``zerocalc``)."""
     cli()

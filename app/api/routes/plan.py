@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException, status
+from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
 from pydantic import BaseModel
 
 from app.api.calibrate import measured_run
 from app.api.convert import plan_gpu, plan_setup
-from app.api.deps import ApiKeyDep, JobsDep
+from app.api.deps import ApiKeyDep, JobsDep, SettingsDep
 from app.api.examples import PLAN_EXAMPLES
 from app.api.presenters import plan_response
 from app.jobs.store import Calibration, JobStore
@@ -27,13 +28,30 @@ from calculators.plan import Efficiency, plan
 router = APIRouter(prefix="/v1", tags=["plan"])
 
 
+def calibration_store(request: Request, settings: SettingsDep) -> Iterator[JobStore]:
+    """The running service's store; without the lifespan (the CLI answering in-process), the
+    same SQLite file opened for this request."""
+    jobs = getattr(request.app.state, "jobs", None)
+    if jobs is not None:
+        yield jobs.store
+        return
+    store = JobStore(settings.db_path)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+StoreDep = Annotated[JobStore, Depends(calibration_store)]
+
+
 @router.post("/plan", response_model=PlanResponse)
 def plan_route(
-    request: Annotated[PlanRequest, Body(openapi_examples=PLAN_EXAMPLES)], jobs: JobsDep
+    request: Annotated[PlanRequest, Body(openapi_examples=PLAN_EXAMPLES)], store: StoreDep
 ) -> PlanResponse:
     """Every ZeRO configuration of the search that fits, ranked by predicted tokens/s."""
     gpu = plan_gpu(request.gpu)
-    efficiency = efficiency_for(request, gpu, jobs.store)
+    efficiency = efficiency_for(request, gpu, store)
     return plan_response(plan(plan_setup(request, gpu, efficiency)))
 
 
@@ -148,7 +166,7 @@ def add_calibration(request: CalibrationRequest, jobs: JobsDep) -> CalibrationPu
 
 
 @router.get("/calibrations", response_model=CalibrationsPublic)
-def list_calibrations(jobs: JobsDep) -> CalibrationsPublic:
+def list_calibrations(store: StoreDep) -> CalibrationsPublic:
     """Stored calibrations, newest first."""
-    found = jobs.store.calibrations()
+    found = store.calibrations()
     return CalibrationsPublic(data=[_public(c) for c in found], count=len(found))
