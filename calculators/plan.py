@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from calculators.architecture import Architecture
+from calculators.architecture import Architecture, block_tensors
+from calculators.architecture import tensors as architecture_tensors
 from calculators.batch import Batch, Checkpointing
 from calculators.communication import (
     CommunicationSetup,
@@ -54,7 +55,9 @@ ALLOCATOR_MARGIN = 0.10
 # DeepSpeed's CPU Adam (csrc/adam/cpu_adam_impl.cpp) streams each state once per step with
 # AVX: memory-bound on the host. A two-socket host's ~300 GB/s DDR5 shared by 8 ranks.
 HOST_OPTIMIZER_BANDWIDTH = 300 * 10**9 // 8
-MAX_CANDIDATES = 4096
+# Bounded work: the engines walk every parameter tensor once per configuration (about 7 µs a
+# tensor on one core), so a search is capped at this many configuration × tensor visits (~2 s).
+MAX_TENSOR_VISITS = 250_000
 
 
 class OffloadChoice(StrEnum):
@@ -443,11 +446,25 @@ def configs(setup: PlanSetup) -> list[Config]:
                     for m in micro_batch_sizes(setup):
                         ga = setup.per_rank_batch // m
                         out.append(Config(stage, m, ga, ckpt, offload, shard))
-    if len(out) > MAX_CANDIDATES:
+    tensors = tensor_count(setup.architecture)
+    if len(out) * tensors > MAX_TENSOR_VISITS:
         raise InputError(
-            "search", f"{len(out)} configurations to evaluate, over {MAX_CANDIDATES}: narrow it"
+            "search",
+            f"{len(out)} configurations × {tensors:,} parameter tensors = "
+            f"{len(out) * tensors:,} tensor evaluations, over {MAX_TENSOR_VISITS:,}: narrow "
+            "stages, micro_batch_size, activation_checkpointing or offload",
         )
     return out
+
+
+def tensor_count(arch: Architecture) -> int:
+    """Parameter tensors of the model (embeddings, every block, head): what each engine walks."""
+    return arch.layers * len(block_tensors(arch, 0)) + len(tensors_outside_blocks(arch))
+
+
+def tensors_outside_blocks(arch: Architecture) -> list[str]:
+    one_layer = replace(arch, layers=1)
+    return [t.name for t in architecture_tensors(one_layer) if t.layer is None]
 
 
 @dataclass(frozen=True)

@@ -218,3 +218,31 @@ def test_gpu_presets_are_consistent() -> None:
     assert get_gpu("h100-sxm").peak_flops_16bit == pytest.approx(989.5e12)
     assert gpu_for_device_name("NVIDIA H100 80GB HBM3") is get_gpu("h100-sxm")
     assert gpu_for_device_name("some other card") is None
+
+
+def test_tensor_count_is_what_the_engines_walk() -> None:
+    from calculators.architecture import tensors
+    from calculators.plan import tensor_count
+    from calculators.presets import PRESETS
+
+    for p in PRESETS.values():
+        assert tensor_count(p.architecture) == len(tensors(p.architecture))
+
+
+def test_a_search_too_large_for_the_model_is_refused_before_any_work() -> None:
+    from calculators.architecture import Architecture
+
+    moe = Architecture(
+        layers=16, hidden=64, heads=1, vocab_size=100, max_seq_len=64, num_experts=1024
+    )
+    s = setup(architecture=moe, params=count_params(moe), seq_len=64)
+    with pytest.raises(InputError) as err:
+        plan(s)
+    assert err.value.field == "search" and "narrow" in err.value.message
+    # one stage, one micro-batch, no checkpointing: few enough configurations
+    narrow = Search(
+        stages=(Stage.PARAMETERS,),
+        micro_batch_sizes=(32,),
+        activation_checkpointing=(Checkpointing.NONE,),
+    )
+    assert plan(replace(s, search=narrow)).evaluated == 1
