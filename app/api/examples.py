@@ -115,3 +115,15 @@ PLAN_EXAMPLES: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+CALIBRATION_EXAMPLES: dict[str, dict[str, Any]] = {
+    "given_efficiency": {
+        "summary": "An efficiency measured elsewhere (model-FLOPs utilisation from your logs)",
+        "value": {
+            "gpu": "h100-sxm",
+            "precision": "mixed_bf16",
+            "engine": "deepspeed",
+            "efficiency": 0.42,
+        },
+    },
+}

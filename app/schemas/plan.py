@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Self
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from app.schemas.common import Degree, DeviceBytes, JsonObject, StrictModel
 from app.schemas.communication import LinkIn
@@ -244,30 +244,63 @@ class PlanResponse(BaseModel):
 
 
 class CalibrationRequest(StrictModel):
-    """Store the efficiency a measured run achieved."""
+    """Store a compute efficiency for a GPU: from a measured run, or one measured elsewhere."""
 
     measurement_id: Annotated[
-        str, Field(min_length=1, max_length=64, description="A succeeded /v1/measure job.")
-    ]
+        str | None,
+        Field(
+            min_length=1,
+            max_length=64,
+            description="A succeeded /v1/measure job on a GPU: its step time sets the efficiency.",
+        ),
+    ] = None
     stage: Annotated[
         StageNumber | None,
         Field(description="Which run of the job (its ZeRO stage); null = the first."),
     ] = None
+    gpu: GpuName | None = Field(
+        None, description="With efficiency: the GPU preset it was measured on."
+    )
+    precision: Precision = Field(
+        Precision.MIXED_BF16, description="With efficiency: the precision it was measured at."
+    )
+    engine: Engine = Field(Engine.TORCH, description="With efficiency: the engine that ran.")
+    efficiency: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=1,
+            description="Model-FLOPs utilisation measured elsewhere (e.g. your training logs).",
+        ),
+    ] = None
+    source: Annotated[str, Field(max_length=200, description="Where the figure comes from.")] = (
+        "given by the request"
+    )
+
+    @model_validator(mode="after")
+    def one_source(self) -> Self:
+        if (self.measurement_id is None) == (self.efficiency is None):
+            raise ValueError("give measurement_id, or efficiency with gpu (not both)")
+        if self.efficiency is not None and self.gpu is None:
+            raise ValueError("efficiency needs the gpu it was measured on")
+        return self
 
 
 class CalibrationPublic(BaseModel):
     id: str
-    gpu: str = Field(description="GPU preset name the measurement ran on.")
-    device_name: str = Field(description="What the device called itself.")
+    gpu: str = Field(description="GPU preset name the efficiency was measured on.")
+    device_name: str = Field(description="What the device called itself (or the preset label).")
     precision: Precision
     engine: Engine
     efficiency: float = Field(description="Fraction of the dense peak the matmuls reached.")
-    measurement_id: str
-    stage: int
-    measured_step_time_seconds: float
-    predicted_other_seconds: float = Field(
-        description="Predicted exposed communication, optimizer step and offload taken off."
+    measurement_id: str | None = Field(description="The measure job (null: see note).")
+    stage: int | None = Field(description="The run's ZeRO stage (null: see note).")
+    measured_step_time_seconds: float | None = Field(description="null: see note.")
+    predicted_other_seconds: float | None = Field(
+        description="Predicted exposed communication, optimizer step and offload taken off the "
+        "measured step (null: see note)."
     )
+    note: str = Field(description="Where the efficiency comes from.")
     created_at: float
 
 

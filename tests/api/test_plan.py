@@ -262,3 +262,43 @@ def test_openapi_carries_the_example(client: TestClient) -> None:
     body = spec["paths"]["/v1/plan"]["post"]["requestBody"]["content"]["application/json"]
     assert "llama3_8b_on_8_h100" in body["examples"]
     assert Engine.DEEPSPEED.value == body["examples"]["llama3_8b_on_8_h100"]["value"]["engine"]
+
+
+def test_a_given_efficiency_is_stored_and_used(isolated: TestClient) -> None:
+    r = isolated.post(
+        "/v1/calibrations",
+        json={"gpu": "l4", "efficiency": 0.31, "engine": "torch", "source": "our logs"},
+    )
+    assert r.status_code == 201, r.text
+    cal = r.json()
+    assert cal["measurement_id"] is None and cal["stage"] is None
+    assert "given by the request" in cal["note"] and "our logs" in cal["note"]
+    body = post(isolated, SMALL)
+    assert body["calibration"]["calibration_id"] == cal["id"]
+    assert body["calibration"]["efficiency"] == 0.31
+    # a calibration of the same GPU by the planned engine wins over another engine's
+    r = isolated.post(
+        "/v1/calibrations",
+        json={"gpu": "l4", "efficiency": 0.5, "engine": "deepspeed", "source": "other"},
+    )
+    assert r.status_code == 201
+    assert post(isolated, SMALL)["calibration"]["efficiency"] == 0.31
+    assert post(isolated, {**SMALL, "engine": "deepspeed"})["calibration"]["efficiency"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"gpu": "l4"}, "body"),
+        ({"efficiency": 0.3}, "body"),
+        ({"measurement_id": "x", "gpu": "l4", "efficiency": 0.3}, "body"),
+        ({"gpu": "nope", "efficiency": 0.3}, "gpu"),
+        ({"gpu": "l4", "efficiency": 1.5}, "efficiency"),
+    ],
+)
+def test_bad_calibrations_name_the_field(
+    isolated: TestClient, body: dict[str, Any], field: str
+) -> None:
+    r = isolated.post("/v1/calibrations", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["field"] == field

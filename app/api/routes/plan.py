@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from app.api.calibrate import measured_run
 from app.api.convert import plan_gpu, plan_setup
 from app.api.deps import ApiKeyDep, JobsDep, SettingsDep
-from app.api.examples import PLAN_EXAMPLES
+from app.api.examples import CALIBRATION_EXAMPLES, PLAN_EXAMPLES
 from app.api.presenters import plan_response
 from app.jobs.store import Calibration, JobStore
 from app.schemas.plan import (
@@ -22,7 +22,7 @@ from app.schemas.plan import (
     PlanRequest,
     PlanResponse,
 )
-from calculators.gpus import PRESETS, Gpu
+from calculators.gpus import PRESETS, Gpu, get_gpu
 from calculators.plan import Efficiency, plan
 
 router = APIRouter(prefix="/v1", tags=["plan"])
@@ -66,11 +66,16 @@ def efficiency_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> Efficienc
         return Efficiency()
     chosen = (same_engine or found)[0]
     d = chosen.detail
+    if d.get("measurement_id") is None:
+        how = f"given: {d.get('source')}"
+    else:
+        how = (
+            f"stage {d.get('stage')} measured at {d.get('measured_step_time_seconds', 0):.4g} s "
+            f"per step (measurement {d.get('measurement_id')})"
+        )
     return Efficiency(
         chosen.efficiency,
-        f"calibration {chosen.id}: {d.get('device_name')}, engine {chosen.engine}, stage "
-        f"{d.get('stage')}, measured step {d.get('measured_step_time_seconds', 0):.4g} s "
-        f"(measurement {d.get('measurement_id')})",
+        f"calibration {chosen.id}: {d.get('device_name')}, engine {chosen.engine}, {how}",
         chosen.id,
     )
 
@@ -110,6 +115,7 @@ def gpus() -> list[GpuPublic]:
 
 def _public(c: Calibration) -> CalibrationPublic:
     d: dict[str, Any] = c.detail
+    measured = d.get("measurement_id") is not None
     return CalibrationPublic(
         id=c.id,
         gpu=c.gpu,
@@ -117,10 +123,15 @@ def _public(c: Calibration) -> CalibrationPublic:
         precision=c.precision,
         engine=c.engine,
         efficiency=c.efficiency,
-        measurement_id=d["measurement_id"],
-        stage=d["stage"],
-        measured_step_time_seconds=d["measured_step_time_seconds"],
-        predicted_other_seconds=d["predicted_other_seconds"],
+        measurement_id=d.get("measurement_id"),
+        stage=d.get("stage"),
+        measured_step_time_seconds=d.get("measured_step_time_seconds"),
+        predicted_other_seconds=d.get("predicted_other_seconds"),
+        note=(
+            f"measured step of job {d['measurement_id']} less the predicted non-compute time"
+            if measured
+            else f"given by the request, not measured by this service: {d.get('source')}"
+        ),
         created_at=c.created_at,
     )
 
@@ -132,8 +143,25 @@ def _public(c: Calibration) -> CalibrationPublic:
     dependencies=[ApiKeyDep],
     responses={404: {"description": "No measure job with this id."}},
 )
-def add_calibration(request: CalibrationRequest, jobs: JobsDep) -> CalibrationPublic:
-    """Store the compute efficiency a succeeded GPU measurement achieved; /v1/plan uses it."""
+def add_calibration(
+    request: Annotated[CalibrationRequest, Body(openapi_examples=CALIBRATION_EXAMPLES)],
+    jobs: JobsDep,
+) -> CalibrationPublic:
+    """Store the compute efficiency a GPU reached (from a succeeded measurement, or given);
+    /v1/plan uses the newest for that GPU and precision."""
+    if request.measurement_id is None:
+        assert request.gpu is not None and request.efficiency is not None  # one_source
+        gpu = get_gpu(request.gpu)
+        detail: dict[str, Any] = {"device_name": gpu.label, "source": request.source}
+        stored = jobs.store.add_calibration(
+            uuid.uuid4().hex,
+            gpu.name,
+            request.precision.value,
+            request.engine.value,
+            request.efficiency,
+            detail,
+        )
+        return _public(stored)
     job = jobs.store.get(request.measurement_id)
     if job is None:
         raise HTTPException(
