@@ -92,7 +92,7 @@ def plan_table(data: dict[str, Any], top: int) -> Table:
             cfg["offload"],
             f"{c['tokens_per_second']:,.0f}",
             _seconds(c["step_time_seconds"]),
-            _seconds(st["compute"] + st["optimizer_step"]),
+            _seconds(st["compute"]),
             _seconds(st["exposed_communication"]),
             _seconds(st["offload_transfer"]),
             f"{c['per_device']['peak'] / GIB:.2f}",

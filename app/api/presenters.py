@@ -265,7 +265,8 @@ def _candidate_out(rank: int, c: Candidate) -> CandidateOut:
         tokens_per_second=c.tokens_per_second,
         step_time_seconds=s.total,
         step_time=StepTimeOut(
-            compute=s.compute,
+            compute=s.compute + s.optimizer_step,
+            matmul=s.compute,
             recompute=s.recompute,
             optimizer_step=s.optimizer_step,
             exposed_communication=s.exposed_communication,

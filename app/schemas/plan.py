@@ -145,11 +145,12 @@ class ConfigOut(BaseModel):
 
 
 class StepTimeOut(BaseModel):
-    """Seconds per optimizer step; compute + optimizer_step + exposed_communication +
-    offload_transfer = step_time_seconds."""
+    """Seconds per optimizer step; compute + exposed_communication + offload_transfer =
+    step_time_seconds."""
 
-    compute: float = Field(description="Forward, backward and recomputation matmuls.")
-    recompute: float = Field(description="Part of compute that checkpointing repeats.")
+    compute: float = Field(description="matmul + optimizer_step.")
+    matmul: float = Field(description="Forward, backward and recomputation matmuls.")
+    recompute: float = Field(description="Part of matmul that checkpointing repeats.")
     optimizer_step: float = Field(description="The element-wise optimizer update.")
     exposed_communication: float = Field(description="Collective time not hidden by compute.")
     communication: float = Field(description="All collective time, hidden or not.")
