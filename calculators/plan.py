@@ -98,7 +98,8 @@ class Search:
         activation_checkpointing: recomputation policies to try.
         offload: offload choices to try (those an engine or stage cannot do are skipped).
         hsdp: also try sharding stage 3 within a node and replicating across nodes (FSDP2
-            HYBRID_SHARD / DeepSpeed MiCS); only with more than one node.
+            HYBRID_SHARD; engine torch, as DeepSpeed 0.19.8 removed MiCS); only with more than
+            one node.
     """
 
     stages: tuple[Stage, ...] = tuple(Stage)
@@ -432,7 +433,8 @@ def micro_batch_sizes(setup: PlanSetup) -> tuple[int, ...]:
 def configs(setup: PlanSetup) -> list[Config]:
     """Every configuration of the search space the engine can run."""
     shard_groups: list[int | None] = [None]
-    if setup.search.hsdp and setup.nodes > 1:
+    # FSDP2 HYBRID_SHARD; DeepSpeed 0.19.8 removed MiCS (runtime/config.py), its shard groups
+    if setup.search.hsdp and setup.nodes > 1 and setup.engine is Engine.TORCH:
         shard_groups.append(setup.gpus_per_node)
     out = []
     for stage in sorted(set(setup.search.stages)):
@@ -628,7 +630,11 @@ def plan(setup: PlanSetup) -> Plan:
                 )
             )
             continue
-        step, ov, sent = ev.step_time(c)
+        try:
+            step, ov, sent = ev.step_time(c)
+        except InputError as err:
+            rejected.append(Rejected(c, f"cannot be timed: {err.field}: {err.message}", needed))
+            continue
         candidates.append(
             Candidate(
                 config=c,

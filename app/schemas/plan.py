@@ -73,7 +73,8 @@ class SearchIn(StrictModel):
     hsdp: StrictBool = Field(
         True,
         description="Also try stage 3 sharded within a node and replicated across nodes (FSDP2 "
-        "HYBRID_SHARD / DeepSpeed MiCS); only with more than one node.",
+        "HYBRID_SHARD; engine torch: DeepSpeed 0.19.8 removed MiCS); only with more than one "
+        "node.",
     )
 
     @field_validator("stages", "micro_batch_size", "activation_checkpointing", "offload")

@@ -174,6 +174,10 @@ def test_hsdp_only_across_nodes_and_at_stage_3() -> None:
     two = setup(gpus=16, gpus_per_node=8, global_batch_size=256)
     hsdp = [c for c in configs(two) if c.shard_group_size is not None]
     assert hsdp and all(c.stage is Stage.PARAMETERS and c.shard_group_size == 8 for c in hsdp)
+    # DeepSpeed 0.19.8 has no shard groups (MiCS removed): none tried, and the plan answers
+    two_ds = replace(two, engine=Engine.DEEPSPEED)
+    assert all(c.shard_group_size is None for c in configs(two_ds))
+    assert plan(replace(two_ds, search=Search(stages=(Stage.PARAMETERS,)))).candidates
     p = plan(replace(two, search=Search(stages=(Stage.PARAMETERS,), micro_batch_sizes=(1,))))
     by_shard = {c.config.shard_group_size: c for c in p.candidates}
     # model states sharded over 8 instead of 16: more memory per device
