@@ -6,6 +6,8 @@ Answers in-process through the service's own app, or from ``--url``, like ``memo
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -35,9 +37,47 @@ def gpu_field(name: str | None, memory: str | None, flops: float | None) -> Any:
         raise PlanInputError("give --gpu or --gpu-memory with --gpu-flops, not both")
     if memory is None or flops is None:
         raise PlanInputError("a custom GPU needs both --gpu-memory and --gpu-flops")
-    from app.cli import parse_size  # the shared helpers; app.cli registers this command
+    from app.cli.request import parse_size
 
     return {"memory": parse_size(memory, "--gpu-memory"), "peak_flops": flops}
+
+
+def model_field(preset: str | None, arch: str | None, hf_config: str | None) -> Any:
+    """The request's ``model`` from whichever one option names it."""
+    from app.cli.request import parse_arch, read_json
+
+    given = [
+        (n, v) for n, v in (("--preset", preset), ("--arch", arch), ("--hf-config", hf_config)) if v
+    ]
+    if len(given) > 1:
+        raise PlanInputError(f"give one model, not {' and '.join(n for n, _ in given)}")
+    if preset:
+        return {"preset": preset}
+    if arch:
+        return {"architecture": parse_arch(arch)}
+    if hf_config:
+        return {"hf_config": read_json(hf_config, "--hf-config")}
+    return None
+
+
+def plan_body(base: str | None, **fields: Any) -> dict[str, Any]:
+    """``--body`` (a JSON file or ``-``) first, then every option given; ``search`` merged."""
+    from app.cli.request import read_json
+
+    body: dict[str, Any] = {}
+    if base is not None:
+        loaded = read_json(base, "--body")
+        if not isinstance(loaded, dict):
+            raise PlanInputError("--body: must be a JSON object")
+        body.update(loaded)
+    for key, value in fields.items():
+        if isinstance(value, dict) and key == "search":
+            given = {k: v for k, v in value.items() if v is not None}
+            if given:
+                body[key] = {**(body.get(key) or {}), **given}
+        elif value is not None:
+            body[key] = value
+    return body
 
 
 def _seconds(x: float) -> str:
@@ -163,7 +203,9 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON answer.")] = False,
 ) -> None:
     """Which ZeRO configuration to run, ranked by predicted tokens/s (POST /v1/plan)."""
-    from app.cli import CliError, build_body, call, emit_json, err, model_spec, out
+    from app.cli import transport
+    from app.cli.printer import err, out
+    from app.cli.request import CliError
 
     try:
         search = {
@@ -173,9 +215,9 @@ def plan(
             "offload": _list(offload, "--offload"),
             "hsdp": False if no_hsdp else None,
         }
-        request = build_body(
+        request = plan_body(
             body,
-            model=model_spec(None, preset, arch, hf_config),
+            model=model_field(preset, arch, hf_config),
             gpu=gpu_field(gpu, gpu_memory, gpu_flops),
             gpus=gpus,
             gpus_per_node=gpus_per_node,
@@ -188,11 +230,11 @@ def plan(
             search=search,
             efficiency=efficiency,
         )
-        data = call("/v1/plan", request, url)
+        data = transport.post("/v1/plan", request, url)
     except (CliError, PlanInputError) as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     if as_json:
-        emit_json(data)
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
         out.print(plan_table(data, top))

@@ -1,16 +1,21 @@
 # ruff: noqa: T201 (a script: its report goes to stdout)
-"""HTTP benchmark: wrk against POST /v1/memory and GET /healthz on one uvicorn server.
+"""HTTP benchmark: the service's endpoints against a bare FastAPI app, with wrk, in one run.
 
-One uvicorn worker on 127.0.0.1 (a free port), 32 connections, one wrk thread (the other core of
-a 2-core machine), rounds that alternate healthz and memory so both see the same machine state.
-Reports each endpoint's rate and p99 over all rounds, and the ratio memory / healthz.
+Two uvicorn servers on 127.0.0.1 (free ports, one worker each, the same --http/--loop): the
+service (``app.main:app``) and the framework's floor (``bench/floor_app.py``: one async endpoint,
+no middleware). Only one is loaded at a time. Each round runs, for every service target, wrk
+(1 thread, 32 connections, --duration seconds) against the floor and right after it against
+the target: each ratio is the target's rate over the floor's in that pair (the machine's load
+moves between runs). A target's ratio, p50 and p99 are the medians over the rounds (goals are
+checked on them); the worst round's p99 is printed beside.
 
     apt-get install -y wrk
-    python3 bench/http_bench.py                      # 3 rounds x 10 s per endpoint
-    python3 bench/http_bench.py --rounds 1 --duration 3 --json out.json
+    python3 bench/http_bench.py                                  # 3 rounds x 5 s per target
+    python3 bench/http_bench.py --rounds 1 --only memory_paper --json out.json
 
-Targets (issue 7): memory >= 0.9 x the healthz rate, memory p99 < 25 ms. Loopback only; every
-run is bounded by --rounds x --duration and stops by itself.
+Targets: memory_paper >= 0.75 x the floor's rate with p99 < 15 ms; the deepspeed Llama 3 8B
+question (memory, sweep, communication) p99 < 100 ms. Loopback only; every wrk run is bounded
+by --duration and the whole run by --rounds x targets x --duration.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,10 +38,35 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
-# The ZeRO paper's Figure 1 question (7.5B, Nd = 64, all four stages): the service's front page.
-MEMORY_BODY = {"model": {"params": 7_500_000_000}, "dp": 64}
-TARGET_RATIO = 0.9
-TARGET_P99_MS = 25.0
+
+# The ZeRO paper's Figure 1 question (7.5B, Nd = 64, all four stages): the front page's question.
+PAPER = {"model": {"params": 7_500_000_000}, "dp": 64}
+# A heavy one: DeepSpeed's allocations for Llama 3 8B with activations, all four stages.
+HEAVY = {
+    "model": {"preset": "llama3-8b"},
+    "dp": 64,
+    "engine": "deepspeed",
+    "batch": {"micro_batch_size": 2, "seq_len": 4096},
+}
+HEAVY_COMM = {"model": {"preset": "llama3-8b"}, "dp": 64, "engine": "deepspeed"}
+
+# name -> (server, path, JSON body or None for GET)
+TARGETS: dict[str, tuple[str, str, dict[str, Any] | None]] = {
+    "floor": ("floor", "/", None),
+    "healthz": ("service", "/healthz", None),
+    "memory_paper": ("service", "/v1/memory", PAPER),
+    "memory_heavy": ("service", "/v1/memory", HEAVY),
+    "sweep_paper": ("service", "/v1/memory/sweep", PAPER),
+    "sweep_heavy": ("service", "/v1/memory/sweep", HEAVY),
+    "communication_heavy": ("service", "/v1/communication", HEAVY_COMM),
+}
+# name -> (least ratio to the floor, largest p99 in ms); None: measured, no target
+GOALS: dict[str, tuple[float | None, float | None]] = {
+    "memory_paper": (0.75, 15.0),
+    "memory_heavy": (None, 100.0),
+    "sweep_heavy": (None, 100.0),
+    "communication_heavy": (None, 100.0),
+}
 
 LUA_POST = """wrk.method = "POST"
 wrk.body = {body}
@@ -69,8 +101,10 @@ def parse_wrk(text: str) -> dict[str, Any]:
     """Rate, latency percentiles and error counts from ``wrk --latency`` output."""
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
     requests = int(re.search(r"(\d+) requests in", text).group(1))  # type: ignore[union-attr]
+    if "Latency Distribution" not in text:
+        raise RuntimeError(f"wrk gave no latencies:\n{text}")
     percentiles = {
-        p: to_ms(v) for p, v in re.findall(r"^\s+(50|75|90|99)%\s+(\S+)$", text, re.MULTILINE)
+        p: to_ms(v) for p, v in re.findall(r"^\s+(50|75|90|99)%\s+(\S+)\s*$", text, re.MULTILINE)
     }
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
     socket_errors = re.search(r"Socket errors:.*", text)
@@ -84,18 +118,8 @@ def parse_wrk(text: str) -> dict[str, Any]:
     }
 
 
-def wrk(
-    url: str, duration_s: int, connections: int, threads: int, script: str | None
-) -> dict[str, Any]:
-    cmd = [
-        "wrk",
-        f"-t{threads}",
-        f"-c{connections}",
-        f"-d{duration_s}s",
-        "--latency",
-        "--timeout",
-        "5s",
-    ]
+def wrk(url: str, duration_s: int, connections: int, script: str | None) -> dict[str, Any]:
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "--timeout", "5s"]
     if script:
         cmd += ["-s", script]
     out = subprocess.run(
@@ -105,7 +129,7 @@ def wrk(
 
 
 def installed() -> dict[str, str | None]:
-    """Versions of what uvicorn's ``auto`` picks from (None: not installed)."""
+    """Versions of the server stack (None: not installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     found: dict[str, str | None] = {}
@@ -117,53 +141,23 @@ def installed() -> dict[str, str | None]:
     return found
 
 
-def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Rate over all rounds (requests / time); p99 the worst round's (a conservative bound)."""
-    return {
-        "rate": sum(r["rate"] for r in rounds) / len(rounds),
-        "p50_ms": max(r["p50_ms"] for r in rounds),
-        "p99_ms": max(r["p99_ms"] for r in rounds),
-        "requests": sum(r["requests"] for r in rounds),
-        "non_2xx": sum(r["non_2xx"] for r in rounds),
-        "rounds": rounds,
-    }
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = re.findall(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.MULTILINE)
+        if names:
+            model = names[0]
+    return f"{model}, {os.cpu_count()} logical cores, Python {platform.python_version()}"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (<= 60)")
-    parser.add_argument("--rounds", type=int, default=3, help="healthz+memory pairs (<= 10)")
-    parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=1, help="wrk threads")
-    parser.add_argument("--warmup", type=int, default=2, help="seconds of warm-up per endpoint")
-    parser.add_argument(
-        "--http",
-        default="auto",
-        choices=["auto", "h11", "httptools"],
-        help="uvicorn's HTTP parser (auto: httptools when installed)",
-    )
-    parser.add_argument(
-        "--loop",
-        default="auto",
-        choices=["auto", "asyncio", "uvloop"],
-        help="uvicorn's event loop (auto: uvloop when installed)",
-    )
-    parser.add_argument("--json", type=Path, help="write the figures here as JSON")
-    args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        sys.exit("wrk not found: apt-get install -y wrk")
-    duration = min(max(args.duration, 1), 60)
-    rounds = min(max(args.rounds, 1), 10)
-
-    port = free_port()
-    base = f"http://{HOST}:{port}"
-    env = {**os.environ, "ZEROCALC_DATA_DIR": tempfile.mkdtemp(prefix="zerocalc-bench-")}
-    server = subprocess.Popen(
+def start(module: str, port: int, args: argparse.Namespace, env: dict[str, str]) -> Any:
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
             "uvicorn",
-            "app.main:app",
+            module,
             "--host",
             HOST,
             "--port",
@@ -181,61 +175,121 @@ def main() -> int:
         cwd=ROOT,
         env=env,
     )
-    try:
-        wait_ready(f"{base}/healthz")
-        with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as lua:
-            lua.write(LUA_POST.format(body=json.dumps(json.dumps(MEMORY_BODY))))
-        check = urllib.request.Request(
-            f"{base}/v1/memory",
-            data=json.dumps(MEMORY_BODY).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(check, timeout=5) as response:
-            assert response.status == 200, response.status
-        targets = {"healthz": (f"{base}/healthz", None), "memory": (f"{base}/v1/memory", lua.name)}
-        for url, script in targets.values():
-            wrk(url, args.warmup, args.connections, args.threads, script)
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
-        for _ in range(rounds):
-            for name, (url, script) in targets.items():
-                runs[name].append(wrk(url, duration, args.connections, args.threads, script))
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
-    result = {name: combine(r) for name, r in runs.items()}
-    ratio = result["memory"]["rate"] / result["healthz"]["rate"]
-    summary = {
-        "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "command": " ".join(sys.argv),
-        "server": {"http": args.http, "loop": args.loop, **installed()},
-        "connections": args.connections,
-        "wrk_threads": args.threads,
-        "duration_s": duration,
-        "rounds": rounds,
-        "memory_body": MEMORY_BODY,
-        "healthz": result["healthz"],
-        "memory": result["memory"],
-        "ratio": ratio,
-        "ratio_ok": ratio >= TARGET_RATIO,
-        "p99_ok": result["memory"]["p99_ms"] < TARGET_P99_MS,
-    }
-    for name in targets:
-        r = result[name]
-        print(
-            f"{name:8s} {r['rate']:9.1f} req/s  p50 {r['p50_ms']:6.2f} ms  "
-            f"p99 {r['p99_ms']:6.2f} ms  ({r['requests']} requests, {r['non_2xx']} non-2xx)"
-        )
-    print(f"server: --http {args.http} --loop {args.loop}; installed {installed()}")
-    print(
-        f"ratio memory/healthz = {ratio:.3f} (target >= {TARGET_RATIO}); "
-        f"memory p99 = {result['memory']['p99_ms']:.2f} ms (target < {TARGET_P99_MS} ms)"
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run (<= 30)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over all targets (<= 10)")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=1, help="seconds of warm-up per target")
+    parser.add_argument(
+        "--only", nargs="+", choices=[t for t in TARGETS if t != "floor"], help="these targets"
     )
+    parser.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"])
+    parser.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"])
+    parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk not found: apt-get install -y wrk")
+    duration = min(max(args.duration, 1), 30)
+    rounds = min(max(args.rounds, 1), 10)
+    names = ["floor", *(args.only or [t for t in TARGETS if t != "floor"])]
+
+    ports = {"service": free_port(), "floor": free_port()}
+    env = {
+        **os.environ,
+        "ZEROCALC_DATA_DIR": tempfile.mkdtemp(prefix="zerocalc-bench-"),
+        "PYTHONPATH": str(ROOT),
+    }
+    servers = [
+        start("app.main:app", ports["service"], args, env),
+        start("bench.floor_app:app", ports["floor"], args, env),
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    floors: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    try:
+        wait_ready(f"http://{HOST}:{ports['service']}/healthz")
+        wait_ready(f"http://{HOST}:{ports['floor']}/")
+        plan: dict[str, tuple[str, str | None]] = {}
+        for name in names:
+            server, path, body = TARGETS[name]
+            url = f"http://{HOST}:{ports[server]}{path}"
+            script = None
+            if body is not None:
+                data = json.dumps(body)
+                check = urllib.request.Request(
+                    url, data=data.encode(), headers={"Content-Type": "application/json"}
+                )
+                with urllib.request.urlopen(check, timeout=10) as response:
+                    assert response.status == 200, (name, response.status)
+                with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as lua:
+                    lua.write(LUA_POST.format(body=json.dumps(data)))
+                script = lua.name
+            plan[name] = (url, script)
+            wrk(url, max(args.warmup, 1), args.connections, script)
+        for _ in range(rounds):
+            for name in names[1:]:  # each target right after a floor run of its own
+                floors[name].append(wrk(plan["floor"][0], duration, args.connections, None))
+                runs[name].append(wrk(plan[name][0], duration, args.connections, plan[name][1]))
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=10)
+
+    runs["floor"] = [r for name in names[1:] for r in floors[name]]
+    floors["floor"] = runs["floor"]
+    result: dict[str, Any] = {}
+    for name in names:
+        rs = runs[name]
+        ratios = [r["rate"] / f["rate"] for r, f in zip(rs, floors[name], strict=True)]
+        result[name] = {
+            "rate": statistics.mean(r["rate"] for r in rs),
+            "ratio": statistics.median(ratios),
+            "p50_ms": statistics.median(r["p50_ms"] for r in rs),
+            "p99_ms": statistics.median(r["p99_ms"] for r in rs),
+            "p99_worst_ms": max(r["p99_ms"] for r in rs),
+            "requests": sum(r["requests"] for r in rs),
+            "non_2xx": sum(r["non_2xx"] for r in rs),
+            "rounds": [{**r, "ratio": q} for r, q in zip(rs, ratios, strict=True)],
+        }
+    load = os.getloadavg()
+    print(f"machine: {machine()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"server: --http {args.http} --loop {args.loop}; {installed()}")
+    print(f"wrk -t1 -c{args.connections} -d{duration}s, {rounds} rounds")
+    print(
+        f"{'target':20s} {'req/s':>9s} {'ratio':>6s} {'p50 ms':>7s} {'p99 ms':>7s} "
+        f"{'worst':>7s}  goal"
+    )
+    ok = True
+    for name in names:
+        r = result[name]
+        least, most = GOALS.get(name, (None, None))
+        met = (least is None or r["ratio"] >= least) and (most is None or r["p99_ms"] < most)
+        goal = " ".join(
+            [*([f"ratio>={least}"] if least else []), *([f"p99<{most:g}"] if most else [])]
+        )
+        ok &= met and not r["non_2xx"]
+        print(
+            f"{name:20s} {r['rate']:9.1f} {r['ratio']:6.3f} {r['p50_ms']:7.2f} "
+            f"{r['p99_ms']:7.2f} {r['p99_worst_ms']:7.2f}  {goal} "
+            f"{'' if not goal else ('met' if met else 'MISSED')}"
+            + (f" ({r['non_2xx']} non-2xx)" if r["non_2xx"] else "")
+        )
     if args.json:
+        summary = {
+            "machine": machine(),
+            "load_average": load,
+            "command": " ".join(sys.argv),
+            "server": {"http": args.http, "loop": args.loop, **installed()},
+            "connections": args.connections,
+            "duration_s": duration,
+            "rounds": rounds,
+            "bodies": {name: TARGETS[name][2] for name in names},
+            "results": result,
+        }
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
-    failed = result["memory"]["non_2xx"] or result["healthz"]["non_2xx"]
-    return 1 if failed else 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

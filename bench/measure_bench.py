@@ -1,4 +1,4 @@
-"""Issue 7's measure benchmark: a simulated stage 0–3 sweep of a ~1.3B-class (1.4B) GPT on one GPU.
+"""The measure benchmark: a simulated stage 0–3 sweep of a ~1.3B-class (1.4B) GPT on one GPU.
 
     python3 bench/measure_bench.py            # on a CUDA host; prints one JSON line
 

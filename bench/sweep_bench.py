@@ -4,7 +4,7 @@
 Starts one uvicorn worker on 127.0.0.1, sends each body --requests times one after another on
 one keep-alive connection, and reads the server's own time from the ``Server-Timing: app;dur=``
 header (request arrival to the start of the answer: body read, validation, 52 estimates,
-serialization). Reports median, p99 and max per body; the target (issue 7) is < 20 ms.
+serialization). Reports median, p99 and max per body; the target is < 20 ms.
 
     python3 bench/sweep_bench.py
     python3 bench/sweep_bench.py --requests 50 --json out.json

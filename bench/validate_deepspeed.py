@@ -365,10 +365,12 @@ def predict(r: dict[str, Any], linear_patched: bool = False) -> tuple[Any, Any]:
     cuBLASLt workspace is allocated (calculators.engines.deepspeed.cublaslt_workspace_bytes).
     """
     from calculators.batch import Batch
-    from calculators.communication import CommunicationSetup, Topology, stage_communication
+    from calculators.communication import stage_communication
     from calculators.conventions import Engine, OffloadDevice, Precision, Stage
     from calculators.engines.deepspeed import MODEL
     from calculators.model_states import Offload, TrainingSetup
+    from calculators.topology import Topology
+    from calculators.traffic import CommunicationSetup
 
     arch, micro_batch, seq = MODELS.get(r["model"], TINY)
     setup = TrainingSetup(
@@ -425,8 +427,9 @@ def label(r: dict[str, Any]) -> str:
 
 
 def report(paths: list[Path]) -> None:
-    from calculators.communication import Op, sent_factor
-    from calculators.engines.deepspeed import param_list, parse_config, stage3_trace
+    from calculators.engines.deepspeed.config import param_list, parse_config
+    from calculators.engines.deepspeed.stage3 import stage3_trace
+    from calculators.topology import Op, sent_factor
 
     rows = []
     for path in paths:

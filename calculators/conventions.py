@@ -101,7 +101,7 @@ PRECISION_BYTES: dict[Precision, PrecisionBytes] = {
     # ZeRO paper §3.1: fp16 params and grads, fp32 master params, momentum and variance.
     Precision.MIXED_FP16: PrecisionBytes(HALF_BYTES, HALF_BYTES, FP32_BYTES, FP32_BYTES),
     Precision.MIXED_BF16: PrecisionBytes(HALF_BYTES, HALF_BYTES, FP32_BYTES, FP32_BYTES),
-    # Seed 004: fp32 Adam is 4 + 4 + 8 = 16 B/param.
+    # Pure fp32 with Adam: 4 + 4 + 8 = 16 B/param (no master copy: the params are fp32).
     Precision.FP32: PrecisionBytes(FP32_BYTES, FP32_BYTES, 0, FP32_BYTES),
     # Pure bf16: params, grads and optimizer states all in bf16, no master copy.
     Precision.BF16: PrecisionBytes(HALF_BYTES, HALF_BYTES, 0, HALF_BYTES),
@@ -145,8 +145,8 @@ def k_bytes(optimizer: Optimizer, precision: Precision, master_weights: bool = T
     """K of the ZeRO paper: optimizer-state bytes per parameter, fp32 master copy included.
 
     Mixed-precision Adam: 12 = 4 fp32 master + 4 momentum + 4 variance (paper §3.1).
-    ``master_weights=False`` drops the fp32 master copy (seed 004 counts 16-bit params and grads
-    plus fp32 moments only: 2 + 2 + 8 = 12 B/param); it changes nothing outside mixed precision.
+    ``master_weights=False`` drops the fp32 master copy (16-bit params and grads plus fp32
+    moments only: 2 + 2 + 8 = 12 B/param); it changes nothing outside mixed precision.
     """
     master = PRECISION_BYTES[precision].master if master_weights else 0
     return master + optimizer_state_bytes(optimizer, precision)

@@ -2,70 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import replace
 
 from calculators.conventions import Engine, Stage
+from calculators.engines import engine_model
 from calculators.errors import InputError
-from calculators.model_states import Placement, TrainingSetup
-
-
-@dataclass(frozen=True)
-class StageEstimate:
-    """What one rank holds under one stage.
-
-    Attributes:
-        stage: the ZeRO stage.
-        device: model states on the device (parameters, gradients, optimizer states).
-        cpu: model states (and pinned buffers, in ``cpu_buffers``) in host memory.
-        nvme: model states on NVMe.
-        activations: activation bytes at the peak, when a batch and architecture are known.
-        temporary_buffers: engine buffers (buckets, gathered parameters) at the peak.
-        resident: bytes allocated on the device between optimizer steps.
-        peak: the highest bytes allocated during a step, when it can be estimated.
-        components: named engine-specific parts of ``resident``/``peak`` (bytes).
-        cpu_buffers: host bytes beyond model states (pinned staging buffers).
-        notes: what the figure assumes, in short sentences.
-        theory: the ZeRO paper's model states for the same setup (the first rung of the
-            theory → allocated → reserved → device breakdown).
-    """
-
-    stage: Stage
-    device: Placement
-    cpu: Placement
-    nvme: Placement
-    resident: int
-    activations: int | None = None
-    temporary_buffers: int | None = None
-    peak: int | None = None
-    components: Mapping[str, int] = field(default_factory=dict)
-    cpu_buffers: int = 0
-    notes: tuple[str, ...] = ()
-    theory: int | None = None
-
-    @property
-    def model_states(self) -> int:
-        return self.device.total
-
-    def fits(self, device_memory: int) -> bool:
-        """Whether the binding figure (peak if known, else resident) fits ``device_memory``."""
-        needed = self.peak if self.peak is not None else self.resident
-        return needed <= device_memory
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Estimates for several stages of one setup."""
-
-    setup: TrainingSetup
-    stages: tuple[StageEstimate, ...]
-    convention: str
+from calculators.estimates import MemoryEstimate, StageEstimate
+from calculators.model_states import TrainingSetup
 
 
 def estimate(setup: TrainingSetup, stages: Iterable[Stage]) -> MemoryEstimate:
     """Estimate each stage with the engine ``setup.engine`` names."""
-    from calculators.engines import engine_model  # engines import this module's types
-
     model = engine_model(setup.engine)
     paper = engine_model(Engine.PAPER)
     results = []

@@ -55,8 +55,8 @@ class TrainingSetup:
         optimizer: optimizer (sets K unless ``k`` is given).
         k: optimizer-state bytes per parameter, overriding the optimizer's.
         gradients: gradient-dtype convention (16-bit as the paper, or fp32 buffers).
-        master_weights: mixed precision keeps an fp32 master copy (the paper does; seed 004
-            does not).
+        master_weights: mixed precision keeps an fp32 master copy (the paper does; a 16-bit
+            count of 2 + 2 + 8 B/param with Adam does not).
         offload: optimizer / parameter offload targets.
         engine: whose accounting to follow.
         architecture: the decoder, when known (exact TP/PP split, activations).

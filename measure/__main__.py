@@ -22,7 +22,7 @@ from calculators.errors import InputError
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m measure", description=__doc__.splitlines()[0])
     model = p.add_mutually_exclusive_group(required=True)
-    model.add_argument("--preset", help="a /v1/presets name, seeds-mlp or mlp-{L}x{h}")
+    model.add_argument("--preset", help="a /v1/presets name, mlp (12 x 2048) or mlp-{L}x{h}")
     model.add_argument("--architecture", help="architecture JSON object")
     model.add_argument("--hf-config", help="path to a Hugging Face config.json")
     model.add_argument("--spec", help="path to a whole POST /v1/measure body (JSON)")

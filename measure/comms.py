@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from calculators.communication import Op, sent_factor
+from calculators.topology import Op, sent_factor
 
 # c10d op name -> (collective, which argument holds the full-size buffer)
 _OPS: dict[str, tuple[str, str]] = {

@@ -6,7 +6,8 @@ from typing import Any
 
 from calculators import communication as comm
 from calculators.conventions import Engine, Stage
-from calculators.memory import StageEstimate, estimate
+from calculators.estimates import StageEstimate
+from calculators.memory import estimate
 from calculators.model_states import TrainingSetup
 
 MEMORY_KEYS = (

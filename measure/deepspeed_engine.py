@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from calculators.conventions import Optimizer, Precision, Stage
-from calculators.engines.deepspeed import parse_config
+from calculators.engines.deepspeed.config import parse_config
 from calculators.errors import InputError
 from measure.comms import CommCounter
 from measure.engines import make_optimizer_class

@@ -1,4 +1,5 @@
-"""The seeds' MLP presets by name, without torch: the service checks names with it up front."""
+"""The MLP presets by name (``mlp``, ``mlp-{L}x{h}``), without torch: the service checks names
+with it up front."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from dataclasses import dataclass
 
 from calculators.errors import InputError
 
-# The seeds' notebook: 12 x Linear(2048, 2048) + ReLU, batch 32.
-SEEDS_MLP_LAYERS = 12
-SEEDS_MLP_HIDDEN = 2048
-SEEDS_MLP_BATCH = 32
+# The reference MLP: 12 x Linear(2048, 2048) + ReLU, batch 32 (``mlp`` = ``mlp-12x2048``).
+REFERENCE_MLP_LAYERS = 12
+REFERENCE_MLP_HIDDEN = 2048
+REFERENCE_MLP_BATCH = 32
+# "seeds-mlp": the name earlier releases gave ``mlp``, still accepted
+MLP_ALIASES = ("mlp", "seeds-mlp")
 _MLP_PRESET = re.compile(r"^mlp-(\d+)x(\d+)$")
 
 
@@ -18,14 +21,14 @@ _MLP_PRESET = re.compile(r"^mlp-(\d+)x(\d+)$")
 class MLPSpec:
     """``layers`` x (Linear(hidden, hidden) + ReLU) trained on ``batch`` random rows."""
 
-    layers: int = SEEDS_MLP_LAYERS
-    hidden: int = SEEDS_MLP_HIDDEN
-    batch: int = SEEDS_MLP_BATCH
+    layers: int = REFERENCE_MLP_LAYERS
+    hidden: int = REFERENCE_MLP_HIDDEN
+    batch: int = REFERENCE_MLP_BATCH
 
 
 def mlp_preset(name: str) -> MLPSpec | None:
-    """``seeds-mlp``/``mlp`` (12 x 2048) or ``mlp-{L}x{h}``; ``None`` for other names."""
-    if name in ("seeds-mlp", "mlp"):
+    """``mlp`` (12 x 2048) or ``mlp-{L}x{h}``; ``None`` for other names."""
+    if name in MLP_ALIASES:
         return MLPSpec()
     match = _MLP_PRESET.match(name)
     if match is None:

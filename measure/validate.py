@@ -1,6 +1,6 @@
 """GPU validation of the torch engine profile: prints markdown tables, writes JSON.
 
-    python -m measure.validate --part a   # one GPU: simulated Nd 1, 8, 64; ~1B GPT; seeds' MLP
+    python -m measure.validate --part a   # one GPU: simulated Nd 1, 8, 64; ~1B GPT; mlp-12x2048
     python -m measure.validate --part b   # every local GPU over NCCL, stages 0-3
     python -m measure.validate --part peak  # one GPU: resident and peak, 2 sizes, Nd 1-64,
                                             # stages 0-3, with and without checkpointing
@@ -80,7 +80,7 @@ def part_a(tiny: bool, device: str) -> list[tuple[str, dict[str, Any]]]:
             "warmup_steps": 2,
         }
         out.append((f"GPT {'tiny' if tiny else '1.1B'} bf16", run(spec, _log)))
-    mlp = "mlp-12x128" if tiny else "seeds-mlp"
+    mlp = "mlp-12x128" if tiny else "mlp-12x2048"
     spec = {
         "model": {"preset": mlp},
         "dp": 4,
@@ -93,7 +93,7 @@ def part_a(tiny: bool, device: str) -> list[tuple[str, dict[str, Any]]]:
         "steps": 2,
         "warmup_steps": 2,
     }
-    out.append((f"seeds' MLP {mlp} fp32", run(spec, _log)))
+    out.append((f"MLP {mlp} fp32", run(spec, _log)))
     return out
 
 
@@ -115,8 +115,8 @@ def part_b(tiny: bool, device: str, dp: int) -> list[tuple[str, dict[str, Any]]]
     return [(f"GPT {'tiny' if tiny else '1.1B'} bf16", run(spec, _log))]
 
 
-# Issue 5's sweep: a GPT-2-small-sized and a ~1.4B decoder, GPT-2 style (learned positions,
-# LayerNorm, biased linears, ffn 4h GELU, untied bias-free head), mixed bf16, Adam.
+# The resident-and-peak sweep: a GPT-2-small-sized and a ~1.4B decoder, GPT-2 style (learned
+# positions, LayerNorm, biased linears, ffn 4h GELU, untied bias-free head), mixed bf16, Adam.
 PEAK_MODELS = {
     "GPT 124M": (
         {"layers": 12, "hidden": 768, "heads": 12, "vocab_size": 50257, "max_seq_len": 1024},

@@ -1,4 +1,5 @@
-"""Workloads built from the calculator's inputs: a GPT-style decoder and the seeds' MLP.
+"""Workloads built from the calculator's inputs: a GPT-style decoder and an MLP of
+``layers`` x Linear(hidden, hidden).
 
 The decoder is the canonical module of :mod:`calculators.architecture`: its
 ``named_parameters()`` list the same names, shapes and order as
@@ -31,7 +32,7 @@ def mlp_tensors(spec: MLPSpec) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-class SeedsMLP(nn.Module):
+class ReferenceMLP(nn.Module):
     """L x Linear(h, h) + ReLU; ``layers`` holds the linears so FSDP2 wraps each one."""
 
     def __init__(self, spec: MLPSpec) -> None:
@@ -300,7 +301,7 @@ def gpt_workload(
 def mlp_workload(spec: MLPSpec) -> Workload:
     def build(device: torch.device) -> nn.Module:
         with torch.device(device):
-            return SeedsMLP(spec)
+            return ReferenceMLP(spec)
 
     def make_batch(device: torch.device, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(spec.batch, spec.hidden, generator=gen).to(device)

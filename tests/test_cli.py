@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from app import cli
+from app.cli import transport as cli_transport
 from app.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +140,7 @@ def test_memory_over_http_sends_the_same_body(
         headers = {"X-API-Key": api_key} if api_key else {}
         return httpx.Client(base_url=url, transport=transport, headers=headers)
 
-    monkeypatch.setattr(cli, "remote_client", remote)
+    monkeypatch.setattr(cli_transport, "remote_client", remote)
     local = invoke("memory", "--params", "13B", "--dp", "16", "--json")
     remote_run = invoke(
         "memory", "--params", "13B", "--dp", "16", "--json", "--url", "http://gpu-node:8000"
@@ -271,7 +273,7 @@ def test_measure_polls_with_progress_and_prints_the_comparison(
             headers={"X-API-Key": api_key} if api_key else {},
         )
 
-    monkeypatch.setattr(cli, "remote_client", remote)
+    monkeypatch.setattr(cli_transport, "remote_client", remote)
     result = invoke(
         "measure",
         "--preset",
@@ -330,7 +332,7 @@ def test_measure_reports_a_failed_job(monkeypatch: pytest.MonkeyPatch) -> None:
         assert api_key is None
         return httpx.Client(base_url=url, transport=httpx.MockTransport(handle))
 
-    monkeypatch.setattr(cli, "remote_client", remote)
+    monkeypatch.setattr(cli_transport, "remote_client", remote)
     result = invoke("measure", "--preset", "gpt2", "--dp", "2", "--interval", "0")
     assert result.exit_code == 2
     assert "CUDA OOM" in result.stderr
@@ -340,7 +342,7 @@ def test_serve_runs_one_uvicorn_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     import uvicorn
 
     calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
     result = invoke("serve", "--port", "8123")
     assert result.exit_code == 0, result.output
     assert calls == [(("app.main:app",), {"host": "127.0.0.1", "port": 8123, "workers": 1})]
@@ -349,3 +351,140 @@ def test_serve_runs_one_uvicorn_worker(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_console_script_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["zerocalc"] == "app.cli:main"
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["memory", "--params", "7,5B", "--dp", "8"], "--params"),
+        (["capacity", "--device-memory", "80,5GB", "--dp", "8"], "--device-memory"),
+        (["comm", "-p", "1,5e9", "--dp", "8"], "--params"),
+    ],
+)
+def test_an_ambiguous_comma_exits_2_naming_the_option(args: list[str], option: str) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert f"{option}: " in result.stderr and "comma is ambiguous" in result.stderr
+
+
+def test_too_large_says_too_large() -> None:
+    result = invoke("memory", "--params", "1e30", "--dp", "8")
+    assert result.exit_code == 2
+    assert "--params: " in result.stderr and "too large" in result.stderr
+
+
+def test_k_means_optimizer_state_bytes_and_grad_accum_means_steps(client: TestClient) -> None:
+    """--k is K (bytes per parameter) everywhere; --grad-accum is accumulation steps everywhere."""
+    memory = invoke("memory", "-p", "7.5B", "--dp", "64", "--k", "16", "--json")
+    assert memory.exit_code == 0, memory.output
+    body = {"model": {"params": 7_500_000_000}, "dp": 64, "k": 16}
+    assert json.loads(memory.stdout) == api(client, "/v1/memory", body)
+    comm_body = {"model": {"preset": "gpt2"}, "dp": 8, "grad_accumulation_steps": 4}
+    comm = invoke("comm", "--preset", "gpt2", "--dp", "8", "--grad-accum", "4", "--json")
+    assert comm.exit_code == 0, comm.output
+    assert json.loads(comm.stdout) == api(client, "/v1/communication", comm_body)
+    batch = {"micro_batch_size": 2, "seq_len": 128, "grad_accumulation_steps": 4}
+    args = ["--micro-batch", "2", "--seq-len", "128", "--grad-accum", "4"]
+    # memory and measure send it in the batch; comm beside the model, as each API takes it
+    assert cli.build_request(None, {"grad_accum": 4}) == {"batch": {"grad_accumulation_steps": 4}}
+    assert cli.build_request(None, {"grad_accumulation_steps": 4}) == {"grad_accumulation_steps": 4}
+    mem = invoke("memory", "--preset", "gpt2", "--dp", "8", *args, "--json")
+    assert mem.exit_code == 0, mem.output
+    expected = api(client, "/v1/memory", {"model": {"preset": "gpt2"}, "dp": 8, "batch": batch})
+    assert json.loads(mem.stdout) == expected
+
+
+def test_options_override_the_body_file(client: TestClient, tmp_path: Path) -> None:
+    base = tmp_path / "request.json"
+    base.write_text(
+        json.dumps(
+            {
+                "model": {"preset": "gpt2"},
+                "dp": 4,
+                "stages": [1, 2],
+                "offload": {"optimizer": "cpu"},
+            }
+        )
+    )
+    result = invoke("memory", "--body", str(base), "--params", "7.5B", "--dp", "64", "--json")
+    assert result.exit_code == 0, result.output
+    body = {
+        "model": {"params": 7_500_000_000},
+        "dp": 64,
+        "stages": [1, 2],
+        "offload": {"optimizer": "cpu"},
+    }
+    assert json.loads(result.stdout) == api(client, "/v1/memory", body)
+
+
+def test_capacity_table_names_the_model_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where /v1/capacity names the model it found per stage, the table prints it."""
+    answer = {
+        "device_memory": 80 * 10**9,
+        "dp": 8,
+        "criterion": "peak <= device_memory",
+        "stages": [
+            {
+                "stage": 0,
+                "max_params": None,
+                "model": None,
+                "min_dp": None,
+                "notes": ["the replicated states alone exceed the device"],
+            },
+            {
+                "stage": 3,
+                "max_params": 31_000_000_000,
+                "model": {"name": "llama3-8b shape, 40 × 7168", "params": 31_000_000_000},
+                "min_dp": None,
+                "notes": [],
+            },
+        ],
+    }
+
+    def remote(url: str, api_key: str | None = None) -> httpx.Client:  # noqa: ARG001
+        handler = httpx.MockTransport(lambda _: httpx.Response(200, json=answer))
+        return httpx.Client(base_url=url, transport=handler)
+
+    monkeypatch.setattr(cli_transport, "remote_client", remote)
+    result = invoke("capacity", "-m", "80GB", "--dp", "8", "--url", "http://gpu-node:8000")
+    assert result.exit_code == 0, result.output
+    assert "llama3-8b shape, 40 × 7168" in result.stdout
+    assert "31,000,000,000" in result.stdout
+    assert "stage 0: the replicated states alone exceed the device" in result.stdout
+
+
+HELP = [[], ["memory"], ["capacity"], ["comm"], ["measure"], ["serve"]]
+
+
+@pytest.mark.parametrize("command", HELP, ids=lambda c: " ".join(c) or "zerocalc")
+def test_help_runs(command: list[str]) -> None:
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.stdout
+
+
+def readme_examples() -> list[str]:
+    """The ``zerocalc`` lines of the README's command section, comments stripped."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## The `zerocalc` command", 1)[1].split("\n## ", 1)[0]
+    lines = [
+        line.split("  #", 1)[0].strip()
+        for block in section.split("```bash")[1:]
+        for line in block.split("```", 1)[0].splitlines()
+    ]
+    return [line for line in lines if line.startswith("zerocalc ")]
+
+
+def test_the_readme_has_examples_of_every_command() -> None:
+    commands = {line.split()[1] for line in readme_examples()}
+    assert commands >= {"memory", "capacity", "comm", "measure", "serve"}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [line for line in readme_examples() if line.split()[1] not in ("serve", "measure")],
+)
+def test_readme_example_runs_as_written(line: str) -> None:
+    result = invoke(*shlex.split(line)[1:])
+    assert result.exit_code == 0, f"{line}\n{result.output}"
+    assert result.stdout.strip()

@@ -9,10 +9,9 @@ from app.schemas.communication import CommunicationRequest, InterconnectIn, Link
 from app.schemas.memory import MemoryRequest, TrainingIn
 from app.schemas.model import BatchIn, ModelSpec
 from app.schemas.plan import GpuIn, PlanRequest
-from calculators.architecture import Architecture, count_params
+from calculators.architecture import Architecture, PositionEmbedding, count_params
 from calculators.batch import Batch
 from calculators.capacity import MAX_PARAMS
-from calculators.communication import CommunicationSetup, Network, ZeroPlusPlus, make_topology
 from calculators.conventions import Stage
 from calculators.errors import InputError
 from calculators.gpus import Gpu, custom_gpu, get_gpu
@@ -21,6 +20,8 @@ from calculators.interconnects import Interconnect, custom_interconnect, get_int
 from calculators.model_states import Offload, TrainingSetup
 from calculators.plan import Efficiency, PlanSetup, Search
 from calculators.presets import get_preset
+from calculators.topology import Network, make_topology
+from calculators.traffic import CommunicationSetup, ZeroPlusPlus
 
 
 def resolve_model(spec: ModelSpec) -> tuple[int, Architecture | None]:
@@ -48,10 +49,24 @@ def to_batch(batch: BatchIn | None) -> Batch | None:
     return None if batch is None else Batch(**batch.model_dump())
 
 
+def check_positions(arch: Architecture, batch: Batch) -> None:
+    """A learned position table has max_seq_len rows: a longer sequence cannot be embedded
+    (measure's GPT workload refuses it the same way)."""
+    if arch.position_embedding is PositionEmbedding.LEARNED and arch.max_seq_len is not None:
+        if batch.seq_len > arch.max_seq_len:
+            raise InputError(
+                "batch.seq_len",
+                f"{batch.seq_len} exceeds the architecture's max_seq_len {arch.max_seq_len} "
+                "(rows of its learned position table)",
+            )
+
+
 def to_setup(
     req: TrainingIn, params: int, arch: Architecture | None, batch: Batch | None = None
 ) -> TrainingSetup:
     """The calculators' view of a request."""
+    if arch is not None and batch is not None:
+        check_positions(arch, batch)
     return TrainingSetup(
         params=params,
         dp=req.dp,

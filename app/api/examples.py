@@ -39,8 +39,8 @@ MEMORY_EXAMPLES: dict[str, dict[str, Any]] = {
             "batch": {"micro_batch_size": 8, "seq_len": 512},
         },
     },
-    "seed_004_fp32": {
-        "summary": "Seed 004: 10B in pure fp32 with Adam (160 GB of model states)",
+    "fp32_10b": {
+        "summary": "10B in pure fp32 with Adam (160 GB of model states)",
         "value": {"model": {"params": 10_000_000_000}, "dp": 1, "stages": [0], "precision": "fp32"},
     },
     "hf_config": {
@@ -68,6 +68,19 @@ CAPACITY_EXAMPLES: dict[str, dict[str, Any]] = {
     "paper_table_2": {
         "summary": "ZeRO paper Table 2: 32 GB V100s, Nd = 64",
         "value": {"device_memory": 32_000_000_000, "dp": 64},
+    },
+    "deepspeed_offload_llama_shape": {
+        "summary": "Largest Llama-3-shaped model for DeepSpeed ZeRO-2 + CPU offload on 40 GiB",
+        "value": {
+            "device_memory": 42_949_672_960,
+            "dp": 8,
+            "stages": [2],
+            "engine": "deepspeed",
+            "precision": "mixed_bf16",
+            "offload": {"optimizer": "cpu"},
+            "shape": "llama3-8b",
+            "batch": {"micro_batch_size": 1, "seq_len": 4096},
+        },
     },
     "min_dp_llama2_70b": {
         "summary": "Smallest Nd per stage for Llama 2 70B on 80 GB devices",

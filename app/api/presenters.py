@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
+from enum import Enum
+from typing import Any
 
 from app.core.units import readable
+from app.schemas.capacity import CapacityResponse, FoundModel, StageCapacity
 from app.schemas.communication import (
     CollectiveOut,
     CommunicationConvention,
@@ -34,13 +37,17 @@ from app.schemas.plan import (
     RejectedOut,
     StepTimeOut,
 )
-from calculators.communication import CommunicationEstimate, StageCommunication
-from calculators.conventions import OPTIMIZER_ASSUMPTIONS
+from calculators.architecture import Architecture
+from calculators.capacity import MAX_GROWN_LAYERS, MAX_PARAMS, CapacityResult, needed
+from calculators.capacity import StageCapacity as CapacityRow
+from calculators.conventions import OPTIMIZER_ASSUMPTIONS, Engine, Stage
+from calculators.estimates import MemoryEstimate, StageEstimate
 from calculators.inference import InferenceMemory
 from calculators.interconnects import Interconnect
-from calculators.memory import MemoryEstimate, StageEstimate
-from calculators.model_states import Placement, bytes_per_param
+from calculators.labels import labels
+from calculators.model_states import Placement, TrainingSetup
 from calculators.plan import Candidate, Config, Plan
+from calculators.traffic import CommunicationEstimate, StageCommunication
 
 
 def _host(p: Placement, buffers: int = 0) -> HostMemory:
@@ -65,6 +72,48 @@ BREAKDOWN_NOTES = [
 ]
 
 
+BARE_PARAMS_NOTE = (
+    "a bare parameter count is modelled as one tensor of Ψ parameters: DeepSpeed's buffers "
+    "sized by the largest tensor (the optimizer-offload gradient staging buffer, the stage-3 "
+    "gathered parameter, the gradient-norm copy) come out as large as the whole model; give an "
+    "architecture, preset or hf_config for the real tensor sizes"
+)
+
+
+def bare_params_notes(est: StageEstimate) -> list[str]:
+    """What a bare Ψ costs under DeepSpeed's per-tensor buffers, with the figure that shows it."""
+    staging = est.components.get("offload_grad_staging")
+    if staging is None:
+        return [BARE_PARAMS_NOTE]
+    return [f"{BARE_PARAMS_NOTE} (here offload_grad_staging = {readable(staging)} on the device)"]
+
+
+def null_notes(est: StageEstimate, setup: TrainingSetup) -> list[str]:
+    """Why activations, temporary_buffers or peak are null, where the engine's notes do not say."""
+    said = " ".join(est.notes)
+    nulls = [
+        name
+        for name in ("activations", "temporary_buffers", "peak")
+        if getattr(est, name) is None and name not in said
+    ]
+    if not nulls:
+        return []
+    missing = [
+        what
+        for what, absent in (
+            ("an architecture (preset, hf_config or architecture)", setup.architecture is None),
+            ("a batch", setup.batch is None),
+        )
+        if absent
+    ]
+    reason = (
+        f"they need {' and '.join(missing)}"
+        if missing
+        else f"the {setup.engine.value} engine does not estimate them for this setup"
+    )
+    return [f"{', '.join(nulls)} {'is' if len(nulls) == 1 else 'are'} null: {reason}"]
+
+
 def breakdown(est: StageEstimate) -> Breakdown:
     return Breakdown(
         theory=est.theory,
@@ -86,7 +135,9 @@ def per_device(est: StageEstimate) -> PerDevice:
     )
 
 
-def stage_memory(est: StageEstimate, device_memory: int | None) -> StageMemory:
+def stage_memory(
+    est: StageEstimate, device_memory: int | None, extra_notes: list[str] | None = None
+) -> StageMemory:
     per = per_device(est)
     return StageMemory(
         stage=int(est.stage),
@@ -99,13 +150,19 @@ def stage_memory(est: StageEstimate, device_memory: int | None) -> StageMemory:
         fits=None if device_memory is None else est.fits(device_memory),
         components=dict(est.components),
         breakdown=breakdown(est),
-        notes=list(est.notes),
+        notes=list(est.notes) + (extra_notes or []),
     )
 
 
 def memory_response(result: MemoryEstimate, device_memory: int | None) -> MemoryResponse:
     setup = result.setup
-    per = bytes_per_param(setup)
+    label = labels(setup)
+    per = label.per_param
+    assumption = (
+        "k given by the request" if setup.k is not None else OPTIMIZER_ASSUMPTIONS[setup.optimizer]
+    )
+    if setup.engine is Engine.DEEPSPEED:
+        assumption = f"an fp32 master copy plus {assumption} (fp32)"
     return MemoryResponse(
         params=setup.params,
         params_per_device=setup.params_per_device,
@@ -114,23 +171,31 @@ def memory_response(result: MemoryEstimate, device_memory: int | None) -> Memory
         pp=setup.pp,
         convention=Convention(
             engine=setup.engine,
-            description=result.convention,
+            description="; ".join((result.convention, *label.ignored)),
             precision=setup.precision,
             optimizer=setup.optimizer,
-            k=float(setup.k_value),
-            optimizer_assumption=(
-                "k given by the request"
-                if setup.k is not None
-                else OPTIMIZER_ASSUMPTIONS[setup.optimizer]
-            ),
-            gradients=setup.gradients,
+            k=float(per.optimizer_states),
+            optimizer_assumption=assumption,
+            gradients=label.gradients,
             bytes_per_param={
                 "parameters": float(per.parameters),
                 "gradients": float(per.gradients),
                 "optimizer_states": float(per.optimizer_states),
             },
         ),
-        stages=[stage_memory(s, device_memory) for s in result.stages],
+        stages=[
+            stage_memory(
+                s,
+                device_memory,
+                null_notes(s, setup)
+                + (
+                    bare_params_notes(s)
+                    if setup.engine is Engine.DEEPSPEED and setup.architecture is None
+                    else []
+                ),
+            )
+            for s in result.stages
+        ],
         breakdown_notes=BREAKDOWN_NOTES,
     )
 
@@ -242,6 +307,139 @@ def inference_response(
         total=mem.total,
         readable={k: readable(v) for k, v in sizes.items() if v is not None},
         fits=None if device_memory is None else needed <= device_memory,
+        notes=notes,
+    )
+
+
+# --- capacity ----------------------------------------------------------------------------------
+
+
+def _replicated(est: StageEstimate) -> str:
+    """What of a stage's device bytes Nd does not divide (ZeRO §5: what the stage replicates)."""
+    d = est.device
+    parts = {
+        Stage.NONE: ("every model state", d.total),
+        Stage.OPTIMIZER: ("the parameters and gradients", d.parameters + d.gradients),
+        Stage.GRADIENTS: ("the parameters", d.parameters),
+        Stage.PARAMETERS: ("nothing of the model states", 0),
+    }
+    what, replicated = parts[est.stage]
+    rest = needed(est) - d.total
+    if est.stage is Stage.PARAMETERS:
+        return f"{what}; activations, buffers and workspaces take {readable(rest)}"
+    return (
+        f"{what} replicated on every rank take {readable(replicated)}, "
+        f"activations, buffers and workspaces {readable(rest)}"
+    )
+
+
+def _architecture_out(arch: Architecture) -> dict[str, Any]:
+    return {
+        f.name: v.value if isinstance(v, Enum) else v
+        for f in fields(arch)
+        for v in [getattr(arch, f.name)]
+    }
+
+
+def _params_readable(params: int) -> str:
+    return f"{params / 1e9:,.2f} B params"
+
+
+def _found_model(result: CapacityResult, row: CapacityRow) -> FoundModel | None:
+    if row.params is None:
+        return None
+    arch = row.architecture
+    name = (
+        f"{_params_readable(row.params)} (a bare parameter count)"
+        if arch is None
+        else f"{result.search.shape_name} shape, {arch.layers} layers × {arch.hidden}"
+    )
+    return FoundModel(
+        name=name,
+        params=row.params,
+        params_readable=_params_readable(row.params),
+        architecture=None if arch is None else _architecture_out(arch),
+    )
+
+
+def _capacity_notes(result: CapacityResult, row: CapacityRow) -> list[str]:
+    q, s = result.search, int(row.stage)
+    device = readable(q.device_memory)
+    notes: list[str] = []
+    if row.smallest is not None and row.smallest_params is not None:
+        what = (
+            "a 1-parameter model"
+            if q.shape is None
+            else f"one block of the {q.shape_name} shape ({_params_readable(row.smallest_params)})"
+        )
+        notes.append(
+            f"max_params is null: not even {what} fits stage {s}: it needs "
+            f"{readable(needed(row.smallest))} > {device}"
+        )
+    if row.capped:
+        notes.append(
+            "the largest model searched fits: max_params is a lower bound (the search stops at "
+            f"{MAX_GROWN_LAYERS} layers or {MAX_PARAMS:,} parameters)"
+        )
+    if row.found is not None and row.params is not None:
+        trial = replace(q.setup, params=row.params, architecture=row.architecture)
+        notes.extend(null_notes(row.found, trial))
+        notes.extend(row.found.notes)
+    if row.at_max_dp is not None:
+        notes.append(
+            f"min_dp is null: stage {s} never fits at any Nd up to max_dp = {q.max_dp:,}: "
+            f"there it still needs {readable(needed(row.at_max_dp))} > {device}: "
+            f"{_replicated(row.at_max_dp)}"
+        )
+    return notes
+
+
+def _grown(name: str, base: Architecture) -> str:
+    return (
+        f"{name} shape: {base.hidden / base.layers:g} hidden per layer ({base.hidden} / "
+        f"{base.layers}), heads {base.d_head} wide, {base.heads // base.n_kv_heads} query "
+        f"head(s) per key/value head, MLP {base.ffn / base.hidden:g} × hidden; other fields kept"
+    )
+
+
+def capacity_response(result: CapacityResult) -> CapacityResponse:
+    q = result.search
+    device = readable(q.device_memory)
+    counts_peak = q.setup.engine is not Engine.PAPER or (
+        q.setup.batch is not None and q.shape is not None
+    )
+    notes = []
+    if q.setup.batch is not None and q.shape is None:
+        notes.append(
+            "the batch is not counted for max_params: a bare parameter count has no "
+            "architecture to size activations; give shape, or a model with an architecture"
+        )
+    if q.shape is None and q.setup.engine is Engine.DEEPSPEED:
+        notes.append(BARE_PARAMS_NOTE)
+    return CapacityResponse(
+        device_memory=q.device_memory,
+        dp=q.setup.dp,
+        engine=q.setup.engine.value,
+        criterion=(
+            f"the engine's per-device peak (its resident bytes where it cannot estimate a peak) "
+            f"<= device_memory ({device}); {result.convention}"
+            if counts_peak
+            else f"per-device model states <= device_memory ({device})"
+        ),
+        grown=None if q.shape is None else _grown(q.shape_name, q.shape),
+        stages=[
+            StageCapacity(
+                stage=int(row.stage),
+                max_params=row.params,
+                max_params_readable=None if row.params is None else _params_readable(row.params),
+                model=_found_model(result, row),
+                per_device=None if row.found is None else per_device(row.found),
+                needed=None if row.found is None else needed(row.found),
+                min_dp=row.min_dp,
+                notes=_capacity_notes(result, row),
+            )
+            for row in result.stages
+        ],
         notes=notes,
     )
 

@@ -1,9 +1,11 @@
-"""Plain ASGI middleware: metrics, security headers, CORS, a concurrency limit, a body-size cap.
+"""Plain ASGI middleware: metrics and security headers, CORS, a concurrency limit, a body cap.
 
-Each class wraps ``send``/``receive`` directly (no ``BaseHTTPMiddleware``: it copies every body
-through a task and costs more than the routes it guards). ``install`` stacks them, outermost
-first: metrics (so refusals are counted) → security headers → CORS (only when origins are
-configured) → concurrency limit → body cap → the application.
+Two layers that wrap ``send``/``receive`` directly (no ``BaseHTTPMiddleware``: it runs every
+request through a task and a memory stream and costs more than the routes it guards), each one
+function call and at most one ``send`` wrapper per request. ``install`` stacks them, outermost
+first: :class:`ObserveMiddleware` (metrics and security headers, so refusals are counted and
+headed) → CORS (only when origins are configured) → :class:`LimitMiddleware` (concurrency
+limit, body cap) → the application.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ UNLIMITED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # JSON answers and everything not HTML: nothing may load, nothing may frame it (OWASP REST
 # Security Cheat Sheet, "Security headers").
 API_CSP = "default-src 'none'; frame-ancestors 'none'"
-# The page (GET /) serves its own scripts and styles, never from a CDN (issue 6).
+# The page (GET /) serves its own scripts and styles, never from a CDN.
 PAGE_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
@@ -78,16 +80,51 @@ async def send_problem(
     await send({"type": "http.response.body", "body": body})
 
 
-class MetricsMiddleware:
-    """Counts every answer by route template, method and status, with its latency.
+# Everything a JSON answer, the page and the docs pages get, built once.
+_API_HEADERS = (*SECURITY_HEADERS, (b"content-security-policy", API_CSP.encode()))
+_PAGE_HEADERS = (*SECURITY_HEADERS, (b"content-security-policy", PAGE_CSP.encode()))
+_DOCS_HEADERS = (*SECURITY_HEADERS, (b"content-security-policy", DOCS_CSP.encode()))
+_HSTS = (b"strict-transport-security", b"max-age=31536000")
+_ADDED = frozenset(name for name, _ in (*_API_HEADERS, _HSTS))
 
-    Each answer also carries ``Server-Timing: app;dur=<ms>``: the time from the request's arrival
-    to the start of its answer (body read, validation, computation and serialization).
+
+def _with_security_headers(
+    headers: list[tuple[bytes, bytes]], docs: bool, https: bool
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` plus the security headers the answer does not set itself.
+
+    The Content-Security-Policy fits the answer: the page's or the docs' for HTML, ``default-src
+    'none'`` for everything else.
+    """
+    html = False
+    own: set[bytes] | None = None
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == b"content-type":
+            html = value.startswith(b"text/html")
+        if lowered in _ADDED:
+            own = {lowered} if own is None else own | {lowered}
+    extra = (_DOCS_HEADERS if docs else _PAGE_HEADERS) if html else _API_HEADERS
+    if https:
+        extra = (*extra, _HSTS)
+    if own is None:
+        return [*headers, *extra]
+    return [*headers, *(h for h in extra if h[0] not in own)]
+
+
+class ObserveMiddleware:
+    """Metrics and security headers for every answer, refusals included.
+
+    Counts each answer by route template, method and status, with its latency, and adds to it
+    nosniff, no framing, no referrer, a Content-Security-Policy fitting the answer (HSTS over
+    HTTPS) and ``Server-Timing: app;dur=<ms>``: the time from the request's arrival to the start
+    of its answer (body read, validation, computation and serialization).
     """
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, docs_paths: frozenset[str]) -> None:
         self.app = app
         self.metrics = metrics
+        self.docs_paths = docs_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -95,81 +132,61 @@ class MetricsMiddleware:
             return
         start = time.perf_counter()
         status = 500  # what an exception escaping the app becomes (ServerErrorMiddleware)
+        docs = scope["path"] in self.docs_paths
+        https = scope.get("scheme") == "https"
 
-        async def send_status(message: Message) -> None:
+        async def observed_send(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                headers = _with_security_headers(list(message.get("headers", ())), docs, https)
                 elapsed_ms = (time.perf_counter() - start) * 1000
-                message = {
-                    **message,
-                    "headers": [
-                        *message.get("headers", ()),
-                        (b"server-timing", f"app;dur={elapsed_ms:.3f}".encode()),
-                    ],
-                }
+                headers.append((b"server-timing", b"app;dur=%.3f" % elapsed_ms))
+                message = {**message, "headers": headers}
             await send(message)
 
-        self.metrics.in_flight += 1
+        metrics = self.metrics
+        metrics.in_flight += 1
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive, observed_send)
         finally:
-            self.metrics.in_flight -= 1
+            metrics.in_flight -= 1
             route = scope.get("route")
-            self.metrics.observe(
-                getattr(route, "path", UNROUTED) if route is not None else UNROUTED,
-                scope["method"] if scope["method"] in METHODS else "OTHER",
+            method = scope["method"]
+            metrics.observe(
+                UNROUTED if route is None else getattr(route, "path", UNROUTED),
+                method if method in METHODS else "OTHER",
                 status,
                 time.perf_counter() - start,
             )
 
 
-class SecurityHeadersMiddleware:
-    """nosniff, no framing, no referrer, and a Content-Security-Policy fitting the answer."""
+class LimitMiddleware:
+    """At most ``limit`` requests in flight, and no body over ``max_bytes``.
 
-    def __init__(self, app: ASGIApp, docs_paths: frozenset[str]) -> None:
+    Beyond the limit: ``503`` with ``Retry-After`` (probes in ``UNLIMITED_PATHS`` are never
+    refused). A ``Content-Length`` over the cap is refused with ``413`` before a byte is read
+    (the server will not deliver more than it announces). A body without one
+    (``Transfer-Encoding: chunked``) is read here up to the cap and handed on whole, so the
+    application never sees a partial body.
+    """
+
+    def __init__(
+        self, app: ASGIApp, limit: int, retry_after: int, max_bytes: int, metrics: Metrics
+    ) -> None:
         self.app = app
-        self.docs_paths = docs_paths
+        self.limit = limit
+        self.retry_after = retry_after
+        self.max_bytes = max_bytes
+        self.metrics = metrics
+        self.in_flight = 0  # one event loop: a plain counter is race-free between awaits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        https = scope.get("scheme") == "https"
-        docs = scope["path"] in self.docs_paths
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", ()))
-                present = {name.lower() for name, _ in headers}
-                html = any(
-                    name.lower() == b"content-type" and value.startswith(b"text/html")
-                    for name, value in headers
-                )
-                csp = (DOCS_CSP if docs else PAGE_CSP) if html else API_CSP
-                extra = [*SECURITY_HEADERS, (b"content-security-policy", csp.encode())]
-                if https:
-                    extra.append((b"strict-transport-security", b"max-age=31536000"))
-                headers += [(name, value) for name, value in extra if name not in present]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
-class ConcurrencyLimitMiddleware:
-    """At most ``limit`` requests in flight; beyond it ``503`` with ``Retry-After``."""
-
-    def __init__(self, app: ASGIApp, limit: int, retry_after: int, metrics: Metrics) -> None:
-        self.app = app
-        self.limit = limit
-        self.retry_after = retry_after
-        self.metrics = metrics
-        self.in_flight = 0  # one event loop: a plain counter is race-free between awaits
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:
-            await self.app(scope, receive, send)
+        if scope["path"] in UNLIMITED_PATHS:
+            await self._capped(scope, receive, send)
             return
         if self.in_flight >= self.limit:
             self.metrics.reject("busy")
@@ -183,23 +200,9 @@ class ConcurrencyLimitMiddleware:
             return
         self.in_flight += 1
         try:
-            await self.app(scope, receive, send)
+            await self._capped(scope, receive, send)
         finally:
             self.in_flight -= 1
-
-
-class BodySizeLimitMiddleware:
-    """Refuses bodies over ``max_bytes`` with ``413``, whether announced or chunked.
-
-    A ``Content-Length`` over the cap is refused before a byte is read (the server will not
-    deliver more than it announces). A body without one (``Transfer-Encoding: chunked``) is read
-    here up to the cap and handed on whole, so the application never sees a partial body.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.metrics = metrics
 
     async def _too_large(self, send: Send) -> None:
         self.metrics.reject("too_large")
@@ -211,10 +214,7 @@ class BodySizeLimitMiddleware:
             ((b"connection", b"close"),),
         )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def _capped(self, scope: Scope, receive: Receive, send: Send) -> None:
         length: bytes | None = None
         chunked = False
         for name, value in scope["headers"]:
@@ -266,14 +266,10 @@ class BodySizeLimitMiddleware:
 def install(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
     """Stack the middleware on ``app`` (Starlette runs the last added first)."""
     app.add_middleware(
-        BodySizeLimitMiddleware,
-        max_bytes=settings.max_body_bytes,
-        metrics=metrics,
-    )
-    app.add_middleware(
-        ConcurrencyLimitMiddleware,
+        LimitMiddleware,
         limit=settings.max_concurrent_requests,
         retry_after=settings.busy_retry_after_seconds,
+        max_bytes=settings.max_body_bytes,
         metrics=metrics,
     )
     if settings.cors_origins:  # closed by default: no CORS headers unless origins are named
@@ -287,5 +283,4 @@ def install(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
     docs = frozenset(
         p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p
     )
-    app.add_middleware(SecurityHeadersMiddleware, docs_paths=docs)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(ObserveMiddleware, metrics=metrics, docs_paths=docs)

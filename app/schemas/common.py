@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
-from calculators.capacity import MAX_DP, MAX_PARAMS
+from app.core.units import ByteCount, ParamCount
+from calculators.capacity import MAX_DP
 
 
 class StrictModel(BaseModel):
@@ -16,10 +17,10 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, str_max_length=256)
 
 
-Params = Annotated[StrictInt, Field(ge=1, le=MAX_PARAMS, description="Parameter count Ψ.")]
+Params = ParamCount
 Degree = Annotated[StrictInt, Field(ge=1, le=MAX_DP)]
 SmallDegree = Annotated[StrictInt, Field(ge=1, le=65536)]
-DeviceBytes = Annotated[StrictInt, Field(ge=1, le=2**50, description="Bytes per device.")]
+DeviceBytes = ByteCount
 
 MAX_JSON_DEPTH = 16
 MAX_JSON_ITEMS = 10_000

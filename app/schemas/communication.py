@@ -9,9 +9,10 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt
 from app.schemas.common import Degree, StrictModel
 from app.schemas.memory import TrainingIn
 from app.schemas.model import ModelSpec
-from calculators.communication import Algorithm, GradSync, Link, Op, Phase
 from calculators.conventions import Engine
 from calculators.interconnects import DEFAULT_HOST_LINK, DEFAULT_INTER_NODE, DEFAULT_INTRA_NODE
+from calculators.topology import Algorithm, Link, Op
+from calculators.traffic import GradSync, Phase
 
 PresetName = Annotated[str, Field(max_length=32, description="An interconnect preset name.")]
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field, StrictInt
 
-from app.schemas.common import SmallDegree, StrictModel
+from app.schemas.common import DeviceBytes, SmallDegree, StrictModel
 from app.schemas.model import ModelSpec
 from calculators.inference import WeightDtype
 
@@ -25,9 +25,7 @@ class InferenceRequest(StrictModel):
     )
     tp: Annotated[SmallDegree, Field(description="Tensor-parallel degree.")] = 1
     pp: Annotated[SmallDegree, Field(description="Pipeline-parallel degree.")] = 1
-    device_memory: Annotated[StrictInt | None, Field(ge=1, le=2**50)] = Field(
-        None, description="Bytes per device; turns on fits."
-    )
+    device_memory: DeviceBytes | None = Field(None, description="Bytes per device; turns on fits.")
 
 
 class InferenceResponse(BaseModel):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator
+from pydantic_core import PydanticCustomError
 
 from app.schemas.common import Degree, DeviceBytes, JsonObject, SmallDegree, StrictModel
 from app.schemas.model import BatchIn, ModelSpec
@@ -47,7 +48,7 @@ class TrainingIn(StrictModel):
     master_weights: StrictBool = Field(
         True,
         description="Mixed precision keeps an fp32 master copy (paper: yes, K = 12 with Adam; "
-        "false counts 16-bit params and grads plus fp32 moments, as seed 004 does).",
+        "false counts 16-bit params and grads plus fp32 moments: 2 + 2 + 8 B/param).",
     )
     offload: OffloadIn = Field(default_factory=OffloadIn, description="Offload targets.")
     engine: Engine = Field(Engine.PAPER, description="Whose accounting: paper, deepspeed, torch.")
@@ -58,6 +59,17 @@ class TrainingIn(StrictModel):
             "torch-engine keys (holds_outputs, cublas_workspace_bytes, compute_capability_major)."
         ),
     ] = None
+
+    @field_validator("engine_config")
+    @classmethod
+    def no_tensor_list(cls, config: dict[str, Any] | None) -> dict[str, Any] | None:
+        if config is not None and "tensors" in config:
+            raise PydanticCustomError(
+                "not_a_setting",
+                "engine_config.tensors is not an engine setting: the model comes from `model` "
+                "(params, architecture, preset or hf_config)",
+            )
+        return config
 
     @field_validator("stages")
     @classmethod

@@ -1,8 +1,9 @@
-"""Engine profiles: how each engine's real allocations differ from the paper's accounting.
+"""Engine models: how each engine's real allocations and traffic differ from the paper's.
 
-Each profile is modelled from the engine's source code and documented behaviour, never fitted
-to measurements: ``paper`` (model states only), ``torch`` (DDP, ZeroRedundancyOptimizer, FSDP2)
-and ``deepspeed`` (DeepSpeed 0.19 ZeRO).
+Each model is built from the engine's source code and documented behaviour, never fitted to
+measurements: ``paper`` (model states only), ``torch`` (DDP, ZeroRedundancyOptimizer, FSDP2)
+and ``deepspeed`` (DeepSpeed 0.19 ZeRO). One folder (or module) per engine holds its memory
+profile and its traffic.
 """
 
 from __future__ import annotations
@@ -10,27 +11,41 @@ from __future__ import annotations
 from typing import Protocol
 
 from calculators.conventions import Engine, Stage
-from calculators.memory import StageEstimate
+from calculators.engines import deepspeed, paper, torch
+from calculators.estimates import StageEstimate
 from calculators.model_states import TrainingSetup
+from calculators.traffic import CommunicationSetup, EngineTraffic
 
 
 class EngineModel(Protocol):
-    """What an engine profile offers."""
+    """What an engine model offers."""
 
     @property
-    def convention(self) -> str: ...
+    def convention(self) -> str:
+        """What the memory figures count."""
+        ...
 
-    def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate: ...
+    @property
+    def traffic_convention(self) -> str:
+        """What the traffic figures count."""
+        ...
+
+    def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate:
+        """Rank 0's memory under ``stage``."""
+        ...
+
+    def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
+        """The collectives and offload transfers of one optimizer step under ``stage``."""
+        ...
+
+
+MODELS: dict[Engine, EngineModel] = {
+    Engine.PAPER: paper.MODEL,
+    Engine.TORCH: torch.MODEL,
+    Engine.DEEPSPEED: deepspeed.MODEL,
+}
 
 
 def engine_model(engine: Engine) -> EngineModel:
-    """The profile for ``engine``."""
-    # imported here: the profiles import calculators.memory, which asks for them
-    from calculators.engines import deepspeed, paper, torch_engines
-
-    models: dict[Engine, EngineModel] = {
-        Engine.PAPER: paper.MODEL,
-        Engine.TORCH: torch_engines.MODEL,
-        Engine.DEEPSPEED: deepspeed.MODEL,
-    }
-    return models[engine]
+    """The model for ``engine``."""
+    return MODELS[engine]

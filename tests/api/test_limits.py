@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.core.config import get_settings
 from app.core.metrics import Metrics
-from app.core.middleware import API_CSP, DOCS_CSP, ConcurrencyLimitMiddleware
+from app.core.middleware import API_CSP, DOCS_CSP, LimitMiddleware, ObserveMiddleware
 from app.main import create_app
 
 BODY = {"model": {"params": 7_500_000_000}, "dp": 64}
@@ -98,7 +98,7 @@ def test_concurrency_limit_answers_503_with_retry_after() -> None:
         await send({"type": "http.response.body", "body": b"ok"})
 
     metrics = Metrics()
-    limited = ConcurrencyLimitMiddleware(slow_app, limit=2, retry_after=3, metrics=metrics)
+    limited = LimitMiddleware(slow_app, limit=2, retry_after=3, max_bytes=1000, metrics=metrics)
 
     async def call(path: str) -> list[dict[str, Any]]:
         sent: list[dict[str, Any]] = []
@@ -136,7 +136,7 @@ def test_concurrency_limit_answers_503_with_retry_after() -> None:
 def test_concurrency_limit_comes_from_settings(make_client: Any) -> None:
     client = make_client(max_concurrent_requests="3", busy_retry_after_seconds="5")
     stack = client.app.middleware_stack  # type: ignore[attr-defined]
-    while not isinstance(stack, ConcurrencyLimitMiddleware):
+    while not isinstance(stack, LimitMiddleware):
         stack = stack.app
     assert (stack.limit, stack.retry_after) == (3, 5)
 
@@ -199,3 +199,90 @@ def test_cors_allows_only_configured_origins(make_client: Any) -> None:
     )
     assert other.status_code == 400
     assert "access-control-allow-origin" not in other.headers
+
+
+def _call(app: Any, scope: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run one request through a bare ASGI app; what it sent."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "method": "GET", "headers": [], **scope}, receive, send))
+    return sent
+
+
+def test_an_answers_own_security_headers_are_kept() -> None:
+    """A route that sets a header keeps its value; the rest are added once each."""
+
+    async def framed(scope: Any, receive: Any, send: Any) -> None:  # noqa: ARG001
+        headers = [(b"content-type", b"text/plain"), (b"X-Frame-Options", b"SAMEORIGIN")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    observed = ObserveMiddleware(framed, metrics=Metrics(), docs_paths=frozenset())
+    headers = _call(observed, {"path": "/x", "scheme": "https"})[0]["headers"]
+    names = [name.lower() for name, _ in headers]
+    assert (b"X-Frame-Options", b"SAMEORIGIN") in headers
+    assert names.count(b"x-frame-options") == 1
+    assert len(names) == len(set(names))
+    assert (b"content-security-policy", API_CSP.encode()) in headers
+    assert (b"strict-transport-security", b"max-age=31536000") in headers  # HTTPS only
+    assert any(name == b"server-timing" for name in names)
+
+
+def test_refusals_are_counted_and_carry_the_headers(make_client: Any) -> None:
+    client = make_client(max_body_bytes="1000")
+    refused = client.post("/v1/memory", content=b" " * 1001)
+    assert refused.status_code == 413
+    assert refused.headers["content-security-policy"] == API_CSP
+    assert refused.headers["server-timing"].startswith("app;dur=")
+    text = client.get("/metrics").text
+    assert 'zerocalc_http_requests_total{route="<unrouted>",method="POST",status="413"} 1' in text
+    assert 'zerocalc_http_requests_rejected_total{reason="too_large"} 1' in text
+
+
+def test_probe_bodies_are_capped_too() -> None:
+    """Probes skip the concurrency limit, never the body cap."""
+
+    async def ok(scope: Any, receive: Any, send: Any) -> None:  # noqa: ARG001
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    limited = LimitMiddleware(ok, limit=1, retry_after=1, max_bytes=10, metrics=Metrics())
+    sent = _call(limited, {"path": "/healthz", "headers": [(b"content-length", b"11")]})
+    assert sent[0]["status"] == 413
+
+
+def test_healthz_answers_while_the_thread_pool_is_full(make_client: Any) -> None:
+    """Liveness never waits for a thread: every worker thread held, /healthz still answers."""
+    import anyio
+    import httpx
+
+    app = make_client().app
+
+    async def scenario() -> int:
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = 1
+        held = anyio.Event()
+        release = anyio.Event()
+
+        def hold() -> None:
+            anyio.from_thread.run_sync(held.set)
+            anyio.from_thread.run(release.wait)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, hold)
+            await held.wait()
+            assert limiter.borrowed_tokens == 1
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                with anyio.fail_after(10):  # a liveness bound, not a timing
+                    status = (await client.get("/healthz")).status_code
+            release.set()
+        return status
+
+    assert anyio.run(scenario) == 200

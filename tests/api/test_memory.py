@@ -37,7 +37,7 @@ def test_table_1_through_http(client: TestClient, nd: int) -> None:
         )
 
 
-def test_seed_004_through_http(client: TestClient) -> None:
+def test_10b_fp32_through_http(client: TestClient) -> None:
     fp32 = post(client, {"model": {"params": 10**10}, "dp": 1, "stages": [0], "precision": "fp32"})
     half = post(
         client,

@@ -84,3 +84,15 @@ def test_label_values_are_escaped() -> None:
     metrics.observe('/a"b\\c\nd', "GET", 200, 0.001)
     samples(metrics.render())  # every line still parses
     assert 'route="/a\\"b\\\\c\\nd"' in metrics.render()
+
+
+def test_invented_methods_are_counted_as_other_and_probes_are_counted() -> None:
+    with TestClient(create_app()) as client:
+        client.request("BREW", "/v1/memory")
+        assert client.get("/healthz").status_code == 200
+        found = samples(client.get("/metrics").text)
+    assert (
+        found['zerocalc_http_requests_total{route="/v1/memory",method="OTHER",status="405"}'] == 1
+    )
+    assert found['zerocalc_http_requests_total{route="/healthz",method="GET",status="200"}'] == 1
+    assert found["zerocalc_http_requests_in_flight"] == 1  # the /metrics request itself

@@ -22,7 +22,7 @@ GPT_12L = Architecture(
 
 
 def test_gpt_decoder_counts_as_pytorch_does() -> None:
-    # Issue 2: learned positions, LayerNorm, biased qkv/proj/fc1/fc2, untied bias-free head.
+    # GPT-2 style: learned positions, LayerNorm, biased qkv/proj/fc1/fc2, untied bias-free head.
     assert count_params(GPT_12L) == 217_217_024
 
 

@@ -15,32 +15,34 @@ from hypothesis import strategies as st
 
 from calculators.architecture import Architecture, count_params, tensors
 from calculators.batch import Batch
-from calculators.communication import (
-    Algorithm,
-    CommunicationSetup,
-    GradSync,
-    Link,
-    Network,
-    Op,
-    Phase,
-    StageCommunication,
-    ZeroPlusPlus,
-    bus_factor,
-    cost,
-    ddp_buckets,
-    deepspeed_params,
-    estimate_communication,
-    ipg_buckets,
-    make_topology,
-    sent_factor,
-    stage3_plan,
-)
+from calculators.communication import estimate_communication
 from calculators.conventions import Engine, OffloadDevice, Precision, Stage
-from calculators.engines.deepspeed import Knobs as DeepSpeedKnobs
+from calculators.cost import cost
+from calculators.engines.deepspeed.buckets import ipg_buckets
+from calculators.engines.deepspeed.config import Knobs as DeepSpeedKnobs
+from calculators.engines.deepspeed.config import param_list as deepspeed_params
+from calculators.engines.deepspeed.stage3 import stage3_plan
+from calculators.engines.torch.traffic import ddp_buckets
 from calculators.errors import InputError
 from calculators.interconnects import NCCL_BASE_LATENCY, PRESETS, custom_interconnect
 from calculators.model_states import Offload, TrainingSetup, ceil_div
 from calculators.presets import get_preset
+from calculators.topology import (
+    Algorithm,
+    Link,
+    Network,
+    Op,
+    bus_factor,
+    make_topology,
+    sent_factor,
+)
+from calculators.traffic import (
+    CommunicationSetup,
+    GradSync,
+    Phase,
+    StageCommunication,
+    ZeroPlusPlus,
+)
 
 STAGES = list(Stage)
 

@@ -8,7 +8,10 @@ from calculators.architecture import Architecture, count_params
 from calculators.batch import Batch
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines import engine_model
-from calculators.engines.deepspeed import MODEL, block, param_list, parse_config, stage3_trace
+from calculators.engines.deepspeed import MODEL
+from calculators.engines.deepspeed.allocator import block
+from calculators.engines.deepspeed.config import param_list, parse_config
+from calculators.engines.deepspeed.stage3 import stage3_trace
 from calculators.errors import InputError
 from calculators.model_states import Offload, TrainingSetup
 
@@ -171,7 +174,7 @@ def test_peak_at_least_resident_and_monotone_in_batch() -> None:
 
 
 def test_fetch_order_has_containers_and_reverses_in_backward() -> None:
-    from calculators.engines.deepspeed import _fetch_order
+    from calculators.engines.deepspeed.stage3 import fetch_order as _fetch_order
 
     params, _ = param_list(setup())
     forward, backward = _fetch_order(params)
@@ -329,7 +332,7 @@ def test_stage0_allocator_replay() -> None:
 
 
 def test_caching_allocator_split_rules() -> None:
-    from calculators.engines.deepspeed import CachingAllocator
+    from calculators.engines.deepspeed.allocator import CachingAllocator
 
     alloc = CachingAllocator()
     mib = 1024 * 1024

@@ -30,7 +30,7 @@ def test_gqa_and_tensor_parallel_shrink_the_cache() -> None:
     ("dtype", "expected"),
     [(WeightDtype.FP32, 40 * 10**9), (WeightDtype.FP16, 20 * 10**9), (WeightDtype.INT4, 5 * 10**9)],
 )
-def test_seed_004_10b_weights(dtype: WeightDtype, expected: int) -> None:
+def test_10b_weights(dtype: WeightDtype, expected: int) -> None:
     mem = inference_memory(InferenceSetup(params=10**10, architecture=None, weights=dtype))
     assert (mem.weights, mem.kv_cache, mem.total) == (expected, None, None)
 

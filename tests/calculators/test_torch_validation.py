@@ -1,4 +1,4 @@
-"""The torch engine's predictions against the committed H100 measurements (issue 5's figures).
+"""The torch engine's predictions against the committed H100 measurements (docs/VALIDATION.md).
 
 ``bench/results/torch_peak.json`` holds 80 real runs (``python -m measure.validate --part peak``
 on one H100): stages 0–3, Nd 1–64, two model sizes, with and without checkpointing. Each is
@@ -76,8 +76,8 @@ def test_every_run_is_predicted() -> None:
     )
 
 
-def test_peak_within_issue_5_figures() -> None:
-    # issue 5: predicted peak within 3 % median and 8 % max of measured
+def test_peak_within_3_percent_median_8_max() -> None:
+    # predicted peak within 3 % median and 8 % max of measured
     errors = [abs(e["peak"]) for _, _, e in RUNS]
     assert statistics.median(errors) <= 0.03
     assert max(errors) <= 0.08
@@ -85,6 +85,6 @@ def test_peak_within_issue_5_figures() -> None:
 
 @pytest.mark.parametrize("key", ["resident", "after_forward", "after_backward"])
 def test_resident_and_phases_within_two_percent(key: str) -> None:
-    # issue 5: resident within 2 %; the probed phases check the activation and gradient claims
+    # resident within 2 %; the probed phases check the activation and gradient claims
     worst = max(RUNS, key=lambda r: abs(r[2][key]))
     assert abs(worst[2][key]) <= 0.02, (worst[0], worst[1]["world_size"], worst[1]["stage"])

@@ -1,4 +1,4 @@
-"""The ZeRO paper's published figures (arXiv 1910.02054) and seed 004's examples, exact."""
+"""The ZeRO paper's published figures (arXiv 1910.02054) and a 10B model's examples, exact."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_table_2(stage: int, printed_b: str) -> None:
     assert agrees_to_printed_precision(largest / GB, printed_b)
 
 
-# Seed 004: a 10B model's model states. fp32 Adam: 40 + 40 + 80 = 160 GB. Half precision:
+# A 10B model's model states. fp32 Adam: 40 + 40 + 80 = 160 GB. Half precision:
 # params + grads 40 GB, fp32 moments 80 GB = 120 GB (no fp32 master copy). With the paper's
 # master copy, mixed Adam is 16 B/param = 160 GB.
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_table_2(stage: int, printed_b: str) -> None:
         (Precision.MIXED_FP16, True, 160),
     ],
 )
-def test_seed_004_10b(precision: Precision, master_weights: bool, expected_gb: int) -> None:
+def test_10b_model_states(precision: Precision, master_weights: bool, expected_gb: int) -> None:
     got = device_bytes(
         10_000_000_000,
         1,

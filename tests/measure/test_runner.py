@@ -77,8 +77,8 @@ def test_stages_shrink_what_they_partition(gpt_result: dict[str, Any]) -> None:
     assert m[3]["parameters"] < m[1]["parameters"] / 3
 
 
-def test_seeds_mlp_stage1_saves_three_quarters_of_optimizer_states() -> None:
-    # the seeds' notebook showed 0 % here; the 12 x 2048 case runs on the GPU (docs/VALIDATION.md)
+def test_reference_mlp_stage1_saves_three_quarters_of_optimizer_states() -> None:
+    # a naive count shows 0 % here; the 12 x 2048 case runs on the GPU (docs/VALIDATION.md)
     result = run(_spec({"preset": "mlp-12x256"}, stages=[0, 1]))
     s0, s1 = (r["measured"]["optimizer_states"] for r in result["runs"])
     assert s1 == pytest.approx(s0 / 4, rel=0.02)

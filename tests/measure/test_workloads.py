@@ -16,7 +16,7 @@ from calculators.architecture import (  # noqa: E402
 )
 from calculators.presets import PRESETS  # noqa: E402
 from measure.mlp_presets import MLPSpec, mlp_preset  # noqa: E402
-from measure.workloads import SeedsMLP, gpt_workload, mlp_tensors  # noqa: E402
+from measure.workloads import ReferenceMLP, gpt_workload, mlp_tensors  # noqa: E402
 
 ARCHS = {
     "gpt2-style": Architecture(layers=2, hidden=64, heads=4, vocab_size=100, max_seq_len=32),
@@ -112,10 +112,12 @@ def test_decoder_trains_one_step(arch: Architecture) -> None:
     assert all(p.grad is not None for p in module.parameters())
 
 
-def test_seeds_mlp_preset() -> None:
-    assert mlp_preset("seeds-mlp") == MLPSpec(12, 2048, 32)
+def test_reference_mlp_preset() -> None:
+    assert mlp_preset("mlp") == MLPSpec(12, 2048, 32)
+    assert mlp_preset("mlp-12x2048") == MLPSpec(12, 2048, 32)
+    assert mlp_preset("seeds-mlp") == MLPSpec(12, 2048, 32)  # the earlier name, still accepted
     assert mlp_preset("mlp-3x64") == MLPSpec(3, 64, 32)
     assert mlp_preset("gpt2") is None
-    module = SeedsMLP(MLPSpec(3, 64))
+    module = ReferenceMLP(MLPSpec(3, 64))
     got = [(n, tuple(p.shape)) for n, p in module.named_parameters()]
     assert got == [(n, s) for n, s, _ in mlp_tensors(MLPSpec(3, 64))]

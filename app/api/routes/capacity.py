@@ -5,44 +5,64 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body
+from starlette.concurrency import run_in_threadpool
 
-from app.api.convert import resolve_model, to_setup
+from app.api.convert import resolve_model, to_batch, to_setup
 from app.api.examples import CAPACITY_EXAMPLES
-from app.core.units import readable
-from app.schemas.capacity import CapacityRequest, CapacityResponse, StageCapacity
-from calculators.capacity import max_params, min_dp
-from calculators.conventions import Stage
+from app.api.presenters import capacity_response
+from app.schemas.capacity import CapacityRequest, CapacityResponse
+from app.schemas.model import ModelSpec
+from calculators.capacity import Search, search
+from calculators.conventions import Engine
+from calculators.errors import InputError
+from calculators.presets import get_preset
 
 router = APIRouter(prefix="/v1", tags=["memory"])
 
 
 @router.post("/capacity", response_model=CapacityResponse)
-def capacity(
+async def capacity(
     request: Annotated[CapacityRequest, Body(openapi_examples=CAPACITY_EXAMPLES)],
 ) -> CapacityResponse:
-    """Largest model whose model states fit per stage; with a model, the smallest Nd."""
-    probe = to_setup(request, params=1, arch=None)
-    model_setup = None
+    """Largest model per stage that fits with the engine and batch; with a model, its least Nd."""
+    # growing a shape walks its tensors per trial (seconds for a deep model under deepspeed):
+    # off the event loop, so /healthz and everyone else keep being answered meanwhile
+    return await run_in_threadpool(answer, request)
+
+
+def _shape_name(spec: ModelSpec) -> str:
+    if spec.preset is not None:
+        return spec.preset
+    if spec.hf_config is not None:
+        return f"the hf_config's {spec.hf_config.get('model_type', 'model')}"
+    return "the given architecture's"
+
+
+def answer(request: CapacityRequest) -> CapacityResponse:
+    batch = to_batch(request.batch)
+    model_setup = shape = None
+    shape_name = ""
     if request.model is not None:
         params, arch = resolve_model(request.model)
-        model_setup = to_setup(request, params, arch)
-    rows = []
-    for s in request.stages:
-        stage = Stage(s)
-        largest = max_params(probe, stage, request.device_memory)
-        rows.append(
-            StageCapacity(
-                stage=s,
-                max_params=largest,
-                max_params_readable=None if largest is None else f"{largest / 1e9:,.2f} B params",
-                min_dp=None
-                if model_setup is None
-                else min_dp(model_setup, stage, request.device_memory, request.max_dp),
-            )
-        )
-    return CapacityResponse(
-        device_memory=request.device_memory,
-        dp=request.dp,
-        criterion=f"per-device model states <= device_memory ({readable(request.device_memory)})",
-        stages=rows,
+        model_setup = to_setup(request, params, arch, batch)
+        # the paper's model states depend on Ψ alone: its bare-Ψ answer is exact (Table 2);
+        # an engine's buffers and a batch's activations depend on the tensors, so grow the shape
+        if arch is not None and (request.engine is not Engine.PAPER or batch is not None):
+            shape, shape_name = arch, _shape_name(request.model)
+    if request.shape is not None:
+        try:
+            shape, shape_name = get_preset(request.shape).architecture, request.shape
+        except InputError as err:
+            raise InputError("shape", err.message) from None
+    result = search(
+        Search(
+            setup=to_setup(request, 1, None, batch),
+            device_memory=request.device_memory,
+            shape=shape,
+            shape_name=shape_name,
+            model=model_setup,
+            max_dp=request.max_dp,
+        ),
+        request.stages,
     )
+    return capacity_response(result)

@@ -13,8 +13,8 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """Alive: answers without touching a GPU."""
+async def healthz() -> dict[str, str]:
+    """Alive: answers without touching a GPU (on the event loop: no thread hop)."""
     return {"status": "ok"}
 
 

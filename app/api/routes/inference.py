@@ -18,8 +18,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "summary": "Llama 2 7B in bf16, one 4096-token sequence",
         "value": {"model": {"preset": "llama2-7b"}, "context": 4096},
     },
-    "seed_004_10b": {
-        "summary": "Seed 004's 10B model: weights alone in fp16",
+    "fp16_10b": {
+        "summary": "A 10B model: weights alone in fp16",
         "value": {"model": {"params": 10_000_000_000}, "weights": "fp16"},
     },
 }

@@ -39,7 +39,8 @@ def check_measurable(req: MeasureRequest) -> None:
             "a measurement builds and trains the model: give architecture, preset or "
             "hf_config, not params",
         )
-    # the seeds' MLP presets are measure's own; every other model resolves as /v1/memory's do
+    # the MLP presets (mlp, mlp-{L}x{h}) are measure's own; every other model resolves as
+    # /v1/memory's do
     if req.model.preset is None or mlp_preset(req.model.preset) is None:
         resolve_model(req.model)  # unknown presets and bad hf_config bodies are 422s here
     if req.engine is Engine.PAPER:

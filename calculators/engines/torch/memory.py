@@ -26,13 +26,10 @@ CUDA context, NCCL buffers) are not part of these figures.
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from calculators.activations import INDEX_BYTES, Regime
-from calculators.architecture import Architecture, tensors
 from calculators.conventions import (
     FP32_BYTES,
     HALF_BYTES,
@@ -41,15 +38,17 @@ from calculators.conventions import (
     Precision,
     Stage,
 )
-from calculators.engines.torch_peak import StepMemory, step_memory
+from calculators.engines.torch.peak import StepMemory, step_memory
 from calculators.errors import InputError
-from calculators.memory import StageEstimate
+from calculators.estimates import StageEstimate
 from calculators.model_states import Placement, TrainingSetup, ceil_div
+from calculators.parameters import ROOT_GROUP, ParamTensor, architecture_params
 
 CONVENTION = (
     "torch: what PyTorch's engines allocate on rank 0 (stage 0 DDP, stage 1 DDP + "
     "ZeroRedundancyOptimizer, stage 2/3 FSDP2 fully_shard reshard_after_forward False/True), "
-    "fp32 parameters with bf16/fp16 compute in mixed precision; resident = "
+    "fp32 parameters with bf16/fp16 compute in mixed precision (4 + 4 + 8 B/param with Adam: "
+    "fp32 parameters, fp32 gradients, two fp32 states; no separate master copy); resident = "
     "torch.cuda.memory_allocated between steps after zero_grad(set_to_none=True), peak = "
     "max_memory_allocated within a step; with an architecture and a batch both include "
     "activations, the cuBLAS workspaces, the batch and the loop's last logits and loss, "
@@ -64,27 +63,6 @@ STATE_TENSORS: dict[Optimizer, int] = {
     Optimizer.SGD_MOMENTUM: 1,
     Optimizer.SGD: 0,
 }
-
-ROOT_GROUP = "root"
-
-
-@dataclass(frozen=True)
-class ParamTensor:
-    """One parameter as an engine sees it: its shape and the FSDP2 unit that owns it."""
-
-    name: str
-    shape: tuple[int, ...]
-    group: str
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    def fsdp_shard_numel(self, world: int) -> int:
-        """Rank 0's padded dim-0 chunk: ceil(dim0 / N) rows (``_fsdp_param.py``)."""
-        if not self.shape:
-            return 1
-        return -(-self.shape[0] // world) * math.prod(self.shape[1:])
 
 
 @dataclass(frozen=True)
@@ -109,7 +87,7 @@ def dtypes(precision: Precision) -> Dtypes:
     return Dtypes(FP32_BYTES, FP32_BYTES, HALF_BYTES)
 
 
-def param_tensors(setup: TrainingSetup) -> list[ParamTensor] | None:
+def param_tensors(setup: TrainingSetup) -> Sequence[ParamTensor] | None:
     """The exact tensor list when known: ``engine_config["tensors"]`` or the architecture."""
     given = (setup.engine_config or {}).get("tensors")
     if given is not None:
@@ -120,17 +98,8 @@ def param_tensors(setup: TrainingSetup) -> list[ParamTensor] | None:
                 "engine_config.tensors", "must be a list of [name, shape, group] triples"
             ) from None
     if setup.architecture is not None and setup.tp == 1 and setup.pp == 1:
-        return list(_architecture_tensors(setup.architecture))
+        return architecture_params(setup.architecture)
     return None
-
-
-@lru_cache(maxsize=16)  # few: a MoE model's list runs to ~50k tensors
-def _architecture_tensors(arch: Architecture) -> tuple[ParamTensor, ...]:
-    """Once per architecture: a sweep asks for the same list per Nd and stage."""
-    return tuple(
-        ParamTensor(t.name, t.shape, ROOT_GROUP if t.layer is None else f"blocks.{t.layer}")
-        for t in tensors(arch)
-    )
 
 
 def zero_partition(numels: Sequence[int], world: int) -> list[list[int]]:
@@ -198,86 +167,83 @@ def _shares(setup: TrainingSetup, stage: Stage) -> Shares:
     return Shares(shard, shard, shard, True)
 
 
-@dataclass(frozen=True)
-class TorchEnginesModel:
-    convention: str = CONVENTION
-
-    def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate:
-        n_states = _check(setup)
-        d = dtypes(setup.precision)
-        share = _shares(setup, stage)
-        params = share.params * d.parameter
-        grads = share.grads * d.gradient
-        states = share.states * n_states * d.parameter
-        components: dict[str, int]
-        if stage <= Stage.OPTIMIZER:
-            # DDP Reducer buckets: persistent, full size, in the gradient dtype
-            buckets = share.grads * d.gradient
-            components = {"fp32_params" if d.parameter == FP32_BYTES else "params": params}
-            components["ddp_buckets"] = buckets
-            components["optimizer_states"] = states
-            resident = params + buckets + states
-            notes = [
-                "DDP keeps its gradient buckets between steps (gradient_as_bucket_view=False); "
-                "param.grad is freed by zero_grad(set_to_none=True)",
-            ]
-            if stage is Stage.OPTIMIZER:
-                notes.append(
-                    "ZeroRedundancyOptimizer: rank 0's greedy partition (largest first)"
-                    + ("" if share.exact else ", taken as Ψ/N: no tensor shapes given")
-                )
-        else:
-            components = {"sharded_params": params, "optimizer_states": states}
-            resident = params + states
-            notes = [
-                "FSDP2 shards each parameter on dim 0 padded to a multiple of N; sharded "
-                "gradients are freed by zero_grad(set_to_none=True)"
-                + ("" if share.exact else "; padding ignored: no tensor shapes given"),
-            ]
-        if not share.exact:
-            notes.append("approximate: give an architecture for the exact per-tensor split")
-        device = Placement(parameters=params, gradients=grads, optimizer_states=states)
-        step = _step(setup, stage, share, d, n_states)
-        if step is None:
-            return StageEstimate(
-                stage=stage,
-                device=device,
-                cpu=Placement(),
-                nvme=Placement(),
-                resident=resident,
-                components=components,
-                notes=tuple(notes),
+def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
+    """What rank 0 allocates under ``stage`` (module docstring)."""
+    n_states = _check(setup)
+    d = dtypes(setup.precision)
+    share = _shares(setup, stage)
+    params = share.params * d.parameter
+    grads = share.grads * d.gradient
+    states = share.states * n_states * d.parameter
+    components: dict[str, int]
+    if stage <= Stage.OPTIMIZER:
+        # DDP Reducer buckets: persistent, full size, in the gradient dtype
+        buckets = share.grads * d.gradient
+        components = {"fp32_params" if d.parameter == FP32_BYTES else "params": params}
+        components["ddp_buckets"] = buckets
+        components["optimizer_states"] = states
+        resident = params + buckets + states
+        notes = [
+            "DDP keeps its gradient buckets between steps (gradient_as_bucket_view=False); "
+            "param.grad is freed by zero_grad(set_to_none=True)",
+        ]
+        if stage is Stage.OPTIMIZER:
+            notes.append(
+                "ZeroRedundancyOptimizer: rank 0's greedy partition (largest first)"
+                + ("" if share.exact else ", taken as Ψ/N: no tensor shapes given")
             )
-        memory, runtime = step
-        components["model_states_resident"] = resident
-        components["runtime_workspaces"] = memory.workspaces
-        components["batch"] = runtime
-        components["held_outputs"] = memory.held_outputs
-        components.update({f"peak_candidate_{k}": v for k, v in memory.moments.items()})
-        base = resident + memory.workspaces + runtime
-        # allocated at the moments measure/ probes: forward done; backward done (the loop now
-        # holds this step's outputs); optimizer step done (nothing new: states exist already)
-        components["after_forward"] = base + memory.end_of_forward
-        components["after_backward"] = base + memory.held_outputs + memory.step_gradients
-        components["after_step"] = components["after_backward"]
-        notes.append(
-            f"peak at {memory.peak_moment}; resident and peak count the cuBLAS workspaces, the "
-            "batch and (holds_outputs) the last logits and loss, as memory_allocated does"
-        )
+    else:
+        components = {"sharded_params": params, "optimizer_states": states}
+        resident = params + states
+        notes = [
+            "FSDP2 shards each parameter on dim 0 padded to a multiple of N; sharded "
+            "gradients are freed by zero_grad(set_to_none=True)"
+            + ("" if share.exact else "; padding ignored: no tensor shapes given"),
+        ]
+    if not share.exact:
+        notes.append("approximate: give an architecture for the exact per-tensor split")
+    device = Placement(parameters=params, gradients=grads, optimizer_states=states)
+    step = _step(setup, stage, share, d, n_states)
+    if step is None:
         return StageEstimate(
             stage=stage,
             device=device,
             cpu=Placement(),
             nvme=Placement(),
-            resident=base + memory.held_outputs,
-            activations=memory.activations,
-            temporary_buffers=memory.above_states - memory.activations
-            if memory.peak_moment != "optimizer_step"
-            else memory.above_states,
-            peak=base + memory.above_states,
+            resident=resident,
             components=components,
             notes=tuple(notes),
         )
+    memory, runtime = step
+    components["model_states_resident"] = resident
+    components["runtime_workspaces"] = memory.workspaces
+    components["batch"] = runtime
+    components["held_outputs"] = memory.held_outputs
+    components.update({f"peak_candidate_{k}": v for k, v in memory.moments.items()})
+    base = resident + memory.workspaces + runtime
+    # allocated at the moments measure/ probes: forward done; backward done (the loop now
+    # holds this step's outputs); optimizer step done (nothing new: states exist already)
+    components["after_forward"] = base + memory.end_of_forward
+    components["after_backward"] = base + memory.held_outputs + memory.step_gradients
+    components["after_step"] = components["after_backward"]
+    notes.append(
+        f"peak at {memory.peak_moment}; resident and peak count the cuBLAS workspaces, the "
+        "batch and (holds_outputs) the last logits and loss, as memory_allocated does"
+    )
+    return StageEstimate(
+        stage=stage,
+        device=device,
+        cpu=Placement(),
+        nvme=Placement(),
+        resident=base + memory.held_outputs,
+        activations=memory.activations,
+        temporary_buffers=memory.above_states - memory.activations
+        if memory.peak_moment != "optimizer_step"
+        else memory.above_states,
+        peak=base + memory.above_states,
+        components=components,
+        notes=tuple(notes),
+    )
 
 
 def _step(
@@ -323,6 +289,3 @@ def _step(
     # input ids and targets (int64) of every micro-batch the loop holds
     runtime = 2 * INDEX_BYTES * batch.tokens * batch.grad_accumulation_steps
     return memory, runtime
-
-
-MODEL = TorchEnginesModel()

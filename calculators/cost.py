@@ -1,0 +1,84 @@
+"""Time of a step's traffic: an α–β model.
+
+Per call NCCL's base latency plus one hop latency per ring step (NCCL src/graph/tuning.cc), plus
+bus-factor × payload / bus bandwidth of the slowest link class the ring crosses. It ignores
+overlap with compute, congestion from other traffic, protocol and kernel efficiency below the
+link's peak rate, and NVLS/SHARP in-network reduction.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from calculators.interconnects import NCCL_BASE_LATENCY
+from calculators.model_states import ceil_div
+from calculators.topology import Algorithm, Group, Op, bus_factor, ring_steps, sent_factor
+from calculators.traffic import Collective, CollectiveCost, CommunicationSetup, Transfer
+
+
+def _node_bandwidth(setup: CommunicationSetup, group: Group) -> Fraction:
+    """Bytes/s one group can push out of a node: its share of the node's NICs.
+
+    gpus_per_node / per_node groups of this kind run at once on a node (one per TP/PP rank) and
+    share its ``nics_per_node`` adapters.
+    """
+    topo = setup.topology
+    return Fraction(setup.network.inter.bandwidth * topo.nics * group.per_node, topo.gpus_per_node)
+
+
+def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
+    """Link split and α–β time of one collective entry."""
+    g = c.group
+    sent = c.sent_bytes_per_rank
+    if g.size <= 1 or c.calls == 0:
+        return CollectiveCost(c, 0, 0, 0.0)
+    net = setup.network
+    m, per = g.nodes, g.per_node
+    per_call = Fraction(c.payload_bytes, c.calls)
+    if m == 1:
+        steps = ring_steps(c.op, g.size)
+        latency = NCCL_BASE_LATENCY + steps * net.intra.latency
+        transfer = per_call * bus_factor(c.op, g.size) / net.intra.bandwidth
+        return CollectiveCost(c, sent, 0, float(c.calls * (latency + transfer)))
+    node_bw = _node_bandwidth(setup, g)
+    hierarchical = (
+        net.algorithm is Algorithm.HIERARCHICAL
+        and per > 1
+        and c.op in (Op.ALL_REDUCE, Op.ALL_GATHER, Op.REDUCE_SCATTER)
+    )
+    if hierarchical:
+        # In-node phases on the whole payload, the cross-node phase on 1/per of it.
+        intra_op_factor = (
+            sent_factor(Op.ALL_REDUCE, per) if c.op is Op.ALL_REDUCE else sent_factor(c.op, per)
+        )
+        inter_factor = sent_factor(c.op, m) / per
+        intra = ceil_div(c.payload_bytes * intra_op_factor)
+        inter = sent - intra
+        latency = (
+            2 * NCCL_BASE_LATENCY
+            + ring_steps(c.op, per) * net.intra.latency
+            + ring_steps(c.op, m) * net.inter.latency
+        )
+        transfer = (
+            per_call * intra_op_factor / net.intra.bandwidth
+            + per_call * inter_factor * per / node_bw
+        )
+        return CollectiveCost(c, intra, inter, float(c.calls * (latency + transfer)))
+    # Flat ring: each node is entered and left once per ring, so a rank's mean share of the
+    # node's egress is 1/per of what it sends; the ring runs at the slower link class.
+    inter = ceil_div(sent, per)
+    steps = ring_steps(c.op, g.size)
+    inter_steps = min(steps, (2 if c.op is Op.ALL_REDUCE else 1) * (m - 1))
+    latency = (
+        NCCL_BASE_LATENCY
+        + (steps - inter_steps) * net.intra.latency
+        + inter_steps * net.inter.latency
+    )
+    bandwidth = min(Fraction(net.intra.bandwidth), node_bw) if per > 1 else node_bw
+    transfer = per_call * bus_factor(c.op, g.size) / bandwidth
+    return CollectiveCost(c, sent - inter, inter, float(c.calls * (latency + transfer)))
+
+
+def transfer_time(setup: CommunicationSetup, t: Transfer) -> float:
+    """Bytes over the host link at its peak one-direction rate (no latency term)."""
+    return float(Fraction(t.bytes, setup.network.host.bandwidth))

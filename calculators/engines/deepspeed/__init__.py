@@ -1,0 +1,32 @@
+"""DeepSpeed 0.19.8 ZeRO: memory (``memory``, ``layouts``, ``allocator``) and traffic
+(``traffic``) from one reading of its config (``config``), its buckets (``buckets``) and its
+stage-3 parameter coordinator (``stage3``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calculators.conventions import Stage
+from calculators.engines.deepspeed import memory, traffic
+from calculators.engines.deepspeed.config import Knobs, param_list, parse_config
+from calculators.engines.deepspeed.stage3 import stage3_trace
+from calculators.estimates import StageEstimate
+from calculators.model_states import TrainingSetup
+from calculators.traffic import CommunicationSetup, EngineTraffic
+
+
+@dataclass(frozen=True)
+class DeepSpeedModel:
+    convention: str = memory.CONVENTION
+    traffic_convention: str = traffic.TRAFFIC_CONVENTION
+
+    def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate:
+        return memory.estimate(setup, stage)
+
+    def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
+        return traffic.traffic(setup, stage)
+
+
+MODEL = DeepSpeedModel()
+
+__all__ = ["MODEL", "DeepSpeedModel", "Knobs", "param_list", "parse_config", "stage3_trace"]

@@ -1,0 +1,64 @@
+"""How DeepSpeed cuts gradients into reduction buckets (one walk each, used by memory and
+traffic alike)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE = 500000000: stage 0 (allreduce_gradients ->
+# buffered_allreduce_fallback -> allreduce_no_retain) all-reduces buckets of this many elements.
+MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000
+
+
+def ipg_walk(numels: Sequence[int], bucket: int) -> list[list[int]]:
+    """Indices (into ``numels``, in the order given) of each IPG bucket.
+
+    stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads and stage3.py
+    __add_grad_to_ipg_bucket: the bucket is reduced before a gradient that would overflow it
+    (``elements + numel > reduce_bucket_size``); a gradient larger than the bucket goes alone.
+    """
+    out: list[list[int]] = []
+    current: list[int] = []
+    fill = 0
+    for i, n in enumerate(numels):
+        if n == 0:
+            continue
+        if fill and fill + n > bucket:
+            out.append(current)
+            current, fill = [], 0
+        current.append(i)
+        fill += n
+        if fill > bucket:  # an oversized gradient, reduced on its own
+            out.append(current)
+            current, fill = [], 0
+    if current:
+        out.append(current)
+    return out
+
+
+def ipg_buckets(numels: Sequence[int], bucket: int, *, whole_run: bool) -> list[int]:
+    """Elements of each IPG bucket (``ipg_walk``).
+
+    ``whole_run``: the single entry is Ψ of unknown tensors, cut into full buckets.
+    """
+    if whole_run:
+        (psi,) = numels
+        full, rest = divmod(psi, bucket)
+        return [bucket] * full + ([rest] if rest else [])
+    return [sum(numels[i] for i in b) for b in ipg_walk(numels, bucket)]
+
+
+def fallback_buckets(numels: Sequence[int], bucket: int, *, whole_run: bool) -> list[int]:
+    """Engine stage-0 buckets (engine.py allreduce_no_retain): closed once they exceed the size."""
+    if whole_run:
+        return ipg_buckets(numels, bucket + 1, whole_run=True)
+    out: list[int] = []
+    current = 0
+    for n in numels:
+        current += n
+        if current > bucket:
+            out.append(current)
+            current = 0
+    if current:
+        out.append(current)
+    return out

@@ -1,0 +1,580 @@
+"""What each DeepSpeed ZeRO stage keeps on the device, and what each moment of a step adds.
+
+Paths relative to ``deepspeed/runtime/`` of 0.19.8: engine.py, fp16/unfused_optimizer.py
+(stage 0), zero/stage_1_and_2.py (stages 1/2), zero/stage3.py (stage 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from calculators.activations import INDEX_BYTES, ActivationBreakdown, Regime, activations
+from calculators.conventions import FP32_BYTES, HALF_BYTES, Stage
+from calculators.engines.deepspeed.allocator import block, blocks, stage0_unsplit_bytes
+from calculators.engines.deepspeed.buckets import (
+    MEMORY_OPT_ALLREDUCE_SIZE,
+    fallback_buckets,
+    ipg_walk,
+)
+from calculators.engines.deepspeed.config import Knobs, whole
+from calculators.engines.deepspeed.stage3 import Stage3Trace, stage3_trace
+from calculators.engines.torch.peak import holds_outputs
+from calculators.model_states import Placement, TrainingSetup
+from calculators.parameters import ParamTensor
+
+FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
+
+
+# --- the moments of a step ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Moment:
+    """Bytes alive together at one point of the step, beyond the resident model states."""
+
+    activations: int
+    buffers: Mapping[str, int]
+
+    @property
+    def total(self) -> int:
+        return self.activations + sum(self.buffers.values())
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The workload terms every stage shares (bytes, allocator-rounded)."""
+
+    acts: ActivationBreakdown | None
+    held: int  # logits, loss and the batch the loop keeps between steps
+    loss_grads: int  # nll_loss and log_softmax fp32 gradients (tokens x vocab each)
+    log_softmax_out: int  # the saved fp32 log-softmax output, freed in the loss backward
+
+    @property
+    def end_of_forward(self) -> int:
+        return self.acts.end_of_forward if self.acts is not None else 0
+
+    @property
+    def known(self) -> bool:
+        return self.acts is not None
+
+
+def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
+    arch, batch = setup.architecture, setup.batch
+    if arch is None or batch is None:
+        return StepShape(None, 0, 0, 0)
+    acts = activations(arch, batch, Regime.HALF)
+    t, v = batch.tokens, arch.vocab_size
+    held = 0
+    if holds_outputs(knobs.extra):
+        # logits (16-bit), the loss scalar, token ids and targets (int64)
+        held = block(HALF_BYTES * t * v) + block(FP32_BYTES) + 2 * block(INDEX_BYTES * t)
+    fp32_logits = block(FP32_BYTES * t * v)
+    return StepShape(acts, held, 2 * fp32_logits, fp32_logits)
+
+
+def forward_moments(
+    shape: StepShape, first_grad: int, gathered: int = 0, bucket_first_hook: int = 0
+) -> dict[str, Moment]:
+    """Moments of the loss and the start of backward, common to every stage.
+
+    - ``loss_backward``: everything forward saved, and the two fp32 tokens × vocab gradients
+      of ``cross_entropy(logits.float())`` (nll_loss's grad input and log_softmax's).
+    - ``first_gradient``: the log-softmax output is freed, the head's weight gradient exists and
+      (stages 1/2) the first gradient hook allocates the IPG bucket
+      (stage_1_and_2.py ``setup_buckets``).
+    """
+    if not shape.known:
+        return {}
+    eof = shape.end_of_forward
+    out = {
+        "loss_backward": Moment(
+            eof, {"loss_gradients": shape.loss_grads, "gathered_parameters": gathered}
+        ),
+        "first_gradient": Moment(
+            eof - shape.log_softmax_out,
+            {
+                "first_gradient": first_grad,
+                "ipg_buckets": bucket_first_hook,
+                "gathered_parameters": gathered,
+            },
+        ),
+    }
+    assert shape.acts is not None  # shape.known
+    if shape.acts.recompute:
+        # activation checkpointing: the last block's forward runs again at the start of
+        # backward (torch.utils.checkpoint); not validated against DeepSpeed runs
+        out["recompute"] = Moment(
+            eof - shape.log_softmax_out + shape.acts.recompute,
+            {
+                "first_gradient": first_grad,
+                "ipg_buckets": bucket_first_hook,
+                "gathered_parameters": gathered,
+            },
+        )
+    return out
+
+
+def later_micro_steps(
+    moments: dict[str, Moment], accumulation: int, carried: Mapping[str, int], names: Sequence[str]
+) -> None:
+    """With gradient accumulation, micro-steps 2..k repeat ``names`` with ``carried`` alive."""
+    if accumulation <= 1:
+        return
+    for name in names:
+        if name in moments:
+            m = moments[name]
+            buffers = dict(m.buffers)
+            for k, v in carried.items():
+                buffers[k] = (
+                    max(buffers.get(k, 0), v) if k == "ipg_buckets" else (buffers.get(k, 0) + v)
+                )
+            moments[f"{name}_later_micro_step"] = Moment(m.activations, buffers)
+
+
+# --- stages -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What one stage keeps and what each moment adds."""
+
+    resident_parts: dict[str, int]
+    device: Placement
+    cpu: Placement
+    cpu_buffers: int
+    moments: dict[str, Moment]
+    notes: list[str]
+
+
+def _partition_elems(n: int, world: int) -> int:
+    """Stage 3 partition of one parameter: ceil(n / N) (partition_parameters.py:1816-1817)."""
+    return -(-n // world)
+
+
+def stage0(
+    params: Sequence[ParamTensor], n_states: int, shape: StepShape, adam: bool, accumulation: int
+) -> Layout:
+    numels = [p.numel for p in params]
+    p16 = blocks(HALF_BYTES, numels)  # module cast to 16-bit, per tensor (engine.py)
+    master = blocks(FP32_BYTES, numels)  # p.clone().float() per tensor (unfused_optimizer.py:72-77)
+    states = n_states * master  # created eagerly: initialize_optimizer_states (:413-433)
+    g16 = blocks(HALF_BYTES, numels)  # autograd's param.grad, freed by zero_grad after step
+    g32 = blocks(FP32_BYTES, numels)  # fp16_param.grad.to(fp32) per tensor in step (:217-222)
+    foreach = master if adam else 0  # torch _multi_tensor_adam: _foreach_sqrt(exp_avg_sqs)
+    # engine.py allreduce_no_retain: buckets close once past 5e8 elements
+    # (MEMORY_OPT_ALLREDUCE_SIZE) and are flattened into a new 16-bit tensor (allreduce_bucket)
+    largest = max(fallback_buckets(numels, MEMORY_OPT_ALLREDUCE_SIZE, whole_run=False), default=0)
+    flat = block(HALF_BYTES * largest) if len(numels) > 1 else 0
+    moments = forward_moments(shape, block(HALF_BYTES * numels[-1]))
+    # autograd accumulates into param.grad; the all-reduce runs at the boundary only
+    later_micro_steps(
+        moments, accumulation, {"accumulated_gradients": g16}, ("loss_backward", "first_gradient")
+    )
+    moments["gradient_allreduce"] = Moment(
+        0, {"held_outputs": shape.held, "gradients": g16, "allreduce_flatten": flat}
+    )
+    # get_weight_norm: p.grad.float().norm() one tensor at a time (runtime/utils.py:578)
+    moments["grad_norm"] = Moment(
+        0,
+        {
+            "held_outputs": shape.held,
+            "gradients": g16,
+            "norm_fp32_copy": block(FP32_BYTES * max(numels)),
+        },
+    )
+    moments["optimizer_step"] = Moment(
+        0,
+        {
+            "held_outputs": shape.held,
+            "gradients": g16,
+            "fp32_gradients": g32,
+            "adam_foreach_temp": foreach,
+        },
+    )
+    unsplit, unsplit_step = stage0_unsplit_bytes(tuple(numels), n_states, adam)
+    moments["optimizer_step"] = Moment(
+        0, {**moments["optimizer_step"].buffers, "allocator_unsplit_transients": unsplit_step}
+    )
+    return Layout(
+        resident_parts={
+            "params_16bit": p16,
+            "fp32_master": master,
+            "optimizer_states": states,
+            "allocator_unsplit_blocks": unsplit,
+        },
+        device=Placement(parameters=p16, gradients=g16, optimizer_states=master + states),
+        cpu=Placement(),
+        cpu_buffers=0,
+        moments=moments,
+        notes=[
+            "stage 0: FP16_UnfusedOptimizer keeps per-tensor fp32 masters and creates Adam "
+            "states at construction; fp32 gradients exist only inside step()",
+            "stage 0 allocates one tensor per parameter and state: allocator_unsplit_blocks "
+            "replays DeepSpeed's initialisation on the caching allocator (cached blocks up "
+            "to 1 MiB too big are handed out whole); the step's share is replayed on the "
+            "init-time step, an estimate",
+        ],
+    )
+
+
+def stage12(
+    params: Sequence[ParamTensor],
+    world: int,
+    stage: Stage,
+    knobs: Knobs,
+    n_states: int,
+    shape: StepShape,
+    adam: bool,
+    accumulation: int,
+) -> Layout:
+    numels = [p.numel for p in params]
+    psi = sum(numels)
+    # stage_1_and_2.py:387, 446: the flat group is padded to a multiple of 2 x N
+    # (nccl_start_alignment_factor = 2); each rank owns len / N elements.
+    align = 2 * world
+    padded = -(-psi // align) * align
+    part = padded // world
+    flat16 = block(HALF_BYTES * padded)  # bit16_groups_flat (:497-503)
+    offload = knobs.offload_optimizer is not None
+    rbs = knobs.reduce_bucket_size
+    overlap = knobs.overlap(stage) or False
+    # setup_buckets (:3256-3280): one reduce_bucket_size buffer, two with overlap_comm
+    ipg = (2 if overlap else 1) * block(HALF_BYTES * rbs) if knobs.contiguous_gradients else 0
+    # rank 0's partition is [0, part): whole parameters that start inside it
+    # (params_in_partition), and the largest slice of one of them
+    g_p, start, max_slice = 0, 0, 0
+    for n in numels:
+        if start < part:
+            g_p += n
+            max_slice = max(max_slice, min(n, part - start))
+        start += n
+    gip = block(HALF_BYTES * g_p)  # grads_in_partition (copy_grads_in_partition :2183-2197)
+    notes = [
+        f"stage {int(stage)}: flat 16-bit group padded to {padded} elements, partition "
+        f"{part}; IPG bucket {rbs} elements x {2 if overlap else 1}"
+    ]
+
+    # reduction: walk the gradients in bucket order; a bucket is reduced when the next gradient
+    # would overflow it (:1422-1428) and flattened into a new 16-bit tensor when it spans more
+    # than one partition (allreduce_bucket -> self.flatten, no copy for a single slice).
+    order = list(range(len(numels)))
+    # stage 2 (and stage 1 with overlap_comm) reduces from the hooks, in backward order;
+    # stage 1 otherwise walks the parameters at the boundary (reduce_gradients :958-982)
+    in_hooks = stage is Stage.GRADIENTS or overlap
+    if in_hooks:
+        order.reverse()
+    if in_hooks and psi > rbs:
+        notes.append(
+            "buckets reduced during backward are counted without the activations "
+            "still alive at that point"
+        )
+    offsets = []
+    pos = 0
+    for n in numels:
+        offsets.append(pos)
+        pos += n
+
+    def spans(first: int, last_end: int) -> bool:
+        return world > 1 and first // part != (last_end - 1) // part
+
+    reduce_peak = 0
+    grads_left = 0 if in_hooks else blocks(HALF_BYTES, numels)
+    partition_allocated = False
+    walk = ipg_walk([numels[i] for i in order], rbs)
+    for j, members in enumerate(walk):
+        idx = [order[m] for m in members]
+        elems = sum(numels[i] for i in idx)
+        lo = min(offsets[i] for i in idx)
+        hi = max(offsets[i] + numels[i] for i in idx)
+        copy = block(HALF_BYTES * elems) if spans(lo, hi) else 0
+        if j == len(walk) - 1:  # the last bucket, reduced by the epilogue
+            reduce_peak = max(reduce_peak, copy + (gip if partition_allocated else 0))
+            break
+        if not in_hooks:
+            # moved into the bucket, autograd's freed
+            grads_left -= sum(block(HALF_BYTES * numels[i]) for i in idx)
+        reduce_peak = max(reduce_peak, grads_left + copy + (gip if partition_allocated else 0))
+        partition_allocated = partition_allocated or lo < part
+    if offload:
+        gip = 0  # offload copies each in-partition slice straight to the pinned fp32 buffer
+    reduce_peak = max(reduce_peak, gip)
+
+    moments = forward_moments(shape, block(HALF_BYTES * numels[-1]), 0, ipg)
+    if not in_hooks:
+        # overlap_comm off: hooks only set up the bucket; autograd keeps every gradient until
+        # engine.allreduce_gradients -> reduce_gradients walks them (engine.py:3088-3092)
+        moments["end_of_backward"] = Moment(
+            0,
+            {
+                "held_outputs": shape.held,
+                "gradients": blocks(HALF_BYTES, numels),
+                "ipg_buckets": ipg,
+            },
+        )
+    if stage is Stage.OPTIMIZER:
+        # stage 1 reduces only at the boundary (reduce_ready_partitions_and_remove_grads
+        # :2293): the gradients and the bucket (allocated by the first hook, released only by
+        # the boundary epilogue) stay into the next micro-step
+        later_micro_steps(
+            moments,
+            accumulation,
+            {"accumulated_gradients": blocks(HALF_BYTES, numels), "ipg_buckets": ipg},
+            ("loss_backward", "first_gradient"),
+        )
+    moments["gradient_reduction"] = Moment(
+        0, {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak}
+    )
+    if stage is Stage.GRADIENTS and not offload:
+        # each micro-step's epilogue keeps the partition's gradients in all_grad_tensors
+        # (views of that step's grads_in_partition) and adds the next ones to it (:1041-1051)
+        later_micro_steps(
+            moments,
+            accumulation,
+            {"accumulated_gradients": gip},
+            ("loss_backward", "first_gradient", "gradient_reduction"),
+        )
+
+    master = block(FP32_BYTES * part)
+    states = n_states * master
+    cpu = Placement()
+    cpu_buffers = 0
+    resident = {"flat_16bit_params": flat16}
+    if offload:
+        # temp_grad_buffer_for_gpu_offload (:659-661) stays on the device
+        resident["offload_grad_staging"] = block(HALF_BYTES * max(numels))
+        # host: fp32 master, fp32 grad partition (kept), 16-bit staging, Adam states
+        cpu = Placement(
+            parameters=0,
+            gradients=FP32_BYTES * part,
+            optimizer_states=FP32_BYTES * part * (1 + n_states),
+        )
+        cpu_buffers = HALF_BYTES * part + HALF_BYTES * max(numels) if knobs.pin_memory else 0
+        # per in-partition gradient: fp64 norm copy and an fp32 copy before the host copy
+        # (set_norm_for_param_grad_in_gpu, async_inplace_copy_grad_to_fp32_buffer_from_gpu)
+        moments["gradient_reduction"] = Moment(
+            0,
+            {
+                "held_outputs": shape.held,
+                "ipg_buckets": ipg,
+                "reduction_buffers": reduce_peak,
+                "offload_norm_copy": block(FP64_BYTES * max_slice),
+            },
+        )
+        device = Placement(parameters=flat16, gradients=0, optimizer_states=0)
+        notes.append(
+            "optimizer offload: fp32 master, fp32 gradient partition and optimizer "
+            "states live in host memory; the step runs on the CPU"
+        )
+    else:
+        resident["fp32_master_partition"] = master
+        resident["optimizer_states"] = states
+        flat_grad = block(HALF_BYTES * part)
+        g32 = block(FP32_BYTES * part)
+        base = {"held_outputs": shape.held}
+        # step() (:3013-3169): fp64 per-gradient norms, flatten + .to(fp32), Adam
+        moments["grad_norm"] = Moment(
+            0, {**base, "grads_in_partition": gip, "norm_fp64_copy": block(FP64_BYTES * max_slice)}
+        )
+        moments["fp32_gradient"] = Moment(
+            0,
+            {
+                **base,
+                "grads_in_partition": gip,
+                "flat_16bit_gradient": flat_grad,
+                "fp32_gradient": g32,
+            },
+        )
+        moments["optimizer_step"] = Moment(
+            0, {**base, "fp32_gradient": g32, "adam_foreach_temp": master if adam else 0}
+        )
+        device = Placement(parameters=flat16, gradients=gip, optimizer_states=master + states)
+    return Layout(resident, device, cpu, cpu_buffers, moments, notes)
+
+
+def stage3(
+    params: Sequence[ParamTensor],
+    world: int,
+    knobs: Knobs,
+    n_states: int,
+    shape: StepShape,
+    adam: bool,
+    exact: bool,
+) -> Layout:
+    numels = [p.numel for p in params]
+    parts = [_partition_elems(n, world) for n in numels]
+    local = sum(parts)
+    trace = stage3_trace(params, knobs) if exact else Stage3Trace((False,), (True,))
+    lp = block(HALF_BYTES * local)  # lp_param_buffer after defragment (stage3.py:972)
+    rbs = knobs.reduce_bucket_size
+    ipg = block(HALF_BYTES * rbs) if knobs.contiguous_gradients else 0  # stage3.py:779-784
+    gradbuf = block(HALF_BYTES * local)  # grad_partitions_flat_buffer (:791-802)
+    # sub-groups close once they reach sub_group_size (_create_fp16_sub_groups :1210-1233)
+    groups: list[int] = []
+    current = 0
+    for n in parts:
+        current += n
+        if current >= knobs.sub_group_size:
+            groups.append(current)
+            current = 0
+    if current:
+        groups.append(current)
+    largest = max(groups)
+    master = sum(block(FP32_BYTES * s) for s in groups)
+    states = n_states * master
+    # A gathered parameter is a whole 16-bit copy (all_gather_coalesced -> torch.cat per
+    # parameter); persistent ones stay gathered for good. With one rank nothing is gathered:
+    # NoGatherHandle points param.data at the partition itself (partition_parameters.py
+    # _no_gather_coalesced).
+    gathers = world > 1
+    persist = (
+        sum(block(HALF_BYTES * n) for n, f in zip(numels, trace.persistent, strict=True) if f)
+        if gathers
+        else 0
+    )
+    # gathered at the end of forward: what the coordinator keeps (stage3_trace), plus the head
+    gathered = (
+        sum(
+            block(HALF_BYTES * n)
+            for i, (n, f, k) in enumerate(zip(numels, trace.persistent, trace.kept, strict=True))
+            if not f and (k or i == len(numels) - 1)
+        )
+        if gathers
+        else 0
+    )
+    offload = knobs.offload_optimizer is not None
+    offload_params = knobs.offload_param is not None
+    notes = [
+        f"stage 3: {sum(trace.persistent)} persistent parameters ({persist} bytes gathered "
+        f"for good), {sum(trace.kept)} of {len(params)} parameters stay gathered from "
+        "forward to backward (simulated parameter coordinator: prefetch records their "
+        "backward use)",
+        "parameters still in flight at the end of forward count as gathered copies",
+    ]
+    if not exact:
+        notes.append("approximate: no architecture, Ψ taken as one tensor kept gathered")
+    # the IPG bucket is persistent here; the head's gradient is copied into it and freed
+    moments = forward_moments(shape, block(HALF_BYTES * numels[-1]), gathered, 0)
+    # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds a
+    # padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor
+    order = numels[::-1]
+    buckets = [[order[m] for m in b] for b in ipg_walk(order, knobs.reduce_bucket_size)]
+    cat = max(
+        (
+            0
+            if len(b) == 1 and b[0] % world == 0
+            else block(HALF_BYTES * sum(_partition_elems(n, world) * world for n in b))
+        )
+        for b in buckets
+    )
+    moments["gradient_reduction"] = Moment(
+        0, {"held_outputs": shape.held, "reduce_scatter_buffer": cat}
+    )
+    resident = {
+        "partitioned_16bit_params": 0 if offload_params else lp,
+        "ipg_bucket": ipg,
+        "persistent_parameters": persist,
+    }
+    cpu = Placement()
+    cpu_buffers = 0
+    if offload_params:
+        cpu_buffers += HALF_BYTES * local  # pinned unconditionally (:888-911)
+        notes.append("parameter offload: 16-bit partitions in pinned host memory (not validated)")
+    if offload:
+        cpu = Placement(
+            parameters=HALF_BYTES * local if offload_params else 0,
+            gradients=(FP32_BYTES + HALF_BYTES) * local,
+            optimizer_states=FP32_BYTES * local * (1 + n_states),
+        )
+        if knobs.pin_memory:
+            cpu_buffers += (FP32_BYTES + HALF_BYTES) * local  # fp32 grads, 16-bit grad buffer
+        # partition_grads: each reduced partition goes to the pinned buffer and back to the
+        # device (grad_buffer.to(device)), then .float() before the host copy (:2028, :1457)
+        moments["gradient_reduction"] = Moment(
+            0,
+            {
+                "held_outputs": shape.held,
+                "reduce_scatter_buffer": cat,
+                "offload_partition_copies": block((HALF_BYTES + FP32_BYTES) * max(parts)),
+            },
+        )
+        device = Placement(
+            parameters=resident["partitioned_16bit_params"] + persist,
+            gradients=0,
+            optimizer_states=0,
+        )
+        notes.append(
+            "optimizer offload: fp32 master, gradients and optimizer states in host "
+            "memory; the step runs on the CPU"
+        )
+    else:
+        resident["gradient_partitions"] = gradbuf
+        resident["fp32_master_partition"] = master
+        resident["optimizer_states"] = states
+        g32 = block(FP32_BYTES * largest)
+        base = {"held_outputs": shape.held}
+        # step (:2873-2949): gathered parameters are released first (_partition_all_parameters)
+        norm = block(FP64_BYTES * max(parts))
+        moments["grad_norm"] = Moment(0, {**base, "norm_fp64_copy": norm})
+        moments["fp32_gradient"] = Moment(
+            0, {**base, "flat_16bit_gradient": block(HALF_BYTES * largest), "fp32_gradient": g32}
+        )
+        moments["optimizer_step"] = Moment(
+            0, {**base, "fp32_gradient": g32, "adam_foreach_temp": g32 if adam else 0}
+        )
+        device = Placement(
+            parameters=resident["partitioned_16bit_params"] + persist,
+            gradients=gradbuf,
+            optimizer_states=master + states,
+        )
+    # _post_step re-gathers the persistent parameters: a padded flat buffer, then the copies
+    persist_flat = (
+        sum(
+            block(HALF_BYTES * _partition_elems(n, world) * world)
+            for n, f in zip(numels, trace.persistent, strict=True)
+            if f
+        )
+        if gathers
+        else 0
+    )
+    moments["persistent_gather"] = Moment(
+        0, {"held_outputs": shape.held, "persistent_gather_buffer": persist_flat}
+    )
+    # the persistent parameters are freed at the start of step and gathered again after it
+    for name in ("grad_norm", "fp32_gradient", "optimizer_step"):
+        if name in moments:
+            b = dict(moments[name].buffers)
+            b["released_persistent"] = -persist
+            moments[name] = Moment(0, b)
+    return Layout(resident, device, cpu, cpu_buffers, moments, notes)
+
+
+# --- runtime workspaces -------------------------------------------------------------------------
+
+# torch's cuBLASLt workspace, CUBLASLT_WORKSPACE_SIZE default 1024 KiB
+# (aten/src/ATen/cuda/CublasHandlePool.cpp parseCUDABlasLtWorkspaceSize). It is allocated
+# through the caching allocator by the first addmm with a bias epilogue (gemm_and_bias), which
+# is what F.linear on a biased nn.Linear runs in forward.
+CUBLASLT_WORKSPACE = 1024 * 1024
+
+
+def cublaslt_workspace_bytes(setup: TrainingSetup, stage: Stage, knobs: Knobs) -> int:
+    """The cuBLASLt workspace, when forward runs a biased linear through addmm.
+
+    Stage 3 does not: DeepSpeedZeRoOffload wraps the module with ``zero.Init(module=...)``
+    (parameter_offload.py:270), which replaces ``torch.nn.functional.linear`` with
+    ``zero3_linear_wrap`` when ``memory_efficient_linear`` is on (partition_parameters.py:1090,
+    :412-419; zero/config.py:346). For 3-D inputs that runs ``input.matmul(weight.t())`` and
+    ``output += bias`` (zero/linear.py), a plain cuBLAS GEMM. The replacement is global and
+    stays for the rest of the process.
+    """
+    value = knobs.extra.get("cublaslt_workspace_bytes")
+    if value is not None:
+        return whole(value, "engine_config.cublaslt_workspace_bytes")
+    arch = setup.architecture
+    if arch is None:
+        return 0
+    if stage is Stage.PARAMETERS and knobs.memory_efficient_linear:
+        return 0
+    biased = arch.bias or arch.has_qkv_bias or arch.lm_head_bias
+    return CUBLASLT_WORKSPACE if biased else 0

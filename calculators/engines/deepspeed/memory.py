@@ -1,0 +1,157 @@
+"""DeepSpeed 0.19.8 ZeRO, modelled from its source: what rank 0 really allocates.
+
+Paths are relative to ``deepspeed/runtime/`` of the 0.19.8 sdist; docs/engines/deepspeed.md walks
+through them. The training loop modelled is the plain one a DeepSpeed user writes, with a client
+``torch.optim.Adam`` (foreach) and the fp16 or bf16 section enabled::
+
+    logits = engine(x)
+    loss = F.cross_entropy(logits.float().view(-1, V), y.view(-1))
+    engine.backward(loss); engine.step()
+
+Which wrapper runs (engine.py ``_configure_optimizer``): stage 0 ``FP16_UnfusedOptimizer``
+(fp16/unfused_optimizer.py, for fp16 and bf16 alike with a torch optimizer), stages 1/2
+``DeepSpeedZeroOptimizer`` (zero/stage_1_and_2.py), stage 3 ``DeepSpeedZeroOptimizer_Stage3``
+(zero/stage3.py) with the parameter coordinator (zero/partitioned_param_coordinator.py).
+
+``resident`` is ``torch.cuda.memory_allocated`` between steps (after ``engine.step()``, which
+ends with ``zero_grad``); ``peak`` the highest allocation within a step. Both include what the
+loop still references between steps (``logits``, ``loss``, the batch; ``holds_outputs``) and the
+cuBLAS workspaces the caching allocator holds after the first step (see
+``calculators.engines.torch.peak``). Every tensor is rounded up to the caching allocator's
+512-byte blocks (c10/cuda/CUDACachingAllocator.cpp ``round_size``, ``kMinBlockSize = 512``).
+The peak is the largest of a few moments of the step, each a sum of tensors alive together.
+
+``device`` places the model states: ``parameters`` the 16-bit copy (flat group, partition, plus
+persistent gathered ones), ``optimizer_states`` the fp32 master and the optimizer's states,
+``gradients`` the gradient copy the optimizer reads, alive from backward to the step and
+resident only in stage 3 (its partition buffer). ``components`` names every resident part and,
+prefixed ``peak.``, what the peak moment adds.
+"""
+
+from __future__ import annotations
+
+from calculators.conventions import OffloadDevice, Optimizer, Precision, Stage
+from calculators.engines.deepspeed.config import Knobs, param_list, parse_config, with_offload
+from calculators.engines.deepspeed.layouts import (
+    cublaslt_workspace_bytes,
+    stage0,
+    stage3,
+    stage12,
+    step_shape,
+)
+from calculators.engines.torch.memory import STATE_TENSORS  # the client torch.optim optimizer
+from calculators.engines.torch.peak import cublas_workspace_bytes
+from calculators.errors import InputError
+from calculators.estimates import StageEstimate
+from calculators.model_states import Offload, Placement, TrainingSetup, check_offload
+
+CONVENTION = (
+    "deepspeed: what DeepSpeed 0.19.8 allocates on rank 0 (stage 0 FP16_UnfusedOptimizer, "
+    "stages 1/2 DeepSpeedZeroOptimizer, stage 3 DeepSpeedZeroOptimizer_Stage3) with a client "
+    "torch.optim.Adam, fp16/bf16 parameters, fp32 master; resident = allocated between steps "
+    "(cuBLAS workspaces and the loop's logits included), peak = highest allocation in a step"
+)
+
+
+def _check(setup: TrainingSetup, stage: Stage, knobs: Knobs) -> int:
+    if setup.k is not None:
+        raise InputError("k", "the deepspeed engine derives optimizer states from the optimizer")
+    if setup.optimizer not in STATE_TENSORS:
+        known = ", ".join(o.value for o in STATE_TENSORS)
+        raise InputError("optimizer", f"the deepspeed engine models the torch optimizers {known}")
+    if setup.precision not in (Precision.MIXED_FP16, Precision.MIXED_BF16):
+        raise InputError(
+            "precision",
+            "the deepspeed engine models its fp16 and bf16 sections "
+            "(mixed_fp16, mixed_bf16: 16-bit parameters with an fp32 master)",
+        )
+    want_fp16 = setup.precision is Precision.MIXED_FP16
+    if (knobs.fp16 is True and not want_fp16) or (knobs.bf16 is True and want_fp16):
+        raise InputError(
+            "engine_config", f"its fp16/bf16 section contradicts precision {setup.precision.value}"
+        )
+    if setup.tp * setup.pp != 1:
+        raise InputError("tp", "the deepspeed engine profile models plain data parallelism")
+    # knobs carry the config's offload devices, or the request's (with_offload)
+    optimizer_off = knobs.offload_optimizer or OffloadDevice.NONE
+    param_off = knobs.offload_param or OffloadDevice.NONE
+    if OffloadDevice.NVME in (optimizer_off, param_off):
+        raise InputError("offload", "NVMe offload is not modelled by the deepspeed profile")
+    check_offload(Offload(optimizer=optimizer_off, params=param_off), stage)
+    if (
+        knobs.grad_accumulation is not None
+        and setup.batch is not None
+        and knobs.grad_accumulation != setup.batch.grad_accumulation_steps
+    ):
+        raise InputError(
+            "engine_config.gradient_accumulation_steps",
+            "differs from batch.grad_accumulation_steps",
+        )
+    if (
+        setup.batch is not None
+        and knobs.micro_batch is not None
+        and knobs.micro_batch != setup.batch.micro_batch_size
+    ):
+        raise InputError(
+            "engine_config.train_micro_batch_size_per_gpu", "differs from batch.micro_batch_size"
+        )
+    return STATE_TENSORS[setup.optimizer]
+
+
+def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
+    """What rank 0 allocates under ``stage`` (module docstring)."""
+    knobs = with_offload(setup, parse_config(setup.engine_config))
+    n_states = _check(setup, stage, knobs)
+    adam = setup.optimizer in (Optimizer.ADAM, Optimizer.ADAMW)
+    params, exact = param_list(setup)
+    shape = step_shape(setup, knobs)
+    world = setup.dp
+    accumulation = knobs.grad_accumulation or (
+        setup.batch.grad_accumulation_steps if setup.batch is not None else 1
+    )
+    if stage is Stage.NONE:
+        layout = stage0(params, n_states, shape, adam, accumulation)
+    elif stage is Stage.PARAMETERS:
+        # gradients accumulate in place in the persistent partition buffer (partition_grads)
+        layout = stage3(params, world, knobs, n_states, shape, adam, exact)
+    else:
+        layout = stage12(params, world, stage, knobs, n_states, shape, adam, accumulation)
+    cublaslt = cublaslt_workspace_bytes(setup, stage, knobs)
+    workspaces = cublas_workspace_bytes(knobs.extra) + cublaslt
+    states = sum(layout.resident_parts.values())
+    components = dict(layout.resident_parts)
+    components["cublas_workspaces"] = workspaces - cublaslt
+    components["cublaslt_workspace"] = cublaslt
+    components["held_outputs"] = shape.held
+    resident = states + workspaces + shape.held
+    notes = list(layout.notes)
+    if knobs.offload_optimizer is not None and knobs.force_ds_cpu_optimizer:
+        notes.append(
+            "DeepSpeed refuses a client torch optimizer with optimizer offload "
+            "unless zero_force_ds_cpu_optimizer is false (engine.py:2341-2346)"
+        )
+    peak = activations_at_peak = buffers_at_peak = None
+    if shape.known:
+        name, moment = max(layout.moments.items(), key=lambda kv: kv[1].total)
+        peak = states + workspaces + moment.total
+        activations_at_peak = moment.activations
+        buffers_at_peak = sum(v for k, v in moment.buffers.items() if k != "held_outputs")
+        for k, v in moment.buffers.items():
+            components[f"peak.{k}"] = v
+        components["peak.activations"] = moment.activations
+        notes.append(f"peak moment: {name}")
+    else:
+        notes.append("peak needs model.architecture and batch")
+    return StageEstimate(
+        stage=stage,
+        device=layout.device,
+        cpu=layout.cpu,
+        nvme=Placement(),
+        resident=resident,
+        activations=activations_at_peak,
+        temporary_buffers=buffers_at_peak,
+        peak=peak,
+        components=components,
+        cpu_buffers=layout.cpu_buffers,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,288 @@
+"""DeepSpeed stage 3's parameter coordinator, simulated: what stays gathered, what is fetched.
+
+Paths relative to ``deepspeed/runtime/`` of 0.19.8: zero/partitioned_param_coordinator.py,
+zero/parameter_offload.py, zero/partition_parameters.py, zero/stage3.py.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from calculators.engines.deepspeed.buckets import ipg_buckets
+from calculators.engines.deepspeed.config import Knobs
+from calculators.parameters import ParamTensor
+from calculators.traffic import padded
+
+
+@dataclass(frozen=True)
+class Stage3Trace:
+    """Stage-3 parameter fetching in steady state (trace complete), per parameter.
+
+    Attributes:
+        persistent: never released (numel <= stage3_param_persistence_threshold).
+        kept: still gathered (or in flight) when forward ends.
+        forward_gathered: elements all-gathered during forward (re-gathers counted again).
+        backward_gathered: elements all-gathered during backward.
+        forward_gathers: per parameter, how often it is all-gathered during forward.
+        backward_gathers: per parameter, how often it is all-gathered during backward.
+        forward_calls: all-gather batches issued during forward: one per module fetch and one
+            per prefetch that finds something to gather (partitioned_param_coordinator.py
+            ``__all_gather_params`` -> one ``all_gather_coalesced``).
+        backward_calls: the same during backward.
+    """
+
+    persistent: tuple[bool, ...]
+    kept: tuple[bool, ...]
+    forward_gathered: int = 0
+    backward_gathered: int = 0
+    forward_gathers: tuple[int, ...] = ()
+    backward_gathers: tuple[int, ...] = ()
+    forward_calls: int = 0
+    backward_calls: int = 0
+
+
+def fetch_order(params: Sequence[ParamTensor]) -> tuple[list[str], list[str]]:
+    """Modules in the order DeepSpeed's hooks fetch them, forward then backward.
+
+    Every module whose ``forward`` runs is fetched (parameter_offload.py pre-forward hook), the
+    root and containers included (they own no parameters but take a step of the trace);
+    ``ModuleList``s are never called. Backward fetches come from the hooks on each module's
+    outputs, so a container comes before its children and children run in reverse.
+    """
+    children: dict[str, list[str]] = {"": []}
+    for p in params:
+        parts = p.module.split(".")
+        parent = ""
+        for i in range(len(parts)):
+            path = ".".join(parts[: i + 1])
+            if i + 1 < len(parts) and parts[i + 1].isdigit():
+                continue  # a ModuleList: its items hang under the module above it
+            if path not in children:
+                children[path] = []
+                children[parent].append(path)
+            parent = path
+
+    def walk(node: str, reverse: bool) -> list[str]:
+        kids = children[node]
+        out = [node]
+        for k in reversed(kids) if reverse else kids:
+            out += walk(k, reverse)
+        return out
+
+    return walk("", False), walk("", True)
+
+
+def stage3_trace(params: Sequence[ParamTensor], knobs: Knobs) -> Stage3Trace:
+    """The coordinator simulation, cached per parameter list and the knobs it reads."""
+    return _stage3_trace(
+        tuple(params),
+        knobs.param_persistence_threshold,
+        knobs.model_persistence_threshold,
+        knobs.max_live_parameters,
+        knobs.prefetch_bucket_size,
+        knobs.max_reuse_distance,
+    )
+
+
+@lru_cache(maxsize=64)
+def _stage3_trace(
+    params: tuple[ParamTensor, ...],
+    persistence: int,
+    model_persistence: int,
+    max_live: int,
+    prefetch: int,
+    reuse: int,
+) -> Stage3Trace:
+    """Simulate the parameter coordinator for one steady-state forward and backward.
+
+    - parameter_offload.py ``mark_persistent_parameters``: numel <= param threshold while the
+      running total stays within the model threshold; persistent parameters stay gathered.
+    - partitioned_param_coordinator.py ``fetch_sub_module``: gather the module's parameters,
+      pop their entries off the trace queue, then prefetch: pop entries until
+      ``min(max_live - available, prefetch_bucket_size)`` not-yet-gathered elements are
+      requested; gathered ones are popped without counting, and every popped entry records the
+      step of that use (``__most_recent_step_id_param_fetched_for``).
+    - ``release_sub_module`` / ``__params_to_release``: after the module runs, its parameters
+      are released unless persistent, unless a prefetch already recorded a later use, and unless
+      they reappear in the trace before ``stage3_max_reuse_distance`` elements.
+
+    The prefetcher outruns the forward (it skips what is gathered), reaches the backward half of
+    the queue a few modules in and records every backward use, so on models that fit
+    ``stage3_max_live_parameters`` nearly every parameter stays gathered into backward.
+    """
+    persistent, total = [], 0
+    for p in params:
+        flag = p.numel <= persistence and (total + p.numel <= model_persistence)
+        total += p.numel if flag else 0
+        persistent.append(flag)
+    owned: dict[str, list[int]] = {}
+    for i, p in enumerate(params):
+        owned.setdefault(p.module, []).append(i)
+    forward, backward = fetch_order(params)
+    trace = forward + backward
+    at_step = [owned.get(m, []) for m in trace]
+    # elements traversed before each step, and each parameter's uses, for the reuse walk
+    before = [0]
+    for mine in at_step:
+        before.append(before[-1] + sum(params[i].numel for i in mine))
+    uses: list[list[int]] = [[] for _ in params]
+    for step, mine in enumerate(at_step):
+        for i in mine:
+            uses[i].append(step)
+    queue = [(i, step) for step, mine in enumerate(at_step) for i in mine]
+    head = 0
+    available = list(persistent)
+    recent = [-(10**18)] * len(params)
+    n_available = 0
+    gathered = [0, 0]
+    gathers = [[0] * len(params), [0] * len(params)]
+    calls = [0, 0]
+
+    def gather(i: int, phase: int) -> int:
+        nonlocal n_available
+        if available[i]:
+            return 0
+        available[i] = True
+        n_available += params[i].numel
+        gathered[phase] += params[i].numel
+        gathers[phase][i] += 1
+        return 1
+
+    for step, mine in enumerate(at_step):
+        phase = 0 if step < len(forward) else 1
+        # the module's own parameters: one __all_gather_params call (:381)
+        if sum(gather(i, phase) for i in mine):
+            calls[phase] += 1
+        not_fetched = {i for i in mine if recent[i] < step}
+        popped: set[int] = set()
+        while head < len(queue) and len(popped) < len(not_fetched):
+            i, use = queue[head]
+            head += 1
+            recent[i] = use
+            popped.add(i)
+        budget = min(max_live - n_available, prefetch)
+        requested = 0
+        batch = 0
+        while head < len(queue) and requested < budget:
+            i, use = queue[head]
+            head += 1
+            recent[i] = max(recent[i], use)
+            if not available[i]:
+                batch += gather(i, phase)
+                requested += params[i].numel
+        if batch:  # the prefetched set: one __all_gather_params call (:484)
+            calls[phase] += 1
+        after = step + 1
+        release = {i for i in mine if not persistent[i] and recent[i] <= after}
+        # the walk from `after` keeps i if its next use comes before the elements traversed
+        # reach the distance (checked before each module: strictly fewer than it)
+        for i in list(release):
+            k = bisect_left(uses[i], after)
+            if k < len(uses[i]) and before[uses[i][k]] - before[after] < reuse:
+                release.discard(i)
+        for i in release:
+            if available[i]:
+                available[i] = False
+                n_available -= params[i].numel
+        if step == len(forward) - 1:
+            kept = list(available)
+    return Stage3Trace(
+        tuple(persistent),
+        tuple(kept),
+        gathered[0],
+        gathered[1],
+        tuple(gathers[0]),
+        tuple(gathers[1]),
+        calls[0],
+        calls[1],
+    )
+
+
+@dataclass(frozen=True)
+class Stage3Plan:
+    """Stage-3 element counts per micro-step, each parameter padded to a multiple of N.
+
+    From the simulated coordinator (``stage3_trace``, steady state).
+    """
+
+    forward_padded: int
+    backward_padded: int
+    persistent_padded: int
+    reduce_padded: int
+    reduce_plain: int
+    forward_calls: int
+    backward_calls: int
+    reduce_buckets: int
+    persistent: int
+    kept: int
+    params: int
+
+
+def stage3_plan(
+    params: Sequence[ParamTensor], n: int, knobs: Knobs, *, exact: bool = True
+) -> Stage3Plan:
+    """What DeepSpeed stage 3 all-gathers and reduces per micro-step on N ranks.
+
+    - Gathers: the coordinator simulation's per-parameter counts (stage3_trace: module fetches,
+      prefetches that record every use they pop, the reuse-distance and max-live rules). Each
+      gathered parameter moves ``ceil(numel / N) · N`` elements: all_gather_coalesced builds a
+      flat buffer of the partitions, ``partition_sz * world_size`` (partition_parameters.py
+      _all_gather_dtype :1336-1362), and ``_all_gather_sequential`` one of
+      ``ceil(ds_numel / world_size) · world_size`` (:1376). One rank gathers nothing
+      (``_no_gather_coalesced``, :1558-1559).
+    - Persistent parameters (parameter_offload.py mark_persistent_parameters) stay gathered
+      and are all-gathered after each step, one call each (stage3.py:2840-2841 ->
+      partition_parameters.py _allgather_params_coalesced :2066-2076).
+    - Gradients: IPG buckets in reverse registration order (stage3.py
+      __add_grad_to_ipg_bucket), padded per parameter by reduce_scatter_coalesced.
+    """
+    return _stage3_plan(
+        tuple(params),
+        n,
+        exact,
+        knobs.reduce_bucket_size,
+        knobs.param_persistence_threshold,
+        knobs.model_persistence_threshold,
+        knobs.max_live_parameters,
+        knobs.prefetch_bucket_size,
+        knobs.max_reuse_distance,
+    )
+
+
+@lru_cache(maxsize=64)
+def _stage3_plan(
+    params: tuple[ParamTensor, ...],
+    n: int,
+    exact: bool,
+    reduce_bucket_size: int,
+    *trace_knobs: int,
+) -> Stage3Plan:
+    """``stage3_plan`` once per parameter list, N and knobs (a sweep asks again per request)."""
+    trace = _stage3_trace(params, *trace_knobs)
+    numels = [p.numel for p in params]
+    gathers = n > 1
+
+    def moved(counts: Sequence[int]) -> int:
+        return sum(c * padded(x, n) for c, x in zip(counts, numels, strict=True)) if gathers else 0
+
+    whole = ipg_buckets(list(reversed(numels)), reduce_bucket_size, whole_run=not exact)
+    return Stage3Plan(
+        forward_padded=moved(trace.forward_gathers),
+        backward_padded=moved(trace.backward_gathers),
+        persistent_padded=sum(
+            padded(x, n) for x, f in zip(numels, trace.persistent, strict=True) if f
+        )
+        if gathers
+        else 0,
+        reduce_padded=sum(padded(x, n) for x in numels),
+        reduce_plain=sum(numels),
+        forward_calls=trace.forward_calls if gathers else 0,
+        backward_calls=trace.backward_calls if gathers else 0,
+        reduce_buckets=len(whole),
+        persistent=sum(trace.persistent),
+        kept=sum(trace.kept),
+        params=len(params),
+    )

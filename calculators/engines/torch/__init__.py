@@ -1,0 +1,29 @@
+"""PyTorch's own engines (DDP, ZeroRedundancyOptimizer, FSDP2): memory (``memory``, with the
+step's peak in ``peak``) and traffic (``traffic``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calculators.conventions import Stage
+from calculators.engines.torch import memory, traffic
+from calculators.estimates import StageEstimate
+from calculators.model_states import TrainingSetup
+from calculators.traffic import CommunicationSetup, EngineTraffic
+
+
+@dataclass(frozen=True)
+class TorchModel:
+    convention: str = memory.CONVENTION
+    traffic_convention: str = traffic.TRAFFIC_CONVENTION
+
+    def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate:
+        return memory.estimate(setup, stage)
+
+    def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
+        return traffic.traffic(setup, stage)
+
+
+MODEL = TorchModel()
+
+__all__ = ["MODEL", "TorchModel"]

@@ -1,0 +1,59 @@
+"""Parameter tensors as the engines see them: one type, one cached list per architecture."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from calculators.architecture import Architecture, tensors
+
+ROOT_GROUP = "root"
+"""The FSDP2 unit of everything outside the blocks (embeddings, final norm, head)."""
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor.
+
+    Attributes:
+        name: dotted name as ``nn.Module.named_parameters`` gives it.
+        shape: its shape.
+        group: the FSDP2 unit that owns it (``blocks.<i>`` or ``root``).
+        numel: elements (derived from ``shape``).
+        module: the owning module's path, ``name`` without ``.weight``/``.bias``.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    group: str = ROOT_GROUP
+    # derived once: the stage-3 coordinator and bucket walks read them per tensor, many times
+    numel: int = field(init=False, repr=False, compare=False)
+    module: str = field(init=False, repr=False, compare=False)
+
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "numel", math.prod(self.shape))
+        object.__setattr__(self, "module", self.name.rsplit(".", 1)[0])
+        object.__setattr__(self, "_hash", hash((self.name, self.shape, self.group)))
+
+    def __hash__(self) -> int:
+        # once: the stage-3 caches key on whole parameter lists (tens of thousands for MoE)
+        return self._hash
+
+    def fsdp_shard_numel(self, world: int) -> int:
+        """Rank 0's padded dim-0 chunk: ceil(dim0 / N) rows (``_fsdp_param.py``)."""
+        if not self.shape:
+            return 1
+        return -(-self.shape[0] // world) * math.prod(self.shape[1:])
+
+
+@lru_cache(maxsize=16)  # few: a MoE model's list runs to ~50k tensors
+def architecture_params(arch: Architecture) -> tuple[ParamTensor, ...]:
+    """Every parameter of ``arch`` in ``named_parameters`` order, once per architecture (a sweep
+    asks for the same list per Nd and stage)."""
+    return tuple(
+        ParamTensor(t.name, t.shape, ROOT_GROUP if t.layer is None else f"blocks.{t.layer}")
+        for t in tensors(arch)
+    )
