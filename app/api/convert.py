@@ -9,13 +9,17 @@ from fractions import Fraction
 from app.schemas.communication import CommunicationRequest, InterconnectIn, LinkIn
 from app.schemas.memory import MemoryRequest, TrainingIn
 from app.schemas.model import BatchIn, ModelSpec
+from app.schemas.plan import GpuIn, PlanRequest
 from calculators.architecture import Architecture, PositionEmbedding, count_params
 from calculators.batch import Batch, Checkpointing
 from calculators.capacity import MAX_PARAMS
+from calculators.conventions import Stage
 from calculators.errors import InputError
+from calculators.gpus import Gpu, custom_gpu, get_gpu
 from calculators.hf_config import architecture_from_hf_config
 from calculators.interconnects import Interconnect, custom_interconnect, get_interconnect
 from calculators.model_states import Offload, TrainingSetup
+from calculators.plan import Efficiency, PlanSetup, Search
 from calculators.presets import get_preset
 from calculators.topology import Network, make_topology
 from calculators.traffic import CommunicationSetup, ZeroPlusPlus
@@ -140,4 +144,51 @@ def communication_setup(req: CommunicationRequest) -> CommunicationSetup:
         grad_sync=req.grad_sync,
         shard_group_size=req.shard_group_size,
         zeropp=ZeroPlusPlus(qwz=req.zeropp.qwz, hpz=req.zeropp.hpz, qgz=req.zeropp.qgz),
+    )
+
+
+def plan_gpu(spec: str | GpuIn) -> Gpu:
+    """A GPU preset, or the figures a request gives (named for calibrations when it says so)."""
+    if isinstance(spec, str):
+        return get_gpu(spec)
+    gpu = custom_gpu(spec.memory, spec.peak_flops, memory_bandwidth=spec.memory_bandwidth)
+    return gpu if spec.name is None else replace(gpu, name=spec.name)
+
+
+def plan_setup(req: PlanRequest, gpu: Gpu, efficiency: Efficiency) -> PlanSetup:
+    """The calculators' view of a plan request."""
+    params, arch = resolve_model(req.model)
+    if arch is None:
+        raise InputError(
+            "model",
+            "a plan needs the model's shape (activations, FLOPs): give architecture, preset "
+            "or hf_config, not params",
+        )
+    gpn = req.gpus_per_node or (8 if req.gpus % 8 == 0 else req.gpus)
+    s = req.search
+    return PlanSetup(
+        architecture=arch,
+        params=params,
+        gpu=gpu,
+        gpus=req.gpus,
+        gpus_per_node=gpn,
+        network=Network(
+            intra=_link(req.interconnect or gpu.intra_node_link, "interconnect"),
+            inter=_link(req.inter_node_interconnect, "inter_node_interconnect"),
+            host=_link(req.host_interconnect or gpu.host_link, "host_interconnect"),
+        ),
+        global_batch_size=req.global_batch_size,
+        seq_len=req.seq_len,
+        engine=req.engine,
+        engine_config=req.engine_config,
+        precision=req.precision,
+        optimizer=req.optimizer,
+        search=Search(
+            stages=tuple(Stage(x) for x in s.stages),
+            micro_batch_sizes=None if s.micro_batch_size is None else tuple(s.micro_batch_size),
+            activation_checkpointing=tuple(s.activation_checkpointing),
+            offload=tuple(s.offload),
+            hsdp=s.hsdp,
+        ),
+        efficiency=efficiency,
     )

@@ -201,6 +201,54 @@ MEASURE_EXAMPLES: dict[str, dict[str, Any]] = {
     },
 }
 
+PLAN_EXAMPLES: dict[str, dict[str, Any]] = {
+    "llama3_8b_on_8_h100": {
+        "summary": "Llama 3 8B on 8 × H100 80GB, global batch 256 × 4096 tokens",
+        "value": {
+            "model": {"preset": "llama3-8b"},
+            "gpu": "h100-sxm",
+            "gpus": 8,
+            "gpus_per_node": 8,
+            "interconnect": "nvlink4",
+            "global_batch_size": 256,
+            "seq_len": 4096,
+            "engine": "deepspeed",
+        },
+    },
+    "custom_gpu_torch": {
+        "summary": "A 1.3B GPT on 4 GPUs given by their figures, FSDP2 / DDP",
+        "value": {
+            "model": {
+                "architecture": {
+                    "layers": 24,
+                    "hidden": 2048,
+                    "heads": 16,
+                    "vocab_size": 50304,
+                    "max_seq_len": 2048,
+                }
+            },
+            "gpu": {"memory": 48 * 2**30, "peak_flops": 362e12},
+            "gpus": 4,
+            "global_batch_size": 64,
+            "seq_len": 2048,
+            "engine": "torch",
+            "search": {"stages": [0, 2, 3], "activation_checkpointing": ["none", "full"]},
+        },
+    },
+}
+
+CALIBRATION_EXAMPLES: dict[str, dict[str, Any]] = {
+    "given_efficiency": {
+        "summary": "An efficiency measured elsewhere (model-FLOPs utilisation from your logs)",
+        "value": {
+            "gpu": "h100-sxm",
+            "precision": "mixed_bf16",
+            "engine": "deepspeed",
+            "efficiency": 0.42,
+        },
+    },
+}
+
 # Request examples by path of their POST operation.
 EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
     "/v1/memory": MEMORY_EXAMPLES,
@@ -209,4 +257,6 @@ EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
     "/v1/communication": COMMUNICATION_EXAMPLES,
     "/v1/inference": INFERENCE_EXAMPLES,
     "/v1/measure": MEASURE_EXAMPLES,
+    "/v1/plan": PLAN_EXAMPLES,
+    "/v1/calibrations": CALIBRATION_EXAMPLES,
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -26,6 +26,17 @@ from app.schemas.memory import (
     PerDevice,
     StageMemory,
 )
+from app.schemas.plan import (
+    CalibrationUsed,
+    CandidateOut,
+    ConfigOut,
+    GpuOut,
+    OverlapOut,
+    PlanAssumptions,
+    PlanResponse,
+    RejectedOut,
+    StepTimeOut,
+)
 from calculators.architecture import Architecture
 from calculators.capacity import MAX_GROWN_LAYERS, MAX_PARAMS, CapacityResult, needed
 from calculators.capacity import StageCapacity as CapacityRow
@@ -35,6 +46,7 @@ from calculators.inference import InferenceMemory
 from calculators.interconnects import Interconnect
 from calculators.labels import labels
 from calculators.model_states import Placement, TrainingSetup
+from calculators.plan import Candidate, Config, Plan
 from calculators.traffic import CommunicationEstimate, StageCommunication
 
 
@@ -429,4 +441,78 @@ def capacity_response(result: CapacityResult) -> CapacityResponse:
             for row in result.stages
         ],
         notes=notes,
+    )
+
+
+def _config_out(c: Config) -> ConfigOut:
+    return ConfigOut(
+        stage=int(c.stage),
+        micro_batch_size=c.micro_batch_size,
+        grad_accumulation_steps=c.grad_accumulation_steps,
+        activation_checkpointing=c.activation_checkpointing,
+        offload=c.offload,
+        shard_group_size=c.shard_group_size,
+    )
+
+
+def _candidate_out(rank: int, c: Candidate) -> CandidateOut:
+    s = c.step
+    return CandidateOut(
+        rank=rank,
+        config=_config_out(c.config),
+        tokens_per_second=c.tokens_per_second,
+        step_time_seconds=s.total,
+        step_time=StepTimeOut(
+            compute=s.compute + s.optimizer_step,
+            matmul=s.compute,
+            recompute=s.recompute,
+            optimizer_step=s.optimizer_step,
+            exposed_communication=s.exposed_communication,
+            communication=s.communication,
+            offload_transfer=s.offload_transfer,
+        ),
+        per_device=per_device(c.memory),
+        headroom=c.headroom,
+        cpu=_host(c.memory.cpu, c.memory.cpu_buffers),
+        sent_bytes_per_rank=c.sent_bytes_per_rank,
+        assumptions=OverlapOut(**asdict(c.overlap)),
+    )
+
+
+def plan_response(result: Plan) -> PlanResponse:
+    setup = result.setup
+    g = setup.gpu
+    a = asdict(result.assumptions)
+    a["notes"] = list(result.assumptions.notes)
+    return PlanResponse(
+        params=setup.params,
+        gpu=GpuOut(
+            name=g.name,
+            label=g.label,
+            memory=g.memory,
+            peak_flops=setup.peak_flops,
+            memory_bandwidth=g.memory_bandwidth,
+            source=g.source,
+        ),
+        gpus=setup.gpus,
+        nodes=setup.nodes,
+        gpus_per_node=setup.gpus_per_node,
+        global_batch_size=setup.global_batch_size,
+        seq_len=setup.seq_len,
+        tokens_per_step=setup.global_batch_size * setup.seq_len,
+        engine=setup.engine,
+        candidates=[_candidate_out(i, c) for i, c in enumerate(result.candidates, 1)],
+        rejected=[
+            RejectedOut(
+                config=_config_out(r.config), reason=r.reason, peak=r.peak, over_by=r.over_by
+            )
+            for r in result.rejected
+        ],
+        calibration=CalibrationUsed(
+            efficiency=setup.efficiency.value,
+            source=setup.efficiency.source,
+            calibration_id=setup.efficiency.calibration_id,
+        ),
+        assumptions=PlanAssumptions(**a),
+        evaluated=result.evaluated,
     )

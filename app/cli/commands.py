@@ -323,6 +323,11 @@ def serve(
     uvicorn.run("app.main:app", host=host, port=port, workers=1)
 
 
+from app.cli_plan import plan as plan_command  # noqa: E402 (a command of its own module)
+
+cli.command("plan")(plan_command)
+
+
 def main() -> None:
     """Console-script entry point (``zerocalc``)."""
     cli()

@@ -18,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: calibrations table
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -36,6 +36,16 @@ CREATE TABLE IF NOT EXISTS jobs (
     finished_at  REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at DESC);
+CREATE TABLE IF NOT EXISTS calibrations (
+    id           TEXT PRIMARY KEY,
+    gpu          TEXT NOT NULL,
+    precision    TEXT NOT NULL,
+    engine       TEXT NOT NULL,
+    efficiency   REAL NOT NULL,
+    detail       TEXT NOT NULL,
+    created_at   REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS calibrations_gpu ON calibrations (gpu, precision, created_at DESC);
 """
 
 
@@ -72,6 +82,19 @@ class Job:
     created_at: float
     started_at: float | None
     finished_at: float | None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One stored calibration: the efficiency a measured run achieved on a GPU."""
+
+    id: str
+    gpu: str
+    precision: str
+    engine: str
+    efficiency: float
+    detail: dict[str, Any]
+    created_at: float
 
 
 def _decode(row: sqlite3.Row) -> Job:
@@ -252,6 +275,56 @@ class JobStore:
                 return 0
             (n,) = conn.execute(f"SELECT COUNT(*) FROM jobs {where}", args).fetchone()
         return int(n)
+
+    # -- calibrations: achieved compute efficiency per GPU and precision ----------------------
+
+    def add_calibration(
+        self,
+        cal_id: str,
+        gpu: str,
+        precision: str,
+        engine: str,
+        efficiency: float,
+        detail: dict[str, Any],
+    ) -> Calibration:
+        now = time.time()
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO calibrations (id, gpu, precision, engine, efficiency, detail,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (cal_id, gpu, precision, engine, efficiency, json.dumps(detail), now),
+            )
+        return Calibration(cal_id, gpu, precision, engine, efficiency, detail, now)
+
+    def calibrations(
+        self, gpu: str | None = None, precision: str | None = None
+    ) -> list[Calibration]:
+        """Newest first, optionally only one GPU's (and precision's)."""
+        where, args = [], []
+        for column, value in (("gpu", gpu), ("precision", precision)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        with self._read() as conn:
+            if conn is None:
+                return []
+            rows = conn.execute(
+                f"SELECT * FROM calibrations {clause} ORDER BY created_at DESC, rowid DESC",
+                args,
+            ).fetchall()
+        return [
+            Calibration(
+                row["id"],
+                row["gpu"],
+                row["precision"],
+                row["engine"],
+                row["efficiency"],
+                json.loads(row["detail"]),
+                row["created_at"],
+            )
+            for row in rows
+        ]
 
     def count_by_status(self) -> dict[JobStatus, int]:
         """Jobs per state (every state present, zero where none): for /metrics and /readyz."""

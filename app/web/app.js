@@ -692,6 +692,150 @@
     }, 200);
   }
 
+  // ---------- plan ----------
+  const STEP_PARTS = [
+    // [step_time key, label, colour]
+    ["matmul", "compute (matmuls)", "#2563eb"],
+    ["optimizer_step", "optimizer step", "#10b981"],
+    ["exposed_communication", "exposed communication", "#f59e0b"],
+    ["offload_transfer", "offload transfer", "#ef4444"],
+  ];
+  const PLAN_ROWS = 12;
+
+  function planBody(s) {
+    const body = {
+      model: modelSpec(s),
+      gpu: s.plan_gpu,
+      gpus: integer(s.plan_gpus, "plan_gpus"),
+      global_batch_size: integer(s.plan_global_batch, "plan_global_batch"),
+      seq_len: integer(s.plan_seq_len, "plan_seq_len"),
+      engine: s.plan_engine,
+      precision: s.precision,
+      optimizer: s.optimizer,
+    };
+    const gpn = integer(s.gpus_per_node, "gpus_per_node", { optional: true });
+    if (gpn !== undefined) body.gpus_per_node = gpn;
+    if (s.interconnect) body.interconnect = s.interconnect;
+    if (s.inter_node_interconnect) body.inter_node_interconnect = s.inter_node_interconnect;
+    return body;
+  }
+
+  const seconds = (x) => (x < 1 ? `${num(x * 1000, 1)} ms` : `${num(x, 3)} s`);
+
+  function configName(c) {
+    const parts = [`stage ${c.stage}`, `${c.micro_batch_size} × ${c.grad_accumulation_steps}`];
+    if (c.activation_checkpointing !== "none") parts.push(`ckpt ${c.activation_checkpointing}`);
+    if (c.offload !== "none") parts.push(`offload ${c.offload}`);
+    if (c.shard_group_size) parts.push(`HSDP ${c.shard_group_size}`);
+    return parts.join(", ");
+  }
+
+  function shortName(c) {
+    // the chart's row label: "#3 s3 1×32 sel opt" (stage, micro × accumulation, checkpointing, offload)
+    const ck = { none: "", selective: " sel", full: " full" }[c.activation_checkpointing] ?? ` ${c.activation_checkpointing}`;
+    const off = { none: "", optimizer: " opt→cpu", optimizer_and_params: " opt+par→cpu" }[c.offload] ?? ` ${c.offload}`;
+    return `s${c.stage} ${c.micro_batch_size}×${c.grad_accumulation_steps}${ck}${off}${c.shard_group_size ? ` hsdp${c.shard_group_size}` : ""}`;
+  }
+
+  function drawSteps(target, candidates) {
+    // One horizontal bar per candidate, stacked by step-time part, in seconds.
+    const W = 720, rowH = 26, T = 52, L = 200, R = 70, B = 30;
+    const H = T + candidates.length * rowH + B;
+    const root = frame(W, H, "Predicted step time per configuration, stacked by part, in seconds");
+    const max = Math.max(...candidates.map((c) => c.step_time_seconds), 1e-9);
+    const step = niceStep(max);
+    const xmax = Math.ceil(max / step) * step;
+    const x = (v) => L + ((W - L - R) * v) / xmax;
+    const digits = Math.max(0, -Math.floor(Math.log10(step)));
+    for (let v = 0; v <= xmax + step / 2; v += step) {
+      root.append(svg("line", { x1: x(v), x2: x(v), y1: T, y2: H - B, class: "grid" }));
+      root.append(svg("text", { x: x(v), y: H - B + 16, class: "tick", "text-anchor": "middle" }, num(v, digits)));
+    }
+    root.append(svg("text", { x: (L + W - R) / 2, y: H - 2, class: "axis", "text-anchor": "middle" }, "seconds per optimizer step"));
+    candidates.forEach((c, i) => {
+      const y0 = T + i * rowH + 4;
+      const g = svg("g", { class: "step", "data-rank": c.rank });
+      root.append(svg("text", { x: L - 8, y: y0 + 13, class: "tick", "text-anchor": "end" }, `#${c.rank} ${shortName(c.config)}`));
+      let acc = 0;
+      for (const [k, label, color] of STEP_PARTS) {
+        const v = c.step_time[k] || 0;
+        if (v <= 0) continue;
+        g.append(tip(svg("rect", { x: x(acc), y: y0, width: Math.max(x(acc + v) - x(acc), 0.5), height: 18, fill: color, "data-part": k, "data-seconds": v }), `#${c.rank} ${label}: ${seconds(v)}`));
+        acc += v;
+      }
+      root.append(g);
+      root.append(svg("text", { x: x(acc) + 6, y: y0 + 13, class: "value" }, seconds(c.step_time_seconds)));
+    });
+    legend(root, STEP_PARTS.map(([, label, color]) => [label, color]), 20, 8);
+    target.replaceChildren(root);
+  }
+
+  function planTable(resp) {
+    const cols = ["#", "configuration", "tokens/s", "step", "compute", "exposed comm", "offload", "peak", "headroom"];
+    const head = el("tr", {}, ...cols.map((t) => el("th", { text: t, scope: "col", class: t === "configuration" ? "config" : null })));
+    const rows = resp.candidates.slice(0, PLAN_ROWS).map((c) => el("tr", { "data-rank": c.rank },
+      el("th", { scope: "row", text: String(c.rank) }),
+      el("td", { class: "config", text: configName(c.config) }),
+      el("td", { "data-tokens": c.tokens_per_second, text: Math.round(c.tokens_per_second).toLocaleString("en-US") }),
+      el("td", { "data-seconds": c.step_time_seconds, text: seconds(c.step_time_seconds) }),
+      el("td", { text: seconds(c.step_time.compute), title: `matmuls ${seconds(c.step_time.matmul)} + optimizer step ${seconds(c.step_time.optimizer_step)}` }),
+      el("td", { text: seconds(c.step_time.exposed_communication), title: `all collectives: ${seconds(c.step_time.communication)}; ${c.assumptions.reason}` }),
+      el("td", { text: seconds(c.step_time.offload_transfer) }),
+      bytesCell(c.per_device.peak),
+      bytesCell(c.headroom)));
+    const table = $("#plan-table");
+    table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
+    const rejected = resp.rejected.filter((r) => r.over_by !== null);
+    const closest = rejected.length ? rejected.reduce((a, b) => (a.over_by <= b.over_by ? a : b)) : null;
+    table.append(el("caption", {
+      text: `${resp.evaluated} configurations evaluated: ${resp.candidates.length} fit, ${resp.rejected.length} rejected`
+        + (closest ? ` (closest: ${configName(closest.config)}, ${closest.reason})` : "") + ".",
+    }));
+  }
+
+  function planNote(text) {
+    const n = $("#plan-note");
+    n.textContent = text || "";
+    n.hidden = !text;
+  }
+
+  async function runPlan() {
+    planNote("");
+    let body;
+    try {
+      body = planBody(readForm());
+    } catch (e) {
+      if (!(e instanceof FormError)) throw e;
+      planNote(`${e.field}: ${e.message}`);
+      return;
+    }
+    $("#plan-start").disabled = true;
+    $("#plan-status").textContent = "planning…";
+    try {
+      const res = await post("/v1/plan", body);
+      if (res.status !== 200) {
+        $("#plan-result").hidden = true;
+        planNote(`POST /v1/plan answered ${res.status}: ${problems(res).map((p) => `${p.field || "request"}: ${p.msg}`).join("; ")}`);
+        return;
+      }
+      const resp = res.data;
+      $("#plan-status").textContent = `${resp.candidates.length} of ${resp.evaluated} configurations fit`;
+      if (!resp.candidates.length) {
+        $("#plan-result").hidden = true;
+        planNote("No configuration fits this GPU; the closest ones are listed in the API's rejected[].");
+        return;
+      }
+      drawSteps($("#plan-chart"), resp.candidates.slice(0, PLAN_ROWS));
+      planTable(resp);
+      const cal = resp.calibration;
+      $("#plan-calibration").textContent = `Efficiency ${num(cal.efficiency, 3)} of ${resp.gpu.label}'s dense peak (${num(resp.gpu.peak_flops / 1e12, 1)} TFLOP/s): ${cal.source}.`;
+      $("#plan-result").hidden = false;
+    } finally {
+      $("#plan-start").disabled = false;
+      if ($("#plan-status").textContent === "planning…") $("#plan-status").textContent = "";
+    }
+  }
+
   // ---------- measure ----------
   function fraction(progress) {
     if (typeof progress === "number") return progress > 1 ? progress / 100 : progress;
@@ -914,6 +1058,12 @@
         select.append(...links.map((l) => el("option", { value: l.name, text: `${l.name} (${num(l.bandwidth / GB, 0)} GB/s)` })));
       }
     }
+    const gpus = await fetchJson("/v1/gpus");
+    if (Array.isArray(gpus) && gpus.length) {
+      const select = form.elements.namedItem("plan_gpu");
+      select.replaceChildren(...gpus.map((g) => el("option", { value: g.name, text: `${g.name} (${g.label})` })));
+      select.value = "h100-sxm";
+    }
     fillSelect(form.elements.preset, presets.map((p) => p.name));
     writeForm(INITIAL);
     applyPreset(form.elements.preset.value);
@@ -934,6 +1084,7 @@
     });
     for (const id of ["#measure-mode", "#measure-device", "#measure-engine"]) $(id).addEventListener("change", () => syncUrl(readForm()));
     $("#measure-start").addEventListener("click", startMeasure);
+    $("#plan-start").addEventListener("click", runPlan);
     $("#measure-cancel").addEventListener("click", cancelMeasure);
     await update();
     if (query.get("job")) resumeJob(query.get("job"));

@@ -571,6 +571,60 @@ def test_measure_panel_runs_a_real_measurement(visit: Visit) -> None:
             assert (None if cell is None else int(cell)) == value, row
 
 
+def test_plan_panel_ranks_like_the_api(visit: Visit) -> None:
+    """The Plan panel draws the API's ranking: the same configurations, tokens/s and step-time
+    parts, a stacked bar per candidate."""
+    visit.open("?plan_engine=deepspeed")
+    page = visit.page
+    assert page.locator("#plan-gpu option[value=h200]").count() == 1  # filled from /v1/gpus
+    page.click("#plan-start")
+    page.wait_for_selector("#plan-result:not([hidden])", timeout=30_000)
+    body = {
+        "model": {"preset": "llama3-8b"},
+        "gpu": "h100-sxm",
+        "gpus": 8,
+        "global_batch_size": 256,
+        "seq_len": 4096,
+        "engine": "deepspeed",
+        "precision": "mixed_bf16",
+        "optimizer": "adam",
+    }
+    r = httpx.post(f"{visit.base_url}/v1/plan", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    want = r.json()["candidates"][:12]
+    rows = page.eval_on_selector_all(
+        "#plan-table tbody tr",
+        "trs => trs.map(tr => ({rank: tr.dataset.rank,"
+        " tokens: tr.querySelector('td[data-tokens]').dataset.tokens,"
+        " seconds: tr.querySelector('td[data-seconds]').dataset.seconds}))",
+    )
+    assert [int(x["rank"]) for x in rows] == [c["rank"] for c in want]
+    for got, c in zip(rows, want, strict=True):
+        assert float(got["tokens"]) == pytest.approx(c["tokens_per_second"])
+        assert float(got["seconds"]) == pytest.approx(c["step_time_seconds"])
+    # one stacked bar per candidate; its parts are the API's split
+    bars = page.eval_on_selector_all(
+        "#plan-chart svg g.step",
+        "gs => gs.map(g => ({rank: g.dataset.rank, parts: [...g.querySelectorAll('rect')]"
+        ".map(r => [r.dataset.part, Number(r.dataset.seconds)])}))",
+    )
+    assert len(bars) == len(want)
+    for bar, c in zip(bars, want, strict=True):
+        assert int(bar["rank"]) == c["rank"]
+        for part, secs in bar["parts"]:
+            assert secs == pytest.approx(c["step_time"][part])
+        assert sum(secs for _, secs in bar["parts"]) == pytest.approx(c["step_time_seconds"])
+    assert "efficiency" in page.locator("#plan-calibration").inner_text().lower()
+    assert "configurations evaluated" in page.locator("#plan-table caption").inner_text()
+
+
+def test_plan_panel_names_a_refused_field(visit: Visit) -> None:
+    visit.open("?plan_global_batch=7")
+    visit.page.click("#plan-start")
+    visit.page.wait_for_selector("#plan-note:not([hidden])", timeout=30_000)
+    assert "global_batch_size" in visit.page.locator("#plan-note").inner_text()
+
+
 def test_no_request_leaves_the_origin(visit: Visit) -> None:
     visit.open()
     visit.change(lambda page: page.fill("input[name=dp]", "32"))

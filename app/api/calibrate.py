@@ -1,0 +1,102 @@
+"""A stored measurement in, a calibration out: the efficiency the measured step implies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.api.convert import resolve_model
+from app.jobs.store import Job, JobStatus
+from app.schemas.model import ModelSpec
+from calculators.batch import Checkpointing
+from calculators.communication import Network
+from calculators.conventions import Engine, Optimizer, Precision, Stage
+from calculators.errors import InputError
+from calculators.gpus import Gpu, gpu_for_device_name
+from calculators.interconnects import get_interconnect
+from calculators.plan import Calibration, Config, OffloadChoice, PlanSetup, calibrate
+
+FIELD = "measurement_id"
+# measure.runner's defaults when a request gives no batch
+DEFAULT_MICRO_BATCH = 1
+DEFAULT_SEQ_LEN = 512
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """What a calibration is computed from."""
+
+    gpu: Gpu
+    device_name: str
+    precision: Precision
+    engine: Engine
+    stage: Stage
+    measured_seconds: float
+    calibration: Calibration
+
+
+def _offload(body: Any) -> OffloadChoice:
+    body = body if isinstance(body, dict) else {}
+    optimizer, params = body.get("optimizer") or "none", body.get("params") or "none"
+    if "nvme" in (optimizer, params):
+        raise InputError(FIELD, "the measurement offloads to NVMe: the planner models CPU only")
+    if params == "cpu":
+        return OffloadChoice.OPTIMIZER_AND_PARAMS
+    return OffloadChoice.OPTIMIZER if optimizer == "cpu" else OffloadChoice.NONE
+
+
+def measured_run(job: Job, stage: int | None) -> MeasuredRun:
+    """The calibration a succeeded measure job implies for one of its runs."""
+    if job.status is not JobStatus.SUCCEEDED or not job.result:
+        raise InputError(FIELD, f"the job is {job.status.value}; only a succeeded one calibrates")
+    result, req = job.result, job.request
+    env = result.get("environment") or {}
+    if env.get("device_type") != "cuda":
+        raise InputError(FIELD, "the job ran on the CPU: a calibration needs a GPU measurement")
+    device_name = str(env.get("device_name") or "")
+    gpu = gpu_for_device_name(device_name)
+    if gpu is None:
+        raise InputError(FIELD, f"no GPU preset matches the measured device {device_name!r}")
+    runs = [r for r in result.get("runs") or [] if stage is None or r.get("stage") == stage]
+    if not runs:
+        raise InputError("stage", f"the job has no run of stage {stage}")
+    run = runs[0]
+    seconds = run.get("step_time_s")
+    if not isinstance(seconds, int | float) or seconds <= 0:
+        raise InputError(FIELD, "the run has no step time (measured with steps = 0?)")
+    try:
+        params, arch = resolve_model(ModelSpec(**req.get("model") or {}))
+    except ValidationError:
+        arch = None
+    if arch is None:
+        raise InputError(FIELD, "the measured model is not a decoder the planner can count")
+    batch = req.get("batch") or {}
+    micro = int(batch.get("micro_batch_size") or DEFAULT_MICRO_BATCH)
+    seq = int(batch.get("seq_len") or min(DEFAULT_SEQ_LEN, arch.max_seq_len or DEFAULT_SEQ_LEN))
+    ga = int(batch.get("grad_accumulation_steps") or 1)
+    ckpt = Checkpointing(batch.get("activation_checkpointing") or "none")
+    world = int(run.get("world_size") or req.get("dp") or 1)
+    engine = Engine(req.get("engine") or "torch")
+    precision = Precision(req.get("precision") or "mixed_bf16")
+    setup = PlanSetup(
+        architecture=arch,
+        params=params,
+        gpu=gpu,
+        gpus=world,
+        gpus_per_node=world,  # measure's distributed mode runs on one host
+        network=Network(
+            intra=get_interconnect(gpu.intra_node_link, "gpu"),
+            host=get_interconnect(gpu.host_link, "gpu"),
+        ),
+        global_batch_size=micro * ga * world,
+        seq_len=seq,
+        engine=engine,
+        engine_config=req.get("engine_config"),
+        precision=precision,
+        optimizer=Optimizer(req.get("optimizer") or "adam"),
+    )
+    config = Config(Stage(run["stage"]), micro, ga, ckpt, _offload(req.get("offload")))
+    cal = calibrate(setup, config, float(seconds), communicated=run.get("mode") != "simulated")
+    return MeasuredRun(gpu, device_name, precision, engine, config.stage, float(seconds), cal)

@@ -1,0 +1,311 @@
+"""POST /v1/plan and /v1/calibrations: request and response."""
+
+from __future__ import annotations
+
+from typing import Annotated, Self
+
+from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator, model_validator
+
+from app.schemas.common import Degree, DeviceBytes, JsonObject, StrictModel
+from app.schemas.communication import LinkIn
+from app.schemas.memory import HostMemory, PerDevice, StageNumber
+from app.schemas.model import ModelSpec
+from calculators.batch import Checkpointing
+from calculators.conventions import Engine, Optimizer, Precision
+from calculators.interconnects import DEFAULT_INTER_NODE
+from calculators.plan import OffloadChoice
+
+GpuName = Annotated[str, Field(max_length=32, description="A GPU preset name (GET /v1/gpus).")]
+
+
+class GpuIn(StrictModel):
+    """A GPU given by its figures."""
+
+    memory: Annotated[DeviceBytes, Field(description="Device memory, bytes.")]
+    peak_flops: Annotated[
+        float,
+        Field(gt=0, le=1e18, description="Dense FLOP/s its training matmuls run at (BF16)."),
+    ]
+    memory_bandwidth: Annotated[
+        StrictInt | None,
+        Field(ge=1, le=10**15, description="Device memory bytes/s (optimizer step time)."),
+    ] = None
+    name: Annotated[
+        str | None,
+        Field(
+            max_length=64,
+            description="A name to match stored calibrations against (e.g. a preset name).",
+        ),
+    ] = None
+
+
+def _unique(values: list[object]) -> list[object]:
+    if len(set(values)) != len(values):
+        raise ValueError("each value may appear once")
+    return values
+
+
+class SearchIn(StrictModel):
+    """What may vary; each list is tried in full (their product is evaluated)."""
+
+    stages: Annotated[
+        list[StageNumber], Field(min_length=1, max_length=4, description="ZeRO stages, 0 to 3.")
+    ] = [0, 1, 2, 3]
+    micro_batch_size: Annotated[
+        list[Annotated[StrictInt, Field(ge=1, le=65536)]] | None,
+        Field(
+            max_length=32,
+            description="Sequences per micro-batch; null = every power of two dividing the "
+            "per-GPU batch (global_batch_size / gpus). Gradient accumulation makes up the rest.",
+        ),
+    ] = None
+    activation_checkpointing: Annotated[list[Checkpointing], Field(min_length=1, max_length=3)] = (
+        Field(
+            default_factory=lambda: list(Checkpointing),
+            description="none, selective (attention core recomputed), full (every block).",
+        )
+    )
+    offload: Annotated[list[OffloadChoice], Field(min_length=1, max_length=3)] = Field(
+        default_factory=lambda: list(OffloadChoice),
+        description="none, optimizer (CPU; stage >= 1), optimizer_and_params (CPU; stage 3). "
+        "The torch engines run without offload: they try none only.",
+    )
+    hsdp: StrictBool = Field(
+        True,
+        description="Also try stage 3 sharded within a node and replicated across nodes (FSDP2 "
+        "HYBRID_SHARD; engine torch: DeepSpeed 0.19.8 removed MiCS); only with more than one "
+        "node.",
+    )
+
+    @field_validator("stages", "micro_batch_size", "activation_checkpointing", "offload")
+    @classmethod
+    def unique(cls, values: list[object] | None) -> list[object] | None:
+        return None if values is None else _unique(values)
+
+
+class PlanRequest(StrictModel):
+    """Which ZeRO configuration to run on these GPUs, ranked by predicted throughput."""
+
+    model: ModelSpec = Field(
+        description="The model: architecture, preset or hf_config (a plan needs the shape)."
+    )
+    gpu: GpuName | GpuIn = Field(description='A GPU preset name or {"memory", "peak_flops"}.')
+    gpus: Annotated[Degree, Field(description="GPUs in all (the data-parallel degree).")]
+    gpus_per_node: Annotated[
+        StrictInt | None,
+        Field(ge=1, le=1024, description="GPUs per host; default 8 when gpus divides by 8."),
+    ] = None
+    interconnect: LinkIn | None = Field(
+        None,
+        description="Link between GPUs of one node: an interconnect preset or "
+        '{"bandwidth", "latency"}; default the GPU\'s own (NVLink or PCIe).',
+    )
+    inter_node_interconnect: LinkIn = Field(
+        DEFAULT_INTER_NODE, description="One network adapter between nodes: preset or numbers."
+    )
+    host_interconnect: LinkIn | None = Field(
+        None, description="Device-host link for offload traffic; default the GPU's PCIe."
+    )
+    global_batch_size: Annotated[
+        StrictInt, Field(ge=1, le=2**24, description="Sequences per optimizer step, all GPUs.")
+    ]
+    seq_len: Annotated[StrictInt, Field(ge=1, le=1_048_576, description="Tokens per sequence.")]
+    engine: Engine = Field(Engine.TORCH, description="torch or deepspeed.")
+    engine_config: Annotated[
+        JsonObject | None,
+        Field(
+            description="Engine knobs (a DeepSpeed config body for deepspeed); stage, offload, "
+            "micro-batch and accumulation are set by the search."
+        ),
+    ] = None
+    precision: Precision = Field(Precision.MIXED_BF16, description="Training precision.")
+    optimizer: Optimizer = Field(Optimizer.ADAM, description="Optimizer.")
+    search: SearchIn = Field(default_factory=SearchIn, description="What may vary.")
+    efficiency: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=1,
+            description="Fraction of the peak the matmuls reach; null = a stored calibration "
+            "for this GPU and precision, else the stated default.",
+        ),
+    ] = None
+
+
+class ConfigOut(BaseModel):
+    """One configuration."""
+
+    stage: int
+    micro_batch_size: int
+    grad_accumulation_steps: int
+    activation_checkpointing: Checkpointing
+    offload: OffloadChoice
+    shard_group_size: int | None = Field(
+        description="HSDP / MiCS shard group; null = sharded over all GPUs."
+    )
+
+
+class StepTimeOut(BaseModel):
+    """Seconds per optimizer step; compute + exposed_communication + offload_transfer =
+    step_time_seconds."""
+
+    compute: float = Field(description="matmul + optimizer_step.")
+    matmul: float = Field(description="Forward, backward and recomputation matmuls.")
+    recompute: float = Field(description="Part of matmul that checkpointing repeats.")
+    optimizer_step: float = Field(description="The element-wise optimizer update.")
+    exposed_communication: float = Field(description="Collective time not hidden by compute.")
+    communication: float = Field(description="All collective time, hidden or not.")
+    offload_transfer: float = Field(description="Device-host copies of offloaded states.")
+
+
+class OverlapOut(BaseModel):
+    """Which phases' collectives run behind compute."""
+
+    forward: bool
+    backward: bool
+    step: bool
+    reason: str
+
+
+class CandidateOut(BaseModel):
+    rank: int = Field(description="1 = the fastest.")
+    config: ConfigOut
+    tokens_per_second: float = Field(description="All GPUs together.")
+    step_time_seconds: float
+    step_time: StepTimeOut
+    per_device: PerDevice
+    headroom: int = Field(description="Usable device bytes left above the peak.")
+    cpu: HostMemory
+    sent_bytes_per_rank: int
+    assumptions: OverlapOut = Field(description="This candidate's overlap assumptions.")
+
+
+class RejectedOut(BaseModel):
+    config: ConfigOut
+    reason: str
+    peak: int | None = Field(description="Predicted peak bytes (null: not estimated, see reason).")
+    over_by: int | None = Field(description="Bytes above the usable memory (null: see reason).")
+
+
+class CalibrationUsed(BaseModel):
+    """Which stored measurement set the efficiency, or the stated default."""
+
+    efficiency: float
+    source: str
+    calibration_id: str | None = Field(
+        description="The stored calibration used; null when none matched (see source)."
+    )
+
+
+class GpuOut(BaseModel):
+    name: str
+    label: str
+    memory: int
+    peak_flops: float = Field(description="Dense FLOP/s at the plan's precision.")
+    memory_bandwidth: int
+    source: str
+
+
+class PlanAssumptions(BaseModel):
+    """Every figure the plan assumes rather than derives."""
+
+    efficiency: float
+    efficiency_source: str
+    peak_flops: float
+    peak_flops_source: str
+    causal_attention_fraction: float = Field(
+        description="Share of the s × s attention products a causal kernel computes."
+    )
+    attention_backward_factor: float = Field(description="Attention backward / forward FLOPs.")
+    context_reserve: int = Field(description="Device bytes outside the allocator.")
+    allocator_margin: float = Field(description="Fraction kept free for allocator rounding.")
+    usable_memory: int = Field(description="(memory − context_reserve) × (1 − allocator_margin).")
+    host_optimizer_bandwidth: float = Field(description="Host bytes/s of one rank's CPU optimizer.")
+    offload_transfer_overlapped: bool
+    compute_slowdown_from_overlap: float = Field(
+        description="Compute slowdown while collectives share the GPU (not modelled: 0)."
+    )
+    notes: list[str]
+
+
+class PlanResponse(BaseModel):
+    params: int
+    gpu: GpuOut
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    global_batch_size: int
+    seq_len: int
+    tokens_per_step: int
+    engine: Engine
+    candidates: list[CandidateOut] = Field(description="Configurations that fit, fastest first.")
+    rejected: list[RejectedOut]
+    calibration: CalibrationUsed
+    assumptions: PlanAssumptions
+    evaluated: int = Field(description="Configurations evaluated.")
+
+
+class CalibrationRequest(StrictModel):
+    """Store a compute efficiency for a GPU: from a measured run, or one measured elsewhere."""
+
+    measurement_id: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=64,
+            description="A succeeded /v1/measure job on a GPU: its step time sets the efficiency.",
+        ),
+    ] = None
+    stage: Annotated[
+        StageNumber | None,
+        Field(description="Which run of the job (its ZeRO stage); null = the first."),
+    ] = None
+    gpu: GpuName | None = Field(
+        None, description="With efficiency: the GPU preset it was measured on."
+    )
+    precision: Precision = Field(
+        Precision.MIXED_BF16, description="With efficiency: the precision it was measured at."
+    )
+    engine: Engine = Field(Engine.TORCH, description="With efficiency: the engine that ran.")
+    efficiency: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=1,
+            description="Model-FLOPs utilisation measured elsewhere (e.g. your training logs).",
+        ),
+    ] = None
+    source: Annotated[str, Field(max_length=200, description="Where the figure comes from.")] = (
+        "given by the request"
+    )
+
+    @model_validator(mode="after")
+    def one_source(self) -> Self:
+        if (self.measurement_id is None) == (self.efficiency is None):
+            raise ValueError("give measurement_id, or efficiency with gpu (not both)")
+        if self.efficiency is not None and self.gpu is None:
+            raise ValueError("efficiency needs the gpu it was measured on")
+        return self
+
+
+class CalibrationPublic(BaseModel):
+    id: str
+    gpu: str = Field(description="GPU preset name the efficiency was measured on.")
+    device_name: str = Field(description="What the device called itself (or the preset label).")
+    precision: Precision
+    engine: Engine
+    efficiency: float = Field(description="Fraction of the dense peak the matmuls reached.")
+    measurement_id: str | None = Field(description="The measure job (null: see note).")
+    stage: int | None = Field(description="The run's ZeRO stage (null: see note).")
+    measured_step_time_seconds: float | None = Field(description="null: see note.")
+    predicted_other_seconds: float | None = Field(
+        description="Predicted exposed communication, optimizer step and offload taken off the "
+        "measured step (null: see note)."
+    )
+    note: str = Field(description="Where the efficiency comes from.")
+    created_at: float
+
+
+class CalibrationsPublic(BaseModel):
+    data: list[CalibrationPublic]
+    count: int

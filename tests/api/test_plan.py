@@ -1,0 +1,300 @@
+"""POST /v1/plan, GET /v1/gpus and /v1/calibrations from the outside."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api.examples import PLAN_EXAMPLES
+from app.jobs.store import JobStatus
+from calculators.architecture import count_params
+from calculators.batch import Checkpointing
+from calculators.communication import Network
+from calculators.conventions import Engine, Stage
+from calculators.gpus import get_gpu
+from calculators.plan import Config, Efficiency, OffloadChoice, PlanSetup, predict
+from tests.api.fakes import fake_runner
+
+GPT = {
+    "layers": 4,
+    "hidden": 256,
+    "heads": 8,
+    "vocab_size": 1000,
+    "max_seq_len": 512,
+}
+SMALL = {
+    "model": {"architecture": GPT},
+    "gpu": "l4",
+    "gpus": 2,
+    "global_batch_size": 8,
+    "seq_len": 512,
+}
+
+
+@pytest.fixture
+def isolated() -> Iterator[TestClient]:
+    """A client whose store lives in a throw-away folder."""
+    from app.main import app
+
+    with fake_runner(app), TestClient(app) as c:
+        yield c
+
+
+def post(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
+    r = client.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("name", list(PLAN_EXAMPLES))
+def test_swagger_examples_answer(client: TestClient, name: str) -> None:
+    body = post(client, PLAN_EXAMPLES[name]["value"])
+    assert body["candidates"], "the example should have a configuration that fits"
+    speeds = [c["tokens_per_second"] for c in body["candidates"]]
+    assert speeds == sorted(speeds, reverse=True)
+    assert [c["rank"] for c in body["candidates"]] == list(range(1, len(speeds) + 1))
+    assert len(body["candidates"]) + len(body["rejected"]) == body["evaluated"]
+
+
+def test_llama3_8b_on_8_h100(isolated: TestClient) -> None:
+    body = post(isolated, PLAN_EXAMPLES["llama3_8b_on_8_h100"]["value"])
+    assert body["gpu"]["name"] == "h100-sxm"
+    assert body["tokens_per_step"] == 256 * 4096
+    best = body["candidates"][0]
+    split = best["step_time"]
+    parts = split["compute"] + split["exposed_communication"] + split["offload_transfer"]
+    assert split["compute"] == pytest.approx(split["matmul"] + split["optimizer_step"])
+    assert best["step_time_seconds"] == pytest.approx(parts)
+    assert best["per_device"]["peak"] + best["headroom"] == body["assumptions"]["usable_memory"]
+    assert best["config"]["stage"] >= 1  # 8B parameters at 16 B each do not fit stage 0
+    assert best["assumptions"]["reason"]
+    # every assumption named, the efficiency's source stated
+    a = body["assumptions"]
+    assert a["efficiency"] == body["calibration"]["efficiency"] == 0.4
+    assert "Llama 3" in a["efficiency_source"] and body["calibration"]["calibration_id"] is None
+    assert a["peak_flops"] == pytest.approx(989.5e12)
+    rejected = [r for r in body["rejected"] if r["config"]["stage"] == 0]
+    assert rejected and all("does not fit" in r["reason"] for r in rejected)
+    assert all(r["over_by"] > 0 for r in rejected)
+
+
+def test_custom_gpu_and_a_narrow_search(client: TestClient) -> None:
+    body = post(
+        client,
+        {
+            **SMALL,
+            "gpu": {"memory": 8 * 2**30, "peak_flops": 1e14, "memory_bandwidth": 10**12},
+            "search": {
+                "stages": [2, 3],
+                "micro_batch_size": [1, 4],
+                "activation_checkpointing": ["none"],
+            },
+        },
+    )
+    assert body["evaluated"] == 2 * 2
+    assert body["gpu"]["name"] == "custom" and body["gpu"]["peak_flops"] == 1e14
+    assert {
+        (c["config"]["stage"], c["config"]["micro_batch_size"]) for c in body["candidates"]
+    } == {
+        (2, 1),
+        (2, 4),
+        (3, 1),
+        (3, 4),
+    }
+    for c in body["candidates"]:
+        assert c["config"]["grad_accumulation_steps"] * c["config"]["micro_batch_size"] == 4
+
+
+def test_efficiency_from_the_request(client: TestClient) -> None:
+    a = post(client, {**SMALL, "efficiency": 0.2})
+    b = post(client, {**SMALL, "efficiency": 0.4})
+    assert a["calibration"]["source"] == "given by the request"
+    key = lambda c: json.dumps(c["config"], sort_keys=True)  # noqa: E731
+    matmul_a = {key(c): c["step_time"]["matmul"] for c in a["candidates"]}
+    for c in b["candidates"]:
+        assert matmul_a[key(c)] == pytest.approx(2 * c["step_time"]["matmul"])
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"model": {"params": 1_000_000}}, "model"),
+        ({"gpu": "h999"}, "gpu"),
+        ({"global_batch_size": 7}, "global_batch_size"),
+        ({"engine": "paper"}, "engine"),
+        ({"interconnect": "warp"}, "interconnect"),
+        ({"search": {"micro_batch_size": [3]}}, "search.micro_batch_size"),
+        ({"search": {"stages": [1, 1]}}, "search.stages"),
+        ({"search": {"sizes": [1]}}, "search.sizes"),
+        ({"gpus_per_node": 3}, "gpus_per_node"),
+    ],
+)
+def test_bad_input_names_the_field(client: TestClient, change: dict[str, Any], field: str) -> None:
+    r = client.post("/v1/plan", json={**SMALL, **change})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["field"] == field
+
+
+def test_nan_efficiency_is_a_422(client: TestClient) -> None:
+    r = client.post(
+        "/v1/plan",
+        content=json.dumps({**SMALL, "efficiency": float("nan")}),
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["field"] == "efficiency"
+
+
+def test_gpu_presets_listed(client: TestClient) -> None:
+    r = client.get("/v1/gpus")
+    assert r.status_code == 200
+    by_name = {g["name"]: g for g in r.json()}
+    assert {"h100-sxm", "h200", "a100-40gb", "a100-80gb", "l40s"} <= set(by_name)
+    assert by_name["a100-80gb"]["peak_flops_16bit"] == 312e12
+    assert "datasheet" in by_name["h200"]["source"]
+
+
+def _store_measurement(client: TestClient, step_time: float, device: str = "cuda") -> str:
+    """A succeeded 2-GPU measure job, as the runner would have stored it."""
+    store = client.app.state.jobs.store  # type: ignore[attr-defined]
+    request = {
+        "model": {"architecture": GPT},
+        "dp": 2,
+        "stages": [2],
+        "precision": "mixed_bf16",
+        "engine": "torch",
+        "batch": {"micro_batch_size": 2, "seq_len": 512},
+    }
+    job = store.create("job-1", request, "runner", 60.0)
+    store.start(job.id)
+    result = {
+        "environment": {"device_type": device, "device_name": "NVIDIA L4"},
+        "runs": [
+            {"stage": 2, "step_time_s": step_time, "world_size": 2, "mode": "distributed"},
+        ],
+    }
+    store.finish(job.id, JobStatus.SUCCEEDED, result=json.dumps(result))
+    return str(job.id)
+
+
+def _predicted_step(efficiency: float) -> float:
+    from calculators.architecture import Architecture
+
+    arch = Architecture(**GPT)  # type: ignore[arg-type]
+    gpu = get_gpu("l4")
+    from calculators.interconnects import PRESETS
+
+    setup = PlanSetup(
+        architecture=arch,
+        params=count_params(arch),
+        gpu=gpu,
+        gpus=2,
+        gpus_per_node=2,
+        network=Network(intra=PRESETS[gpu.intra_node_link], host=PRESETS[gpu.host_link]),
+        global_batch_size=4,
+        seq_len=512,
+        efficiency=Efficiency(efficiency, "test"),
+    )
+    config = Config(Stage.GRADIENTS, 2, 1, Checkpointing.NONE, OffloadChoice.NONE)
+    return predict(setup, config)[1].total
+
+
+def test_calibration_from_a_measurement_is_stored_and_used(isolated: TestClient) -> None:
+    assert isolated.get("/v1/calibrations").json() == {"data": [], "count": 0}
+    job_id = _store_measurement(isolated, _predicted_step(0.17))
+    r = isolated.post("/v1/calibrations", json={"measurement_id": job_id})
+    assert r.status_code == 201, r.text
+    cal = r.json()
+    assert cal["gpu"] == "l4" and cal["device_name"] == "NVIDIA L4"
+    assert cal["efficiency"] == pytest.approx(0.17, rel=1e-6)
+    assert cal["measurement_id"] == job_id and cal["stage"] == 2
+    listed = isolated.get("/v1/calibrations").json()
+    assert listed["count"] == 1 and listed["data"][0]["id"] == cal["id"]
+
+    body = post(isolated, SMALL)  # l4, mixed_bf16: the calibration applies
+    assert body["calibration"]["calibration_id"] == cal["id"]
+    assert body["calibration"]["efficiency"] == pytest.approx(0.17, rel=1e-6)
+    assert cal["id"] in body["assumptions"]["efficiency_source"]
+    other = post(isolated, {**SMALL, "gpu": "l40s"})  # another GPU: the stated default
+    assert other["calibration"]["calibration_id"] is None
+    fp32 = post(isolated, {**SMALL, "precision": "fp32"})  # another precision: the default
+    assert fp32["calibration"]["calibration_id"] is None
+
+
+def test_calibration_refuses_a_cpu_measurement(isolated: TestClient) -> None:
+    job_id = _store_measurement(isolated, 1.0, device="cpu")
+    r = isolated.post("/v1/calibrations", json={"measurement_id": job_id})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["field"] == "measurement_id"
+    assert "GPU" in r.json()["detail"][0]["msg"]
+
+
+def test_calibration_refuses_a_step_shorter_than_its_communication(isolated: TestClient) -> None:
+    job_id = _store_measurement(isolated, 1e-9)
+    r = isolated.post("/v1/calibrations", json={"measurement_id": job_id})
+    assert r.status_code == 422
+    assert "nothing left for compute" in r.json()["detail"][0]["msg"]
+
+
+def test_calibration_of_an_unknown_job_is_a_404(isolated: TestClient) -> None:
+    r = isolated.post("/v1/calibrations", json={"measurement_id": "nope"})
+    assert r.status_code == 404
+    assert r.json()["detail"][0]["field"] == "measurement_id"
+
+
+def test_calibration_of_a_missing_stage(isolated: TestClient) -> None:
+    job_id = _store_measurement(isolated, 1.0)
+    r = isolated.post("/v1/calibrations", json={"measurement_id": job_id, "stage": 3})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["field"] == "stage"
+
+
+def test_openapi_carries_the_example(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    body = spec["paths"]["/v1/plan"]["post"]["requestBody"]["content"]["application/json"]
+    assert "llama3_8b_on_8_h100" in body["examples"]
+    assert Engine.DEEPSPEED.value == body["examples"]["llama3_8b_on_8_h100"]["value"]["engine"]
+
+
+def test_a_given_efficiency_is_stored_and_used(isolated: TestClient) -> None:
+    r = isolated.post(
+        "/v1/calibrations",
+        json={"gpu": "l4", "efficiency": 0.31, "engine": "torch", "source": "our logs"},
+    )
+    assert r.status_code == 201, r.text
+    cal = r.json()
+    assert cal["measurement_id"] is None and cal["stage"] is None
+    assert "given by the request" in cal["note"] and "our logs" in cal["note"]
+    body = post(isolated, SMALL)
+    assert body["calibration"]["calibration_id"] == cal["id"]
+    assert body["calibration"]["efficiency"] == 0.31
+    # a calibration of the same GPU by the planned engine wins over another engine's
+    r = isolated.post(
+        "/v1/calibrations",
+        json={"gpu": "l4", "efficiency": 0.5, "engine": "deepspeed", "source": "other"},
+    )
+    assert r.status_code == 201
+    assert post(isolated, SMALL)["calibration"]["efficiency"] == 0.31
+    assert post(isolated, {**SMALL, "engine": "deepspeed"})["calibration"]["efficiency"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"gpu": "l4"}, "body"),
+        ({"efficiency": 0.3}, "body"),
+        ({"measurement_id": "x", "gpu": "l4", "efficiency": 0.3}, "body"),
+        ({"gpu": "nope", "efficiency": 0.3}, "gpu"),
+        ({"gpu": "l4", "efficiency": 1.5}, "efficiency"),
+    ],
+)
+def test_bad_calibrations_name_the_field(
+    isolated: TestClient, body: dict[str, Any], field: str
+) -> None:
+    r = isolated.post("/v1/calibrations", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["field"] == field

@@ -1,0 +1,252 @@
+"""The planner: what it evaluates, what it keeps, how it ranks, and what it assumes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+
+import pytest
+
+from calculators.architecture import count_params
+from calculators.batch import Checkpointing
+from calculators.communication import Network, Phase
+from calculators.conventions import Engine, Precision, Stage
+from calculators.errors import InputError
+from calculators.gpus import PRESETS, get_gpu, gpu_for_device_name
+from calculators.plan import (
+    Config,
+    Efficiency,
+    OffloadChoice,
+    PlanSetup,
+    Search,
+    _Evaluator,
+    calibrate,
+    configs,
+    plan,
+    predict,
+)
+from calculators.presets import get_preset
+
+
+def setup(engine: Engine = Engine.TORCH, **kw: object) -> PlanSetup:
+    arch = get_preset(str(kw.pop("preset", "llama3-8b"))).architecture
+    base = PlanSetup(
+        architecture=arch,
+        params=count_params(arch),
+        gpu=get_gpu("h100-sxm"),
+        gpus=8,
+        gpus_per_node=8,
+        network=Network(),
+        global_batch_size=256,
+        seq_len=4096,
+        engine=engine,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+@cache
+def llama_plan(engine: Engine) -> object:
+    return plan(setup(engine))
+
+
+@pytest.mark.parametrize("engine", [Engine.TORCH, Engine.DEEPSPEED])
+def test_evaluates_exactly_the_search_space(engine: Engine) -> None:
+    p = llama_plan(engine)
+    micro = 6  # 1, 2, 4, 8, 16, 32 divide 256 / 8
+    ckpt = 3
+    # offload choices per stage: torch none only; deepspeed 1 / 2 / 2 / 3 for stages 0-3
+    offloads = 4 if engine is Engine.TORCH else 1 + 2 + 2 + 3
+    assert p.evaluated == micro * ckpt * offloads  # type: ignore[attr-defined]
+    assert len(p.candidates) + len(p.rejected) == p.evaluated  # type: ignore[attr-defined]
+    # communication is asked twice (1 and 2 micro-steps) per stage and offload, at most
+    assert p.communication_evaluations <= 2 * offloads  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("engine", [Engine.TORCH, Engine.DEEPSPEED])
+def test_candidates_fit_and_are_ranked(engine: Engine) -> None:
+    p = llama_plan(engine)
+    s = p.setup  # type: ignore[attr-defined]
+    usable = s.usable_memory
+    assert p.candidates  # type: ignore[attr-defined]
+    speeds = [c.tokens_per_second for c in p.candidates]  # type: ignore[attr-defined]
+    assert speeds == sorted(speeds, reverse=True)
+    for c in p.candidates:  # type: ignore[attr-defined]
+        assert c.memory.peak is not None and c.memory.peak <= usable
+        assert c.headroom == usable - c.memory.peak
+        st = c.step
+        assert st.total == pytest.approx(
+            st.compute + st.optimizer_step + st.exposed_communication + st.offload_transfer
+        )
+        assert 0 <= st.exposed_communication <= st.communication + 1e-12
+        assert c.tokens_per_second == pytest.approx(256 * 4096 / st.total)
+    for r in p.rejected:  # type: ignore[attr-defined]
+        assert r.peak is not None and r.over_by == r.peak - usable > 0
+        assert "does not fit" in r.reason and "GiB" in r.reason
+
+
+def test_stage_0_of_an_8b_model_never_fits_80_gb() -> None:
+    p = llama_plan(Engine.TORCH)
+    assert all(c.config.stage > Stage.NONE for c in p.candidates)  # type: ignore[attr-defined]
+    # 16 B/param of model states alone is 128 GB
+    assert any(r.config.stage is Stage.NONE for r in p.rejected)  # type: ignore[attr-defined]
+
+
+def test_torch_engine_tries_no_offload() -> None:
+    assert {c.offload for c in configs(setup())} == {OffloadChoice.NONE}
+
+
+def test_deepspeed_offload_only_where_the_stage_allows_it() -> None:
+    for c in configs(setup(Engine.DEEPSPEED)):
+        if c.offload is OffloadChoice.OPTIMIZER:
+            assert c.stage >= Stage.OPTIMIZER
+        if c.offload is OffloadChoice.OPTIMIZER_AND_PARAMS:
+            assert c.stage is Stage.PARAMETERS
+
+
+def test_more_memory_fits_at_least_as_much() -> None:
+    small = plan(setup(search=Search(activation_checkpointing=(Checkpointing.NONE,))))
+    big = plan(
+        setup(gpu=get_gpu("h200"), search=Search(activation_checkpointing=(Checkpointing.NONE,)))
+    )
+    fit_small = {c.config for c in small.candidates}
+    fit_big = {c.config for c in big.candidates}
+    assert fit_small < fit_big
+
+
+def test_checkpointing_costs_compute_only() -> None:
+    ev = _Evaluator(setup())
+    base = Config(Stage.PARAMETERS, 2, 16, Checkpointing.NONE, OffloadChoice.NONE)
+    steps = {
+        ck: ev.step_time(replace(base, activation_checkpointing=ck))[0] for ck in Checkpointing
+    }
+    none, sel, full = (
+        steps[Checkpointing.NONE],
+        steps[Checkpointing.SELECTIVE],
+        steps[Checkpointing.FULL],
+    )
+    assert none.recompute == 0 < sel.recompute < full.recompute
+    assert none.compute < sel.compute < full.compute
+    assert none.communication == sel.communication == full.communication
+
+
+def test_efficiency_scales_compute() -> None:
+    c = Config(Stage.GRADIENTS, 4, 8, Checkpointing.FULL, OffloadChoice.NONE)
+    _, a, _ = predict(setup(efficiency=Efficiency(0.2, "test")), c)
+    _, b, _ = predict(setup(efficiency=Efficiency(0.4, "test")), c)
+    assert a.compute == pytest.approx(2 * b.compute)
+
+
+@pytest.mark.parametrize("stage", [Stage.GRADIENTS, Stage.PARAMETERS])
+@pytest.mark.parametrize("micro_steps", [1, 3, 8, 32])
+def test_communication_is_linear_in_micro_steps(stage: Stage, micro_steps: int) -> None:
+    """The planner asks the communication model at 1 and 2 micro-steps and extrapolates."""
+    for engine in (Engine.TORCH, Engine.DEEPSPEED):
+        ev = _Evaluator(setup(engine))
+        c = Config(stage, 1, micro_steps, Checkpointing.NONE, OffloadChoice.NONE)
+        direct = ev.stage_communication(c, micro_steps)
+        profile = ev.communication(c)
+        for phase in Phase:
+            want = sum(x.time_seconds for x in direct.collectives if x.collective.phase is phase)
+            assert profile.phases[phase].total(micro_steps) == pytest.approx(want, rel=1e-9)
+
+
+def test_deepspeed_overlap_comm_hides_stage_2_reductions() -> None:
+    c = Config(Stage.GRADIENTS, 1, 32, Checkpointing.NONE, OffloadChoice.NONE)
+    _, off, ov_off = predict(setup(Engine.DEEPSPEED), c)
+    config = {"zero_optimization": {"overlap_comm": True}}
+    _, on, ov_on = predict(setup(Engine.DEEPSPEED, engine_config=config), c)
+    assert not ov_off.backward and ov_on.backward
+    assert off.exposed_communication == pytest.approx(off.communication)
+    assert on.exposed_communication < off.exposed_communication
+
+
+def test_offload_adds_host_traffic_and_a_cpu_optimizer() -> None:
+    none = Config(Stage.GRADIENTS, 1, 32, Checkpointing.NONE, OffloadChoice.NONE)
+    _, a, _ = predict(setup(Engine.DEEPSPEED), none)
+    _, b, _ = predict(setup(Engine.DEEPSPEED), replace(none, offload=OffloadChoice.OPTIMIZER))
+    assert a.offload_transfer == 0 < b.offload_transfer
+    assert b.optimizer_step > a.optimizer_step
+
+
+def test_hsdp_only_across_nodes_and_at_stage_3() -> None:
+    one_node = configs(setup())
+    assert all(c.shard_group_size is None for c in one_node)
+    two = setup(gpus=16, gpus_per_node=8, global_batch_size=256)
+    hsdp = [c for c in configs(two) if c.shard_group_size is not None]
+    assert hsdp and all(c.stage is Stage.PARAMETERS and c.shard_group_size == 8 for c in hsdp)
+    # DeepSpeed 0.19.8 has no shard groups (MiCS removed): none tried, and the plan answers
+    two_ds = replace(two, engine=Engine.DEEPSPEED)
+    assert all(c.shard_group_size is None for c in configs(two_ds))
+    assert plan(replace(two_ds, search=Search(stages=(Stage.PARAMETERS,)))).candidates
+    p = plan(replace(two, search=Search(stages=(Stage.PARAMETERS,), micro_batch_sizes=(1,))))
+    by_shard = {c.config.shard_group_size: c for c in p.candidates}
+    # model states sharded over 8 instead of 16: more memory per device
+    assert by_shard[8].memory.resident > by_shard[None].memory.resident
+
+
+def test_calibration_recovers_the_efficiency_it_was_made_with() -> None:
+    c = Config(Stage.PARAMETERS, 2, 4, Checkpointing.SELECTIVE, OffloadChoice.NONE)
+    made = setup(Engine.DEEPSPEED, efficiency=Efficiency(0.23, "test"), global_batch_size=64)
+    _, step, _ = predict(made, c)
+    found = calibrate(setup(Engine.DEEPSPEED, global_batch_size=64), c, step.total)
+    assert found.efficiency == pytest.approx(0.23, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"global_batch_size": 100}, "global_batch_size"),
+        ({"gpus_per_node": 3}, "gpus_per_node"),
+        ({"engine": Engine.PAPER}, "engine"),
+        ({"search": Search(micro_batch_sizes=(3,))}, "search.micro_batch_size"),
+        ({"efficiency": Efficiency(1.5, "x")}, "efficiency"),
+    ],
+)
+def test_bad_setups_name_their_field(change: dict[str, object], field: str) -> None:
+    with pytest.raises(InputError) as err:
+        plan(setup(**change))
+    assert err.value.field == field
+
+
+def test_fp32_runs_at_the_fp32_peak() -> None:
+    s = setup(precision=Precision.FP32)
+    assert s.peak_flops == get_gpu("h100-sxm").peak_flops_fp32
+
+
+def test_gpu_presets_are_consistent() -> None:
+    for g in PRESETS.values():
+        assert g.peak_flops_16bit > g.peak_flops_fp32 > 0
+        assert g.memory >= 16 * 2**30 and g.memory_bandwidth > 0 and g.source
+        for name in g.device_names:
+            assert gpu_for_device_name(name) is g
+    assert get_gpu("h100-sxm").peak_flops_16bit == pytest.approx(989.5e12)
+    assert gpu_for_device_name("NVIDIA H100 80GB HBM3") is get_gpu("h100-sxm")
+    assert gpu_for_device_name("some other card") is None
+
+
+def test_tensor_count_is_what_the_engines_walk() -> None:
+    from calculators.architecture import tensors
+    from calculators.plan import tensor_count
+    from calculators.presets import PRESETS
+
+    for p in PRESETS.values():
+        assert tensor_count(p.architecture) == len(tensors(p.architecture))
+
+
+def test_a_search_too_large_for_the_model_is_refused_before_any_work() -> None:
+    from calculators.architecture import Architecture
+
+    moe = Architecture(
+        layers=16, hidden=64, heads=1, vocab_size=100, max_seq_len=64, num_experts=1024
+    )
+    s = setup(architecture=moe, params=count_params(moe), seq_len=64)
+    with pytest.raises(InputError) as err:
+        plan(s)
+    assert err.value.field == "search" and "narrow" in err.value.message
+    # one stage, one micro-batch, no checkpointing: few enough configurations
+    narrow = Search(
+        stages=(Stage.PARAMETERS,),
+        micro_batch_sizes=(32,),
+        activation_checkpointing=(Checkpointing.NONE,),
+    )
+    assert plan(replace(s, search=narrow)).evaluated == 1
