@@ -13,6 +13,7 @@
 - ``runner.run(spec, progress)``: the entry point of ``POST /v1/measure`` and ``python -m
   measure``; ``validate``: the GPU tables in ``docs/VALIDATION.md``.
 """
+
 import warnings
 
 # torch's import warns "Failed to initialize NumPy: No module named 'numpy'" when NumPy is not

@@ -2,7 +2,7 @@
 
 The module is transformers' own modelling code::
 
-    config = AutoConfig.for_model(model_type, **hf_config)   # use_cache off for training
+    config = AutoConfig.for_model(model_type, **hf_config)   # use_cache as the body says
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
                                              dtype=torch.float32)  # random init, no download
     model.gradient_checkpointing_enable()   # when batch.activation_checkpointing is "full"
@@ -30,13 +30,14 @@ from measure.workloads import Batch, Workload
 
 
 def hf_config(body: Mapping[str, Any]) -> Any:
-    """transformers' config object for a ``config.json`` body, with the KV cache off (a
-    training forward has no use for it, and the output would hold it until the next step)."""
+    """transformers' config object for a ``config.json`` body, as the user's code would build it:
+    ``use_cache`` as the body says (transformers' default is on, and a training forward without
+    checkpointing fills the key/value cache; the loop below keeps only the logits and the loss,
+    so the cache dies with the model output, as it does in transformers' Trainer)."""
     from transformers import AutoConfig
 
     values = {k: v for k, v in body.items() if k != "model_type"}
     config = AutoConfig.for_model(str(body["model_type"]), **values)
-    config.use_cache = False
     return config
 
 

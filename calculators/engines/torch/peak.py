@@ -122,8 +122,9 @@ def step_memory(
         config: engine knobs (``holds_outputs``, ``cublas_workspace_bytes``).
     """
     acts = activations(arch, batch, regime)
-    # logits + the loss scalar (+ a transformers model's key/value cache in its output)
-    held = acts.logits + FP32_BYTES + acts.cache if holds_outputs(config) else 0
+    # logits + the loss scalar; a transformers model's key/value cache dies with its output
+    # object, which the loop (like transformers' Trainer) does not keep
+    held = acts.logits + FP32_BYTES if holds_outputs(config) else 0
     loss_grads = 2 * FP32_BYTES * batch.tokens * arch.vocab_size
     end_of_forward = unsharded_after_forward + acts.end_of_forward
     moments = {
