@@ -6,7 +6,8 @@
 #
 #   bash bench/gpu/hf_round.sh torch      # or: deepspeed
 #
-# Needs DeepSpeed importable for the deepspeed engine (see docs/VALIDATION.md: wheels in .whl).
+# FAMILIES_ND1 / FAMILIES_ND2 / FAMILIES_ND4 pick the families of each world (default: all, in
+# order, until BUDGET_S runs out). Needs DeepSpeed importable for the deepspeed engine (see docs/VALIDATION.md: wheels in .whl).
 set -u
 engine=${1:?engine: torch or deepspeed}
 budget=${BUDGET_S:-200}
@@ -21,8 +22,11 @@ run() {  # run LOG CUDA_DEVICES ARGS...: one validation process set, its output 
         --budget-s "$budget" --out "$out" >"$out/$log.log" 2>&1
     echo "$log: exit $?" >>"$out/status.txt"
 }
-run nd2 0,1 python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29512 -m measure.validate_hf &
-run nd1 2 python3 -m torch.distributed.run --nproc-per-node 1 --master-port 29513 -m measure.validate_hf &
+all=llama,mistral,qwen2,qwen3,gemma,gemma2,gemma3_text,phi3,mixtral,qwen2_moe
+run nd2 0,1 python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29512 \
+    -m measure.validate_hf --families "${FAMILIES_ND2:-$all}" &
+run nd1 2 python3 -m torch.distributed.run --nproc-per-node 1 --master-port 29513 \
+    -m measure.validate_hf --families "${FAMILIES_ND1:-$all}" &
 if [ "$engine" = torch ]; then
     (
         run simulated 3 python3 -m measure.validate_hf --simulated 8,64
@@ -33,6 +37,7 @@ if [ "$engine" = torch ]; then
     ) &
 fi
 wait
-run nd4 0,1,2,3 python3 -m torch.distributed.run --nproc-per-node 4 --master-port 29514 -m measure.validate_hf
+run nd4 0,1,2,3 python3 -m torch.distributed.run --nproc-per-node 4 --master-port 29514 \
+    -m measure.validate_hf --families "${FAMILIES_ND4:-$all}"
 tar -C "$out/.." -czf "${OUT:-$PWD/hf-results}/hf-$engine.tar.gz" hf
 cat "$out/status.txt"
