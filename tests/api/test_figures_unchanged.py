@@ -136,6 +136,12 @@ DS_CONFIGS: dict[str, dict[str, Any]] = {
     "accumulation": {"gradient_accumulation_steps": 4},
     "fp32-communication": {"communication_data_type": "fp32"},
 }
+# offload needs a partitioned optimizer (stages 1-3), parameter offload stage 3
+_STAGES_OF = {
+    "offload-optimizer": [1, 2, 3],
+    "offload-unpinned": [1, 2, 3],
+    "offload-params": [3],
+}
 
 
 def _memory_cases() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -163,6 +169,7 @@ def _memory_cases() -> Iterator[tuple[str, dict[str, Any]]]:
                 base["batch"] = _BATCH
             for name, config in DS_CONFIGS.items():
                 body = {**base, "engine": "deepspeed", "engine_config": config}
+                body["stages"] = _STAGES_OF.get(name, body["stages"])
                 if name == "accumulation" and "batch" in body:
                     body["batch"] = {**_BATCH, "grad_accumulation_steps": 4}
                 yield f"mem/{model_name}/deepspeed/{name}/dp{dp}", body
@@ -222,7 +229,11 @@ def _communication_cases() -> Iterator[tuple[str, dict[str, Any]]]:
                 "precision": "mixed_bf16",
             }
             for name, config in DS_CONFIGS.items():
-                yield f"comm/{model_name}/deepspeed/{name}/dp{dp}", {**base, "engine_config": config}
+                yield f"comm/{model_name}/deepspeed/{name}/dp{dp}", {
+                    **base,
+                    "engine_config": config,
+                    "stages": _STAGES_OF.get(name, base["stages"]),
+                }
             yield f"comm/{model_name}/deepspeed/accumulate/dp{dp}", {
                 **base,
                 "grad_accumulation_steps": 4,
