@@ -113,21 +113,24 @@ def _stage3_trace(
     the queue a few modules in and records every backward use, so on models that fit
     ``stage3_max_live_parameters`` nearly every parameter stays gathered into backward.
     """
+    numel = [p.numel for p in params]
     persistent, total = [], 0
-    for p in params:
-        flag = p.numel <= persistence and (total + p.numel <= model_persistence)
-        total += p.numel if flag else 0
+    for n in numel:
+        flag = n <= persistence and (total + n <= model_persistence)
+        total += n if flag else 0
         persistent.append(flag)
     owned: dict[str, list[int]] = {}
     for i, p in enumerate(params):
         owned.setdefault(p.module, []).append(i)
     forward, backward = fetch_order(params)
     trace = forward + backward
-    at_step = [owned.get(m, []) for m in trace]
+    n_forward = len(forward)
+    empty: list[int] = []
+    at_step = [owned.get(m, empty) for m in trace]
     # elements traversed before each step, and each parameter's uses, for the reuse walk
     before = [0]
     for mine in at_step:
-        before.append(before[-1] + sum(params[i].numel for i in mine))
+        before.append(before[-1] + sum(numel[i] for i in mine))
     uses: list[list[int]] = [[] for _ in params]
     for step, mine in enumerate(at_step):
         for i in mine:
@@ -140,19 +143,31 @@ def _stage3_trace(
     gathered = [0, 0]
     gathers = [[0] * len(params), [0] * len(params)]
     calls = [0, 0]
+    kept = available
 
     def gather(i: int, phase: int) -> int:
         nonlocal n_available
         if available[i]:
             return 0
         available[i] = True
-        n_available += params[i].numel
-        gathered[phase] += params[i].numel
+        n_available += numel[i]
+        gathered[phase] += numel[i]
         gathers[phase][i] += 1
         return 1
 
-    for step, mine in enumerate(at_step):
-        phase = 0 if step < len(forward) else 1
+    def released(i: int, after: int) -> bool:
+        """Released after a use at ``after - 1``: the walk from ``after`` keeps i if its next
+        use comes before the elements traversed reach the distance (checked before each module:
+        strictly fewer than it)."""
+        if persistent[i] or recent[i] > after:
+            return False
+        k = bisect_left(uses[i], after)
+        return not (k < len(uses[i]) and before[uses[i][k]] - before[after] < reuse)
+
+    step = 0
+    while step < len(at_step) and head < len(queue):
+        mine = at_step[step]
+        phase = 0 if step < n_forward else 1
         # the module's own parameters: one __all_gather_params call (:381)
         if sum(gather(i, phase) for i in mine):
             calls[phase] += 1
@@ -172,23 +187,42 @@ def _stage3_trace(
             recent[i] = max(recent[i], use)
             if not available[i]:
                 batch += gather(i, phase)
-                requested += params[i].numel
+                requested += numel[i]
         if batch:  # the prefetched set: one __all_gather_params call (:484)
             calls[phase] += 1
         after = step + 1
-        release = {i for i in mine if not persistent[i] and recent[i] <= after}
-        # the walk from `after` keeps i if its next use comes before the elements traversed
-        # reach the distance (checked before each module: strictly fewer than it)
-        for i in list(release):
-            k = bisect_left(uses[i], after)
-            if k < len(uses[i]) and before[uses[i][k]] - before[after] < reuse:
-                release.discard(i)
-        for i in release:
+        for i in [i for i in mine if released(i, after)]:
             if available[i]:
                 available[i] = False
-                n_available -= params[i].numel
-        if step == len(forward) - 1:
+                n_available -= numel[i]
+        if step == n_forward - 1:
             kept = list(available)
+        step += 1
+    if step < len(at_step):
+        # The queue is exhausted: nothing is prefetched any more, every parameter's last
+        # recorded use is its last use, and each parameter's remaining uses play out on their
+        # own (gathered if released, released after its last use or beyond the reuse distance).
+        first = step
+        if first <= n_forward - 1:
+            kept = list(available)
+        gathered_at: list[set[int]] = [set(), set()]
+        for i, mine_uses in enumerate(uses):
+            k = bisect_left(mine_uses, first)
+            if k == len(mine_uses):
+                continue
+            for use in mine_uses[k:]:
+                if not available[i]:
+                    phase = 0 if use < n_forward else 1
+                    available[i] = True
+                    gathered[phase] += numel[i]
+                    gathers[phase][i] += 1
+                    gathered_at[phase].add(use)
+                if released(i, use + 1):
+                    available[i] = False
+                if use <= n_forward - 1:
+                    kept[i] = available[i]
+        calls[0] += len(gathered_at[0])
+        calls[1] += len(gathered_at[1])
     return Stage3Trace(
         tuple(persistent),
         tuple(kept),
