@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -49,11 +51,50 @@ class ParamTensor:
         return -(-self.shape[0] // world) * math.prod(self.shape[1:])
 
 
+def tally(values: Iterable[int]) -> Counter[int]:
+    """How many times each value occurs: a sum of ``f(value)`` over tensors is a sum over the
+    distinct values (blocks repeat the same shapes, experts are identical)."""
+    return Counter(values)
+
+
+def fsdp_shard_total(params: Sequence[ParamTensor], world: int) -> int:
+    """Σ ``fsdp_shard_numel(world)`` over ``params``, once per distinct shape."""
+    shapes = Counter(p.shape for p in params)
+    return sum(
+        count * ParamTensor("", shape).fsdp_shard_numel(world) for shape, count in shapes.items()
+    )
+
+
+def fsdp_padded_total(params: Sequence[ParamTensor], world: int) -> int:
+    """Σ ``ceil(dim0 / N) · N · rest`` over ``params``: every dim 0 padded to a multiple of N
+    (FSDP2 ``_get_dim0_padded_size``), once per distinct shape."""
+    shapes = Counter(p.shape for p in params)
+    return sum(
+        count * (-(-shape[0] // world) * world if shape else world) * math.prod(shape[1:])
+        for shape, count in shapes.items()
+    )
+
+
+def _param(name: str, shape: tuple[int, ...], group: str) -> ParamTensor:
+    """``ParamTensor(name, shape, group)`` without the dataclass's per-field frozen setattr."""
+    p = object.__new__(ParamTensor)
+    p.__dict__.update(
+        name=name,
+        shape=shape,
+        group=group,
+        numel=math.prod(shape),
+        module=name.rpartition(".")[0] if "." in name else name,
+        _hash=hash((name, shape, group)),
+    )
+    return p
+
+
 @lru_cache(maxsize=16)  # few: a MoE model's list runs to ~50k tensors
 def architecture_params(arch: Architecture) -> tuple[ParamTensor, ...]:
     """Every parameter of ``arch`` in ``named_parameters`` order, once per architecture (a sweep
     asks for the same list per Nd and stage)."""
+    groups = [f"blocks.{i}" for i in range(arch.layers)]
     return tuple(
-        ParamTensor(t.name, t.shape, ROOT_GROUP if t.layer is None else f"blocks.{t.layer}")
+        _param(t.name, t.shape, ROOT_GROUP if t.layer is None else groups[t.layer])
         for t in tensors(arch)
     )

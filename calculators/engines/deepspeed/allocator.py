@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from calculators.conventions import FP32_BYTES, HALF_BYTES
+from calculators.parameters import tally
 
 BLOCK = 512  # CUDACachingAllocator kMinBlockSize: every allocation is a multiple of it
 
@@ -21,8 +22,8 @@ def block(nbytes: int) -> int:
 
 
 def blocks(element_bytes: int, numels: Sequence[int]) -> int:
-    """One allocation per tensor."""
-    return sum(block(element_bytes * n) for n in numels)
+    """One allocation per tensor (summed once per distinct size)."""
+    return sum(count * block(element_bytes * n) for n, count in tally(numels).items())
 
 
 # --- the caching allocator, for stage 0's per-tensor state ------------------------------------

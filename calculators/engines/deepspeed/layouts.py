@@ -21,7 +21,7 @@ from calculators.engines.deepspeed.config import Knobs, whole
 from calculators.engines.deepspeed.stage3 import Stage3Trace, stage3_trace
 from calculators.engines.torch.peak import holds_outputs
 from calculators.model_states import Placement, TrainingSetup
-from calculators.parameters import ParamTensor
+from calculators.parameters import ParamTensor, tally
 
 FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
 
@@ -402,7 +402,7 @@ def stage3(
     exact: bool,
 ) -> Layout:
     numels = [p.numel for p in params]
-    parts = [_partition_elems(n, world) for n in numels]
+    parts = [-(-n // world) for n in numels]  # _partition_elems per parameter
     local = sum(parts)
     trace = stage3_trace(params, knobs) if exact else Stage3Trace((False,), (True,))
     lp = block(HALF_BYTES * local)  # lp_param_buffer after defragment (stage3.py:972)
@@ -427,17 +427,20 @@ def stage3(
     # NoGatherHandle points param.data at the partition itself (partition_parameters.py
     # _no_gather_coalesced).
     gathers = world > 1
-    persist = (
-        sum(block(HALF_BYTES * n) for n, f in zip(numels, trace.persistent, strict=True) if f)
-        if gathers
-        else 0
-    )
+    persistent = [n for n, f in zip(numels, trace.persistent, strict=True) if f]
+    persist = blocks(HALF_BYTES, persistent) if gathers else 0
     # gathered at the end of forward: what the coordinator keeps (stage3_trace), plus the head
+    last = len(numels) - 1
     gathered = (
-        sum(
-            block(HALF_BYTES * n)
-            for i, (n, f, k) in enumerate(zip(numels, trace.persistent, trace.kept, strict=True))
-            if not f and (k or i == len(numels) - 1)
+        blocks(
+            HALF_BYTES,
+            [
+                n
+                for i, (n, f, k) in enumerate(
+                    zip(numels, trace.persistent, trace.kept, strict=True)
+                )
+                if not f and (k or i == last)
+            ],
         )
         if gathers
         else 0
@@ -530,9 +533,8 @@ def stage3(
     # _post_step re-gathers the persistent parameters: a padded flat buffer, then the copies
     persist_flat = (
         sum(
-            block(HALF_BYTES * _partition_elems(n, world) * world)
-            for n, f in zip(numels, trace.persistent, strict=True)
-            if f
+            count * block(HALF_BYTES * _partition_elems(n, world) * world)
+            for n, count in tally(persistent).items()
         )
         if gathers
         else 0

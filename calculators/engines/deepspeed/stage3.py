@@ -7,14 +7,14 @@ zero/parameter_offload.py, zero/partition_parameters.py, zero/stage3.py.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 from calculators.engines.deepspeed.buckets import ipg_buckets
 from calculators.engines.deepspeed.config import Knobs
-from calculators.parameters import ParamTensor
-from calculators.traffic import padded
+from calculators.parameters import ParamTensor, tally
 
 
 @dataclass(frozen=True)
@@ -53,26 +53,39 @@ def fetch_order(params: Sequence[ParamTensor]) -> tuple[list[str], list[str]]:
     outputs, so a container comes before its children and children run in reverse.
     """
     children: dict[str, list[str]] = {"": []}
-    for p in params:
-        parts = p.module.split(".")
-        parent = ""
-        for i in range(len(parts)):
-            path = ".".join(parts[: i + 1])
-            if i + 1 < len(parts) and parts[i + 1].isdigit():
-                continue  # a ModuleList: its items hang under the module above it
-            if path not in children:
-                children[path] = []
-                children[parent].append(path)
-            parent = path
 
-    def walk(node: str, reverse: bool) -> list[str]:
-        kids = children[node]
-        out = [node]
-        for k in reversed(kids) if reverse else kids:
-            out += walk(k, reverse)
+    def parent(path: str) -> str:
+        # the longest proper prefix not followed by an index (a ModuleList is not a step)
+        q = path
+        while True:
+            q, _, after = q.rpartition(".")
+            if not q or not after.isdigit():
+                return q
+
+    def register(path: str) -> None:
+        # ancestors first: each joins its parent's children when first seen
+        above = parent(path)
+        if above not in children:
+            register(above)
+        children[path] = []
+        children[above].append(path)
+
+    for p in params:
+        if p.module not in children:
+            register(p.module)
+
+    def walk(reverse: bool) -> list[str]:
+        out: list[str] = []
+        stack = [""]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            kids = children[node]
+            # pushed last-first, so the first to visit is on top
+            stack.extend(kids if reverse else reversed(kids))
         return out
 
-    return walk("", False), walk("", True)
+    return walk(False), walk(True)
 
 
 def stage3_trace(params: Sequence[ParamTensor], knobs: Knobs) -> Stage3Trace:
@@ -299,19 +312,26 @@ def _stage3_plan(
     numels = [p.numel for p in params]
     gathers = n > 1
 
+    def padded_sum(sizes: Counter[int]) -> int:
+        # Σ ceil(x / N) · N, once per distinct size (calculators.traffic.padded)
+        return sum(count * -(-x // n) * n for x, count in sizes.items())
+
     def moved(counts: Sequence[int]) -> int:
-        return sum(c * padded(x, n) for c, x in zip(counts, numels, strict=True)) if gathers else 0
+        if not gathers:
+            return 0
+        pairs = Counter(zip(counts, numels, strict=True))
+        return sum(count * c * -(-x // n) * n for (c, x), count in pairs.items())
 
     whole = ipg_buckets(list(reversed(numels)), reduce_bucket_size, whole_run=not exact)
     return Stage3Plan(
         forward_padded=moved(trace.forward_gathers),
         backward_padded=moved(trace.backward_gathers),
-        persistent_padded=sum(
-            padded(x, n) for x, f in zip(numels, trace.persistent, strict=True) if f
+        persistent_padded=padded_sum(
+            tally(x for x, f in zip(numels, trace.persistent, strict=True) if f)
         )
         if gathers
         else 0,
-        reduce_padded=sum(padded(x, n) for x in numels),
+        reduce_padded=padded_sum(tally(numels)),
         reduce_plain=sum(numels),
         forward_calls=trace.forward_calls if gathers else 0,
         backward_calls=trace.backward_calls if gathers else 0,

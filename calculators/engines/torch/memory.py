@@ -42,7 +42,12 @@ from calculators.engines.torch.peak import StepMemory, step_memory
 from calculators.errors import InputError
 from calculators.estimates import StageEstimate
 from calculators.model_states import Placement, TrainingSetup, ceil_div
-from calculators.parameters import ROOT_GROUP, ParamTensor, architecture_params
+from calculators.parameters import (
+    ROOT_GROUP,
+    ParamTensor,
+    architecture_params,
+    fsdp_shard_total,
+)
 
 CONVENTION = (
     "torch: what PyTorch's engines allocate on rank 0 (stage 0 DDP, stage 1 DDP + "
@@ -162,7 +167,7 @@ def _shares(setup: TrainingSetup, stage: Stage) -> Shares:
         return Shares(psi, psi, sum(ts[i].numel for i in owned), True)
     if ts is None:
         return Shares(ceil_div(psi, n), ceil_div(psi, n), ceil_div(psi, n), False)
-    shard = sum(t.fsdp_shard_numel(n) for t in ts)
+    shard = fsdp_shard_total(ts, n)
     return Shares(shard, shard, shard, True)
 
 
@@ -266,7 +271,7 @@ def _step(
         unsharded = setup.dp * share.params * d.compute
     elif stage is Stage.PARAMETERS and not config.get("fsdp_root_reshard_after_forward", True):
         ts = param_tensors(setup) or []
-        root = sum(t.fsdp_shard_numel(setup.dp) for t in ts if t.group == ROOT_GROUP)
+        root = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
         unsharded = setup.dp * root * d.compute
     # DDP: each param.grad is its own tensor besides the bucket (gradient_as_bucket_view=False);
     # FSDP2: the sharded fp32 gradients.
