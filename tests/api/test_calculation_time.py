@@ -35,7 +35,9 @@ PRECISIONS = {
 @st.composite
 def architectures(draw: st.DrawFn) -> dict[str, Any]:
     layers = draw(st.sampled_from([1, 2, 16, 61, 128, 1000, 10_000]))
-    experts = draw(st.sampled_from([1, 8, 64, 256, 4096]).filter(lambda e: layers * e <= MAX_BLOCK_MLPS))
+    experts = draw(
+        st.sampled_from([1, 8, 64, 256, 4096]).filter(lambda e: layers * e <= MAX_BLOCK_MLPS)
+    )
     heads = draw(st.sampled_from([1, 4, 32, 128]))
     head_dim = draw(st.sampled_from([1, 16, 128]))
     kv_heads = draw(st.sampled_from([h for h in (1, 2, 8, heads) if heads % h == 0]))
@@ -114,7 +116,9 @@ def _cold() -> None:
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(bodies())
-def test_each_request_takes_under_a_second_of_cpu(endpoint_body: tuple[str, dict[str, Any]]) -> None:
+def test_each_request_takes_under_a_second_of_cpu(
+    endpoint_body: tuple[str, dict[str, Any]],
+) -> None:
     endpoint, body = endpoint_body
     _cold()
     start = time.process_time()

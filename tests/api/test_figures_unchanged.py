@@ -229,28 +229,40 @@ def _communication_cases() -> Iterator[tuple[str, dict[str, Any]]]:
                 "precision": "mixed_bf16",
             }
             for name, config in DS_CONFIGS.items():
-                yield f"comm/{model_name}/deepspeed/{name}/dp{dp}", {
+                yield (
+                    f"comm/{model_name}/deepspeed/{name}/dp{dp}",
+                    {
+                        **base,
+                        "engine_config": config,
+                        "stages": _STAGES_OF.get(name, base["stages"]),
+                    },
+                )
+            yield (
+                f"comm/{model_name}/deepspeed/accumulate/dp{dp}",
+                {
                     **base,
-                    "engine_config": config,
-                    "stages": _STAGES_OF.get(name, base["stages"]),
-                }
-            yield f"comm/{model_name}/deepspeed/accumulate/dp{dp}", {
-                **base,
-                "grad_accumulation_steps": 4,
-            }
-            yield f"comm/{model_name}/deepspeed/per-micro-step/dp{dp}", {
-                **base,
-                "grad_accumulation_steps": 4,
-                "grad_sync": "per_micro_step",
-            }
+                    "grad_accumulation_steps": 4,
+                },
+            )
+            yield (
+                f"comm/{model_name}/deepspeed/per-micro-step/dp{dp}",
+                {
+                    **base,
+                    "grad_accumulation_steps": 4,
+                    "grad_sync": "per_micro_step",
+                },
+            )
             for zeropp in ({"qwz": True}, {"hpz": 8}, {"qgz": True}, {"qwz": True, "hpz": 8}):
                 tag = "-".join(f"{k}{v}" for k, v in zeropp.items())
                 yield f"comm/{model_name}/deepspeed/zeropp-{tag}/dp{dp}", {**base, "zeropp": zeropp}
-            yield f"comm/{model_name}/torch/hsdp/dp{dp}", {
-                **base,
-                "engine": "torch",
-                "shard_group_size": 8,
-            }
+            yield (
+                f"comm/{model_name}/torch/hsdp/dp{dp}",
+                {
+                    **base,
+                    "engine": "torch",
+                    "shard_group_size": 8,
+                },
+            )
 
 
 _HEAVY = "many-experts"  # its answers take seconds per request before the closed forms
@@ -272,14 +284,17 @@ def _heavy_cases() -> Iterator[tuple[str, dict[str, Any]]]:
             yield f"mem/{_HEAVY}/{engine}/dp{dp}", body
             comm = {k: v for k, v in body.items() if k != "batch"}
             yield f"comm/{_HEAVY}/{engine}/dp{dp}", comm
-    yield f"mem/{_HEAVY}/deepspeed/small-buckets/dp8", {
-        "model": model,
-        "dp": 8,
-        "engine": "deepspeed",
-        "precision": "mixed_bf16",
-        "engine_config": {"zero_optimization": {"reduce_bucket_size": 100_000}},
-        "batch": _BATCH,
-    }
+    yield (
+        f"mem/{_HEAVY}/deepspeed/small-buckets/dp8",
+        {
+            "model": model,
+            "dp": 8,
+            "engine": "deepspeed",
+            "precision": "mixed_bf16",
+            "engine_config": {"zero_optimization": {"reduce_bucket_size": 100_000}},
+            "batch": _BATCH,
+        },
+    )
 
 
 def cases() -> dict[str, dict[str, Any]]:
@@ -327,4 +342,4 @@ if __name__ == "__main__":
     recorded = {key: figures(body, key) for key, body in sorted(_CASES.items())}
     DATA.parent.mkdir(exist_ok=True)
     DATA.write_text(json.dumps(recorded, indent=0, sort_keys=True) + "\n")
-    print(f"{len(recorded)} cases -> {DATA}")
+    sys.stdout.write(f"{len(recorded)} cases -> {DATA}\n")
