@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from calculators.architecture import Architecture, tensors
+from calculators.architecture import Architecture, tensor_counts
 
 ROOT_GROUP = "root"
 """The FSDP2 unit of everything outside the blocks (embeddings, final norm, head)."""
@@ -92,9 +92,24 @@ def _param(name: str, shape: tuple[int, ...], group: str) -> ParamTensor:
 @lru_cache(maxsize=16)  # few: a MoE model's list runs to ~50k tensors
 def architecture_params(arch: Architecture) -> tuple[ParamTensor, ...]:
     """Every parameter of ``arch`` in ``named_parameters`` order, once per architecture (a sweep
-    asks for the same list per Nd and stage)."""
-    groups = [f"blocks.{i}" for i in range(arch.layers)]
-    return tuple(
-        _param(t.name, t.shape, ROOT_GROUP if t.layer is None else groups[t.layer])
-        for t in tensors(arch)
-    )
+    asks for the same list per Nd and stage).
+
+    Built from ``tensor_counts``: block 0 (and its expert 0) named again for every block and
+    expert, the same list ``tensors(arch)`` gives.
+    """
+    counts = tensor_counts(arch)
+    first = [t for t, _ in counts if t.layer is None and t.stage_hint == "first"]
+    last = [t for t, _ in counts if t.layer is None and t.stage_hint != "first"]
+    moe = arch.num_experts > 1
+    shared = [t for t, c in counts if t.layer is not None and not (moe and c != arch.layers)]
+    expert = [t for t, c in counts if t.layer is not None and moe and c != arch.layers]
+    block0, expert0 = "blocks.0.", "blocks.0.experts.0."
+    out = [_param(t.name, t.shape, ROOT_GROUP) for t in first]
+    for i in range(arch.layers):
+        group = f"blocks.{i}"
+        out += [_param(f"{group}.{t.name[len(block0) :]}", t.shape, group) for t in shared]
+        for e in range(arch.num_experts if moe else 0):
+            prefix = f"{group}.experts.{e}."
+            out += [_param(prefix + t.name[len(expert0) :], t.shape, group) for t in expert]
+    out += [_param(t.name, t.shape, ROOT_GROUP) for t in last]
+    return tuple(out)
