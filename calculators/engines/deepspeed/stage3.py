@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 
 from calculators.engines.deepspeed.buckets import ipg_buckets
 from calculators.engines.deepspeed.config import Knobs
@@ -141,14 +142,12 @@ def _stage3_trace(
     empty: list[int] = []
     at_step = [owned.get(m, empty) for m in trace]
     # elements traversed before each step, and each parameter's uses, for the reuse walk
-    before = [0]
-    for mine in at_step:
-        before.append(before[-1] + sum(numel[i] for i in mine))
-    uses: list[list[int]] = [[] for _ in params]
-    for step, mine in enumerate(at_step):
-        for i in mine:
-            uses[i].append(step)
+    module_elements = {m: sum(numel[i] for i in mine) for m, mine in owned.items()}
+    before = [0, *accumulate(module_elements.get(m, 0) for m in trace)]
     queue = [(i, step) for step, mine in enumerate(at_step) for i in mine]
+    uses: list[list[int]] = [[] for _ in params]
+    for i, step in queue:
+        uses[i].append(step)
     head = 0
     available = list(persistent)
     recent = [-(10**18)] * len(params)
