@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.api.routes.communication import communication
@@ -97,6 +97,27 @@ def bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     return "memory", body
 
 
+# The widest MoE the schema allows (16 layers x 4,096 experts: 196,691 tensors). The DeepSpeed
+# stage-3 coordinator walk and the per-tensor parameter list still take seconds here, and the
+# torch engines' list close to one: known misses of the bound, kept as failing examples so that
+# the day they pass is noticed.
+_MANY_EXPERTS = {
+    "layers": 16,
+    "hidden": 64,
+    "heads": 4,
+    "vocab_size": 1000,
+    "ffn_hidden": 64,
+    "num_experts": 4096,
+    "experts_per_token": 2,
+    "gated_mlp": True,
+    "bias": False,
+    "norm": "rmsnorm",
+    "position_embedding": "rope",
+}
+_WIDEST = {"model": {"architecture": _MANY_EXPERTS}, "dp": 8, "stages": [0, 1, 2, 3]}
+_MISSES = "per-tensor walks over 196,691 tensors: seconds of CPU (closed forms not yet done)"
+
+
 def _cold() -> None:
     for cached in (
         _tensors,
@@ -109,13 +130,21 @@ def _cold() -> None:
 
 
 @settings(
-    max_examples=40,
+    max_examples=30,
     deadline=None,
     derandomize=True,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(bodies())
+@example(("memory", {**_WIDEST, "engine": "paper"}))
+@example(("communication", {**_WIDEST, "engine": "paper"}))
+@example(("memory", {**_WIDEST, "engine": "deepspeed", "precision": "mixed_bf16"})).xfail(
+    reason=_MISSES, raises=AssertionError
+)
+@example(("communication", {**_WIDEST, "engine": "deepspeed", "precision": "mixed_bf16"})).xfail(
+    reason=_MISSES, raises=AssertionError
+)
 def test_each_request_takes_under_a_second_of_cpu(
     endpoint_body: tuple[str, dict[str, Any]],
 ) -> None:
