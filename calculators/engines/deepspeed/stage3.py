@@ -222,17 +222,26 @@ def _stage3_trace(
             k = bisect_left(mine_uses, first)
             if k == len(mine_uses):
                 continue
-            for use in mine_uses[k:]:
-                if not available[i]:
+            # ``released`` inlined: uses are distinct steps, so the next use after ``use`` is
+            # the next entry, and the last recorded use is final
+            held = available[i]
+            free = not persistent[i]
+            last = recent[i]
+            for j in range(k, len(mine_uses)):
+                use = mine_uses[j]
+                if not held:
                     phase = 0 if use < n_forward else 1
-                    available[i] = True
+                    held = True
                     gathered[phase] += numel[i]
                     gathers[phase][i] += 1
                     gathered_at[phase].add(use)
-                if released(i, use + 1):
-                    available[i] = False
-                if use <= n_forward - 1:
-                    kept[i] = available[i]
+                if free and last <= use + 1:
+                    nxt = j + 1
+                    if nxt == len(mine_uses) or (before[mine_uses[nxt]] - before[use + 1] >= reuse):
+                        held = False
+                if use < n_forward:
+                    kept[i] = held
+            available[i] = held
         calls[0] += len(gathered_at[0])
         calls[1] += len(gathered_at[1])
     return Stage3Trace(
