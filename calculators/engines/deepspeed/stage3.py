@@ -72,8 +72,15 @@ def fetch_order(params: Sequence[ParamTensor]) -> tuple[list[str], list[str]]:
         children[above].append(path)
 
     for p in params:
-        if p.module not in children:
-            register(p.module)
+        module = p.module
+        if module in children:
+            continue
+        above, _, name = module.rpartition(".")
+        if above in children and not name.isdigit():  # the parent seen already: most modules
+            children[module] = []
+            children[above].append(module)
+        else:
+            register(module)
 
     def walk(reverse: bool) -> list[str]:
         out: list[str] = []
