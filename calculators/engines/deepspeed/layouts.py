@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from calculators.activations import INDEX_BYTES, ActivationBreakdown, Regime, activations
 from calculators.conventions import FP32_BYTES, HALF_BYTES, Stage
@@ -269,11 +270,11 @@ def stage12(
             "buckets reduced during backward are counted without the activations "
             "still alive at that point"
         )
-    offsets = []
-    pos = 0
-    for n in numels:
-        offsets.append(pos)
-        pos += n
+    # a bucket is a run of consecutive parameters (zero-sized ones skipped), so its elements,
+    # extent and rounded gradients are differences of prefix sums
+    offsets = [0, *accumulate(numels)]
+    if not in_hooks:
+        rounded = [0, *accumulate(block(HALF_BYTES * n) for n in numels)]
 
     def spans(first: int, last_end: int) -> bool:
         return world > 1 and first // part != (last_end - 1) // part
@@ -283,17 +284,17 @@ def stage12(
     partition_allocated = False
     walk = ipg_walk([numels[i] for i in order], rbs)
     for j, members in enumerate(walk):
-        idx = [order[m] for m in members]
-        elems = sum(numels[i] for i in idx)
-        lo = min(offsets[i] for i in idx)
-        hi = max(offsets[i] + numels[i] for i in idx)
+        first, last = order[members[0]], order[members[-1]]
+        low, high = min(first, last), max(first, last) + 1
+        lo, hi = offsets[low], offsets[high]
+        elems = hi - lo
         copy = block(HALF_BYTES * elems) if spans(lo, hi) else 0
         if j == len(walk) - 1:  # the last bucket, reduced by the epilogue
             reduce_peak = max(reduce_peak, copy + (gip if partition_allocated else 0))
             break
         if not in_hooks:
             # moved into the bucket, autograd's freed
-            grads_left -= sum(block(HALF_BYTES * numels[i]) for i in idx)
+            grads_left -= rounded[high] - rounded[low]
         reduce_peak = max(reduce_peak, grads_left + copy + (gip if partition_allocated else 0))
         partition_allocated = partition_allocated or lo < part
     if offload:
