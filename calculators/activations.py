@@ -167,12 +167,12 @@ def layer_activations(
 
 def linear_weight_elements(arch: Architecture, tp: int = 1) -> int:
     """Elements of every linear weight the forward multiplies by (head included)."""
-    from calculators.architecture import tensors
+    from calculators.architecture import tensor_counts
 
     total = 0
-    for tensor in tensors(arch):
+    for tensor, count in tensor_counts(arch):
         if len(tensor.shape) == 2 and not tensor.name.startswith(("embed.", "pos.")):
-            total += tensor.numel // tp if tensor.tp_split else tensor.numel
+            total += count * (tensor.numel // tp if tensor.tp_split else tensor.numel)
     if arch.tied_embeddings:
         total += arch.vocab_size * (arch.embed_proj_dim or arch.hidden) // tp
     return total

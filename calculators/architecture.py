@@ -14,7 +14,7 @@ builds the same module, and a test checks both list the same tensors in the same
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
 
@@ -335,6 +335,27 @@ def block_tensors(arch: Architecture, i: int) -> list[Tensor]:
     return out
 
 
+def tensor_counts(arch: Architecture) -> list[tuple[Tensor, int]]:
+    """Every distinct parameter tensor with how often it occurs, without naming each copy.
+
+    Blocks repeat the same tensors and experts the same MLP, so block 0 (its expert 0) stands
+    for all of them; the tensors outside the blocks occur once. Sums over ``tensors(arch)``
+    equal sums over this list weighted by the counts.
+    """
+    one = replace(arch, layers=1, num_experts=1, experts_per_token=1)
+    block = block_tensors(one, 0)
+    mlp = _mlp(arch, "blocks.0.experts.0" if arch.num_experts > 1 else "blocks.0.mlp", 0)
+    shared = block[: len(block) - len(mlp)]
+    if arch.num_experts > 1:
+        shared.append(Tensor("blocks.0.router.weight", (arch.num_experts, arch.hidden), 0))
+    outside = [t for t in _tensors(one) if t.layer is None]
+    return (
+        [(t, 1) for t in outside]
+        + [(t, arch.layers) for t in shared]
+        + [(t, arch.layers * arch.num_experts) for t in mlp]
+    )
+
+
 def tensors(arch: Architecture) -> list[Tensor]:
     """Every parameter tensor of the canonical module, in ``named_parameters`` order."""
     return list(_tensors(arch))  # a fresh list: callers may extend it (split_for_model_parallel)
@@ -368,7 +389,7 @@ def _tensors(arch: Architecture) -> tuple[Tensor, ...]:
 
 def count_params(arch: Architecture) -> int:
     """Exact parameter count, as ``sum(p.numel() for p in module.parameters())`` gives it."""
-    return sum(t.numel for t in tensors(arch))
+    return sum(t.numel * count for t, count in tensor_counts(arch))
 
 
 def count_active_params(arch: Architecture) -> int:

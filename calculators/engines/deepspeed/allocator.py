@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from calculators.conventions import FP32_BYTES, HALF_BYTES
+from calculators.parameters import tally
 
 BLOCK = 512  # CUDACachingAllocator kMinBlockSize: every allocation is a multiple of it
 
@@ -21,8 +22,8 @@ def block(nbytes: int) -> int:
 
 
 def blocks(element_bytes: int, numels: Sequence[int]) -> int:
-    """One allocation per tensor."""
-    return sum(block(element_bytes * n) for n in numels)
+    """One allocation per tensor (summed once per distinct size)."""
+    return sum(count * block(element_bytes * n) for n, count in tally(numels).items())
 
 
 # --- the caching allocator, for stage 0's per-tensor state ------------------------------------
@@ -128,21 +129,29 @@ def stage0_unsplit_bytes(numels: tuple[int, ...], n_states: int, adam: bool) -> 
         step's gradients and temporaries at the init step (used for the training step, whose
         cache also holds activation blocks: an estimate).
     """
+    # Only the large pool hands out blocks bigger than asked: sizes are multiples of BLOCK, so a
+    # small-pool remainder is 0 or >= BLOCK and always split off. The pools share no block
+    # (a segment serves one pool; merges stay inside it), so the small requests are skipped.
+    large = [n for n in numels if max(block(FP32_BYTES * n), BLOCK) > K_SMALL_SIZE]
     alloc = CachingAllocator()
 
-    def get(nbytes: int) -> tuple[_Block, int]:
+    def get(nbytes: int) -> tuple[_Block, int] | None:
+        if max(block(nbytes), BLOCK) <= K_SMALL_SIZE:
+            return None
         return alloc.malloc(nbytes), block(nbytes)
 
-    kept = [get(HALF_BYTES * n) for n in numels if n]
-    for n in (n for n in numels if n):
+    def excess(blocks: list[tuple[_Block, int] | None]) -> int:
+        return sum(got[0].size - got[1] for got in blocks if got is not None)
+
+    kept = [get(HALF_BYTES * n) for n in large]
+    for n in large:
         clone = get(HALF_BYTES * n)
         kept.append(get(FP32_BYTES * n))
-        alloc.free(clone[0])
-    g16 = [get(HALF_BYTES * n) for n in numels if n]
-    g32 = [get(FP32_BYTES * n) for n in numels if n]
-    for n in (n for n in numels if n):
+        if clone is not None:
+            alloc.free(clone[0])
+    g16 = [get(HALF_BYTES * n) for n in large]
+    g32 = [get(FP32_BYTES * n) for n in large]
+    for n in large:
         kept += [get(FP32_BYTES * n) for _ in range(n_states)]
-    temps = [get(FP32_BYTES * n) for n in numels if n] if adam else []
-    persistent = sum(b.size - want for b, want in kept)
-    step = sum(b.size - want for b, want in g16 + g32 + temps)
-    return persistent, step
+    temps = [get(FP32_BYTES * n) for n in large] if adam else []
+    return excess(kept), excess(g16 + g32 + temps)

@@ -3,7 +3,9 @@ traffic alike)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import repeat
+from typing import overload
 
 # runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE = 500000000: stage 0 (allreduce_gradients ->
 # buffered_allreduce_fallback -> allreduce_no_retain) all-reduces buckets of this many elements.
@@ -36,7 +38,46 @@ def ipg_walk(numels: Sequence[int], bucket: int) -> list[list[int]]:
     return out
 
 
-def ipg_buckets(numels: Sequence[int], bucket: int, *, whole_run: bool) -> list[int]:
+class FullBuckets(Sequence[int]):
+    """Ψ cut into ``full`` buckets of ``size`` elements and a last one of ``rest`` (if any),
+    without a list entry per bucket (Ψ runs to 1e15, a bucket down to one element)."""
+
+    def __init__(self, full: int, size: int, rest: int) -> None:
+        self.full, self.size, self.rest = full, size, rest
+
+    def __len__(self) -> int:
+        return self.full + (1 if self.rest else 0)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = index + len(self) if index < 0 else index
+        if not 0 <= i < len(self):
+            raise IndexError(index)
+        return self.size if i < self.full else self.rest
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FullBuckets):
+            return (self.full, self.size, self.rest) == (other.full, other.size, other.rest)
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which do not hash
+
+    def __iter__(self) -> Iterator[int]:
+        yield from repeat(self.size, self.full)
+        if self.rest:
+            yield self.rest
+
+
+def ipg_buckets(numels: Sequence[int], bucket: int, *, whole_run: bool) -> Sequence[int]:
     """Elements of each IPG bucket (``ipg_walk``).
 
     ``whole_run``: the single entry is Ψ of unknown tensors, cut into full buckets.
@@ -44,11 +85,11 @@ def ipg_buckets(numels: Sequence[int], bucket: int, *, whole_run: bool) -> list[
     if whole_run:
         (psi,) = numels
         full, rest = divmod(psi, bucket)
-        return [bucket] * full + ([rest] if rest else [])
+        return FullBuckets(full, bucket, rest)
     return [sum(numels[i] for i in b) for b in ipg_walk(numels, bucket)]
 
 
-def fallback_buckets(numels: Sequence[int], bucket: int, *, whole_run: bool) -> list[int]:
+def fallback_buckets(numels: Sequence[int], bucket: int, *, whole_run: bool) -> Sequence[int]:
     """Engine stage-0 buckets (engine.py allreduce_no_retain): closed once they exceed the size."""
     if whole_run:
         return ipg_buckets(numels, bucket + 1, whole_run=True)

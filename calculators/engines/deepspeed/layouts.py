@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from calculators.activations import INDEX_BYTES, ActivationBreakdown, Regime, activations
 from calculators.conventions import FP32_BYTES, HALF_BYTES, Stage
@@ -21,7 +22,7 @@ from calculators.engines.deepspeed.config import Knobs, whole
 from calculators.engines.deepspeed.stage3 import Stage3Trace, stage3_trace
 from calculators.engines.torch.peak import holds_outputs
 from calculators.model_states import Placement, TrainingSetup
-from calculators.parameters import ParamTensor
+from calculators.parameters import ParamTensor, tally
 
 FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
 
@@ -269,11 +270,11 @@ def stage12(
             "buckets reduced during backward are counted without the activations "
             "still alive at that point"
         )
-    offsets = []
-    pos = 0
-    for n in numels:
-        offsets.append(pos)
-        pos += n
+    # a bucket is a run of consecutive parameters (zero-sized ones skipped), so its elements,
+    # extent and rounded gradients are differences of prefix sums
+    offsets = [0, *accumulate(numels)]
+    if not in_hooks:
+        rounded = [0, *accumulate(block(HALF_BYTES * n) for n in numels)]
 
     def spans(first: int, last_end: int) -> bool:
         return world > 1 and first // part != (last_end - 1) // part
@@ -283,17 +284,17 @@ def stage12(
     partition_allocated = False
     walk = ipg_walk([numels[i] for i in order], rbs)
     for j, members in enumerate(walk):
-        idx = [order[m] for m in members]
-        elems = sum(numels[i] for i in idx)
-        lo = min(offsets[i] for i in idx)
-        hi = max(offsets[i] + numels[i] for i in idx)
+        first, last = order[members[0]], order[members[-1]]
+        low, high = min(first, last), max(first, last) + 1
+        lo, hi = offsets[low], offsets[high]
+        elems = hi - lo
         copy = block(HALF_BYTES * elems) if spans(lo, hi) else 0
         if j == len(walk) - 1:  # the last bucket, reduced by the epilogue
             reduce_peak = max(reduce_peak, copy + (gip if partition_allocated else 0))
             break
         if not in_hooks:
             # moved into the bucket, autograd's freed
-            grads_left -= sum(block(HALF_BYTES * numels[i]) for i in idx)
+            grads_left -= rounded[high] - rounded[low]
         reduce_peak = max(reduce_peak, grads_left + copy + (gip if partition_allocated else 0))
         partition_allocated = partition_allocated or lo < part
     if offload:
@@ -402,7 +403,7 @@ def stage3(
     exact: bool,
 ) -> Layout:
     numels = [p.numel for p in params]
-    parts = [_partition_elems(n, world) for n in numels]
+    parts = [-(-n // world) for n in numels]  # _partition_elems per parameter
     local = sum(parts)
     trace = stage3_trace(params, knobs) if exact else Stage3Trace((False,), (True,))
     lp = block(HALF_BYTES * local)  # lp_param_buffer after defragment (stage3.py:972)
@@ -427,17 +428,20 @@ def stage3(
     # NoGatherHandle points param.data at the partition itself (partition_parameters.py
     # _no_gather_coalesced).
     gathers = world > 1
-    persist = (
-        sum(block(HALF_BYTES * n) for n, f in zip(numels, trace.persistent, strict=True) if f)
-        if gathers
-        else 0
-    )
+    persistent = [n for n, f in zip(numels, trace.persistent, strict=True) if f]
+    persist = blocks(HALF_BYTES, persistent) if gathers else 0
     # gathered at the end of forward: what the coordinator keeps (stage3_trace), plus the head
+    last = len(numels) - 1
     gathered = (
-        sum(
-            block(HALF_BYTES * n)
-            for i, (n, f, k) in enumerate(zip(numels, trace.persistent, trace.kept, strict=True))
-            if not f and (k or i == len(numels) - 1)
+        blocks(
+            HALF_BYTES,
+            [
+                n
+                for i, (n, f, k) in enumerate(
+                    zip(numels, trace.persistent, trace.kept, strict=True)
+                )
+                if not f and (k or i == last)
+            ],
         )
         if gathers
         else 0
@@ -530,9 +534,8 @@ def stage3(
     # _post_step re-gathers the persistent parameters: a padded flat buffer, then the copies
     persist_flat = (
         sum(
-            block(HALF_BYTES * _partition_elems(n, world) * world)
-            for n, f in zip(numels, trace.persistent, strict=True)
-            if f
+            count * block(HALF_BYTES * _partition_elems(n, world) * world)
+            for n, count in tally(persistent).items()
         )
         if gathers
         else 0

@@ -7,14 +7,15 @@ zero/parameter_offload.py, zero/partition_parameters.py, zero/stage3.py.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 
 from calculators.engines.deepspeed.buckets import ipg_buckets
 from calculators.engines.deepspeed.config import Knobs
-from calculators.parameters import ParamTensor
-from calculators.traffic import padded
+from calculators.parameters import ParamTensor, tally
 
 
 @dataclass(frozen=True)
@@ -53,26 +54,46 @@ def fetch_order(params: Sequence[ParamTensor]) -> tuple[list[str], list[str]]:
     outputs, so a container comes before its children and children run in reverse.
     """
     children: dict[str, list[str]] = {"": []}
-    for p in params:
-        parts = p.module.split(".")
-        parent = ""
-        for i in range(len(parts)):
-            path = ".".join(parts[: i + 1])
-            if i + 1 < len(parts) and parts[i + 1].isdigit():
-                continue  # a ModuleList: its items hang under the module above it
-            if path not in children:
-                children[path] = []
-                children[parent].append(path)
-            parent = path
 
-    def walk(node: str, reverse: bool) -> list[str]:
-        kids = children[node]
-        out = [node]
-        for k in reversed(kids) if reverse else kids:
-            out += walk(k, reverse)
+    def parent(path: str) -> str:
+        # the longest proper prefix not followed by an index (a ModuleList is not a step)
+        q = path
+        while True:
+            q, _, after = q.rpartition(".")
+            if not q or not after.isdigit():
+                return q
+
+    def register(path: str) -> None:
+        # ancestors first: each joins its parent's children when first seen
+        above = parent(path)
+        if above not in children:
+            register(above)
+        children[path] = []
+        children[above].append(path)
+
+    for p in params:
+        module = p.module
+        if module in children:
+            continue
+        above, _, name = module.rpartition(".")
+        if above in children and not name.isdigit():  # the parent seen already: most modules
+            children[module] = []
+            children[above].append(module)
+        else:
+            register(module)
+
+    def walk(reverse: bool) -> list[str]:
+        out: list[str] = []
+        stack = [""]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            kids = children[node]
+            # pushed last-first, so the first to visit is on top
+            stack.extend(kids if reverse else reversed(kids))
         return out
 
-    return walk("", False), walk("", True)
+    return walk(False), walk(True)
 
 
 def stage3_trace(params: Sequence[ParamTensor], knobs: Knobs) -> Stage3Trace:
@@ -113,26 +134,27 @@ def _stage3_trace(
     the queue a few modules in and records every backward use, so on models that fit
     ``stage3_max_live_parameters`` nearly every parameter stays gathered into backward.
     """
+    numel = [p.numel for p in params]
     persistent, total = [], 0
-    for p in params:
-        flag = p.numel <= persistence and (total + p.numel <= model_persistence)
-        total += p.numel if flag else 0
+    for n in numel:
+        flag = n <= persistence and (total + n <= model_persistence)
+        total += n if flag else 0
         persistent.append(flag)
     owned: dict[str, list[int]] = {}
     for i, p in enumerate(params):
         owned.setdefault(p.module, []).append(i)
     forward, backward = fetch_order(params)
     trace = forward + backward
-    at_step = [owned.get(m, []) for m in trace]
+    n_forward = len(forward)
+    empty: list[int] = []
+    at_step = [owned.get(m, empty) for m in trace]
     # elements traversed before each step, and each parameter's uses, for the reuse walk
-    before = [0]
-    for mine in at_step:
-        before.append(before[-1] + sum(params[i].numel for i in mine))
-    uses: list[list[int]] = [[] for _ in params]
-    for step, mine in enumerate(at_step):
-        for i in mine:
-            uses[i].append(step)
+    module_elements = {m: sum(numel[i] for i in mine) for m, mine in owned.items()}
+    before = [0, *accumulate(module_elements.get(m, 0) for m in trace)]
     queue = [(i, step) for step, mine in enumerate(at_step) for i in mine]
+    uses: list[list[int]] = [[] for _ in params]
+    for i, step in queue:
+        uses[i].append(step)
     head = 0
     available = list(persistent)
     recent = [-(10**18)] * len(params)
@@ -140,19 +162,31 @@ def _stage3_trace(
     gathered = [0, 0]
     gathers = [[0] * len(params), [0] * len(params)]
     calls = [0, 0]
+    kept = available
 
     def gather(i: int, phase: int) -> int:
         nonlocal n_available
         if available[i]:
             return 0
         available[i] = True
-        n_available += params[i].numel
-        gathered[phase] += params[i].numel
+        n_available += numel[i]
+        gathered[phase] += numel[i]
         gathers[phase][i] += 1
         return 1
 
-    for step, mine in enumerate(at_step):
-        phase = 0 if step < len(forward) else 1
+    def released(i: int, after: int) -> bool:
+        """Released after a use at ``after - 1``: the walk from ``after`` keeps i if its next
+        use comes before the elements traversed reach the distance (checked before each module:
+        strictly fewer than it)."""
+        if persistent[i] or recent[i] > after:
+            return False
+        k = bisect_left(uses[i], after)
+        return not (k < len(uses[i]) and before[uses[i][k]] - before[after] < reuse)
+
+    step = 0
+    while step < len(at_step) and head < len(queue):
+        mine = at_step[step]
+        phase = 0 if step < n_forward else 1
         # the module's own parameters: one __all_gather_params call (:381)
         if sum(gather(i, phase) for i in mine):
             calls[phase] += 1
@@ -172,23 +206,51 @@ def _stage3_trace(
             recent[i] = max(recent[i], use)
             if not available[i]:
                 batch += gather(i, phase)
-                requested += params[i].numel
+                requested += numel[i]
         if batch:  # the prefetched set: one __all_gather_params call (:484)
             calls[phase] += 1
         after = step + 1
-        release = {i for i in mine if not persistent[i] and recent[i] <= after}
-        # the walk from `after` keeps i if its next use comes before the elements traversed
-        # reach the distance (checked before each module: strictly fewer than it)
-        for i in list(release):
-            k = bisect_left(uses[i], after)
-            if k < len(uses[i]) and before[uses[i][k]] - before[after] < reuse:
-                release.discard(i)
-        for i in release:
+        for i in [i for i in mine if released(i, after)]:
             if available[i]:
                 available[i] = False
-                n_available -= params[i].numel
-        if step == len(forward) - 1:
+                n_available -= numel[i]
+        if step == n_forward - 1:
             kept = list(available)
+        step += 1
+    if step < len(at_step):
+        # The queue is exhausted: nothing is prefetched any more, every parameter's last
+        # recorded use is its last use, and each parameter's remaining uses play out on their
+        # own (gathered if released, released after its last use or beyond the reuse distance).
+        first = step
+        if first <= n_forward - 1:
+            kept = list(available)
+        gathered_at: list[set[int]] = [set(), set()]
+        for i, mine_uses in enumerate(uses):
+            k = bisect_left(mine_uses, first)
+            if k == len(mine_uses):
+                continue
+            # ``released`` inlined: uses are distinct steps, so the next use after ``use`` is
+            # the next entry, and the last recorded use is final
+            held = available[i]
+            free = not persistent[i]
+            last = recent[i]
+            for j in range(k, len(mine_uses)):
+                use = mine_uses[j]
+                if not held:
+                    phase = 0 if use < n_forward else 1
+                    held = True
+                    gathered[phase] += numel[i]
+                    gathers[phase][i] += 1
+                    gathered_at[phase].add(use)
+                if free and last <= use + 1:
+                    nxt = j + 1
+                    if nxt == len(mine_uses) or (before[mine_uses[nxt]] - before[use + 1] >= reuse):
+                        held = False
+                if use < n_forward:
+                    kept[i] = held
+            available[i] = held
+        calls[0] += len(gathered_at[0])
+        calls[1] += len(gathered_at[1])
     return Stage3Trace(
         tuple(persistent),
         tuple(kept),
@@ -265,19 +327,26 @@ def _stage3_plan(
     numels = [p.numel for p in params]
     gathers = n > 1
 
+    def padded_sum(sizes: Counter[int]) -> int:
+        # Σ ceil(x / N) · N, once per distinct size (calculators.traffic.padded)
+        return sum(count * -(-x // n) * n for x, count in sizes.items())
+
     def moved(counts: Sequence[int]) -> int:
-        return sum(c * padded(x, n) for c, x in zip(counts, numels, strict=True)) if gathers else 0
+        if not gathers:
+            return 0
+        pairs = Counter(zip(counts, numels, strict=True))
+        return sum(count * c * -(-x // n) * n for (c, x), count in pairs.items())
 
     whole = ipg_buckets(list(reversed(numels)), reduce_bucket_size, whole_run=not exact)
     return Stage3Plan(
         forward_padded=moved(trace.forward_gathers),
         backward_padded=moved(trace.backward_gathers),
-        persistent_padded=sum(
-            padded(x, n) for x, f in zip(numels, trace.persistent, strict=True) if f
+        persistent_padded=padded_sum(
+            tally(x for x, f in zip(numels, trace.persistent, strict=True) if f)
         )
         if gathers
         else 0,
-        reduce_padded=sum(padded(x, n) for x in numels),
+        reduce_padded=padded_sum(tally(numels)),
         reduce_plain=sum(numels),
         forward_calls=trace.forward_calls if gathers else 0,
         backward_calls=trace.backward_calls if gathers else 0,

@@ -26,7 +26,7 @@ CUDA context, NCCL buffers) are not part of these figures.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from calculators.activations import INDEX_BYTES, Regime
@@ -42,7 +42,12 @@ from calculators.engines.torch.peak import StepMemory, step_memory
 from calculators.errors import InputError
 from calculators.estimates import StageEstimate
 from calculators.model_states import Placement, TrainingSetup, ceil_div
-from calculators.parameters import ROOT_GROUP, ParamTensor, architecture_params
+from calculators.parameters import (
+    ROOT_GROUP,
+    ParamTensor,
+    architecture_params,
+    fsdp_shard_total,
+)
 
 CONVENTION = (
     "torch: what PyTorch's engines allocate on rank 0 (stage 0 DDP, stage 1 DDP + "
@@ -102,22 +107,35 @@ def param_tensors(setup: TrainingSetup) -> Sequence[ParamTensor] | None:
     return None
 
 
-def zero_partition(numels: Sequence[int], world: int) -> list[list[int]]:
-    """Indices each rank owns under ZeroRedundancyOptimizer's greedy partition.
+def _greedy(numels: Sequence[int], world: int) -> Iterator[tuple[int, int]]:
+    """(parameter, rank) in ZeroRedundancyOptimizer's assignment order.
 
     ``_partition_parameters``: ``sorted(params, key=numel, reverse=True)`` (stable), then each
     goes to ``_get_min_index(sizes)``, the first rank with the smallest total.
     """
     order = sorted(range(len(numels)), key=lambda i: numels[i], reverse=True)
-    owned: list[list[int]] = [[] for _ in range(world)]
     # (total, rank) pairs: the heap's top is the smallest total, ties to the lowest rank, as
-    # _get_min_index picks it, in O(log N) rather than O(N) per parameter
-    totals = [(0, rank) for rank in range(world)]
+    # _get_min_index picks it, in O(log N) rather than O(N) per parameter. Ranks are taken
+    # lowest first among equal totals, so the ranks ever given a parameter are the first
+    # len(numels) at most: the others never enter the heap.
+    totals = [(0, rank) for rank in range(min(world, len(numels)))]
     for i in order:
         total, rank = heapq.heappop(totals)
-        owned[rank].append(i)
+        yield i, rank
         heapq.heappush(totals, (total + numels[i], rank))
+
+
+def zero_partition(numels: Sequence[int], world: int) -> list[list[int]]:
+    """Indices each rank owns under ZeroRedundancyOptimizer's greedy partition (``_greedy``)."""
+    owned: list[list[int]] = [[] for _ in range(world)]
+    for i, rank in _greedy(numels, world):
+        owned[rank].append(i)
     return owned
+
+
+def rank0_partition(numels: Sequence[int], world: int) -> list[int]:
+    """``zero_partition(numels, world)[0]`` without a list per rank (Nd runs to 2**20)."""
+    return [i for i, rank in _greedy(numels, world) if rank == 0]
 
 
 def _check(setup: TrainingSetup) -> int:
@@ -159,11 +177,11 @@ def _shares(setup: TrainingSetup, stage: Stage) -> Shares:
             return Shares(psi, psi, psi, True)
         if ts is None:
             return Shares(psi, psi, ceil_div(psi, n), False)
-        owned = zero_partition([t.numel for t in ts], n)[0]
+        owned = rank0_partition([t.numel for t in ts], n)
         return Shares(psi, psi, sum(ts[i].numel for i in owned), True)
     if ts is None:
         return Shares(ceil_div(psi, n), ceil_div(psi, n), ceil_div(psi, n), False)
-    shard = sum(t.fsdp_shard_numel(n) for t in ts)
+    shard = fsdp_shard_total(ts, n)
     return Shares(shard, shard, shard, True)
 
 
@@ -267,7 +285,7 @@ def _step(
         unsharded = setup.dp * share.params * d.compute
     elif stage is Stage.PARAMETERS and not config.get("fsdp_root_reshard_after_forward", True):
         ts = param_tensors(setup) or []
-        root = sum(t.fsdp_shard_numel(setup.dp) for t in ts if t.group == ROOT_GROUP)
+        root = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
         unsharded = setup.dp * root * d.compute
     # DDP: each param.grad is its own tensor besides the bucket (gradient_as_bucket_view=False);
     # FSDP2: the sharded fp32 gradients.

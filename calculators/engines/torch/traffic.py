@@ -5,13 +5,12 @@ torch/distributed/optim/zero_redundancy_optimizer.py, torch/distributed/fsdp/_fu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from calculators.conventions import FP32_BYTES, HALF_BYTES, PRECISION_BYTES, OffloadDevice, Stage
 from calculators.errors import InputError
 from calculators.model_states import ceil_div
-from calculators.parameters import ParamTensor
+from calculators.parameters import ParamTensor, fsdp_padded_total
 from calculators.topology import Op
 from calculators.traffic import (
     Collective,
@@ -71,11 +70,7 @@ def _fsdp_padded(params: Sequence[ParamTensor] | None, psi: int, n: int) -> int:
     (_fsdp_common.py _get_dim0_padded_size, _fsdp_param.py padded_sharded_param_size)."""
     if params is None:
         return padded(psi, n)
-    total = 0
-    for p in params:
-        rest = math.prod(p.shape[1:])
-        total += padded(p.shape[0], n) * rest
-    return total
+    return fsdp_padded_total(params, n)
 
 
 def _root_params(params: Sequence[ParamTensor]) -> list[ParamTensor]:

@@ -1,0 +1,151 @@
+# ruff: noqa: T201 (a script: its report goes to stdout)
+"""Calculation benchmark: CPU time of single /v1/memory and /v1/communication answers, in process.
+
+Each case runs in a fresh Python process (cold: no tensor list, coordinator trace or allocator
+replay cached), answered the way the route answers it; ``time.process_time`` around the call
+(CPU of that process only, so other load on the machine barely moves it). ``cold`` is the first
+answer, ``warm`` the median of the next ``--repeat`` (what a sweep or a repeated question pays).
+With ``--before REF`` the same cases also run on the calculators of a git commit, extracted with
+``git archive`` into a temporary folder (no checkout is touched)::
+
+    python3 bench/calc_bench.py
+    python3 bench/calc_bench.py --before 88a9cc1 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MANY_EXPERTS = {  # the widest MoE the schema allows: 16 layers x 4,096 experts
+    "layers": 16,
+    "hidden": 64,
+    "heads": 4,
+    "vocab_size": 1000,
+    "ffn_hidden": 64,
+    "num_experts": 4096,
+    "experts_per_token": 2,
+    "gated_mlp": True,
+    "bias": False,
+    "norm": "rmsnorm",
+    "position_embedding": "rope",
+}
+STAGES = [0, 1, 2, 3]
+
+
+def _cases() -> dict[str, tuple[str, dict[str, Any]]]:
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    for engine in ("deepspeed", "paper", "torch"):
+        body: dict[str, Any] = {
+            "model": {"architecture": MANY_EXPERTS},
+            "dp": 8,
+            "stages": STAGES,
+            "engine": engine,
+        }
+        if engine != "paper":
+            body["precision"] = "mixed_bf16"
+        out[f"moe-16x4096 {engine} memory"] = ("memory", body)
+        out[f"moe-16x4096 {engine} memory+batch"] = (
+            "memory",
+            {**body, "batch": {"micro_batch_size": 1, "seq_len": 128}},
+        )
+        out[f"moe-16x4096 {engine} communication"] = ("communication", body)
+    llama = {
+        "model": {"preset": "llama3-8b"},
+        "dp": 8,
+        "stages": STAGES,
+        "engine": "deepspeed",
+        "precision": "mixed_bf16",
+    }
+    out["llama3-8b deepspeed memory mb 2x4096"] = (
+        "memory",
+        {**llama, "batch": {"micro_batch_size": 2, "seq_len": 4096}},
+    )
+    out["llama3-8b deepspeed communication"] = ("communication", llama)
+    return out
+
+
+# Runs inside the measured tree: answer one body cold, then `repeat` times warm.
+_PROBE = """
+import json, statistics, sys, time
+endpoint, body, repeat = json.loads(sys.argv[1])
+if endpoint == "memory":
+    from app.api.routes.memory import answer
+    from app.schemas.memory import MemoryRequest
+    call = lambda: answer(MemoryRequest(**body))
+else:
+    from app.api.routes.communication import communication
+    from app.schemas.communication import CommunicationRequest
+    call = lambda: communication(CommunicationRequest(**body))
+times = []
+for _ in range(1 + repeat):
+    start = time.process_time()
+    call()
+    times.append(time.process_time() - start)
+print(json.dumps({"cold": times[0], "warm": statistics.median(times[1:]) if repeat else None}))
+"""
+
+
+def measure(tree: Path, endpoint: str, body: dict[str, Any], repeat: int) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps([endpoint, body, repeat])],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def extract(ref: str, into: Path) -> Path:
+    """The ``calculators`` and ``app`` packages of commit ``ref``, via ``git archive``."""
+    archive = subprocess.run(
+        ["git", "archive", ref, "calculators", "app"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", help="a git commit to compare with (e.g. 88a9cc1)")
+    parser.add_argument("--repeat", type=int, default=5, help="warm answers after the cold one")
+    parser.add_argument("--only", default="", help="run the cases whose name contains this")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    cases = {k: v for k, v in _cases().items() if args.only in k}
+    trees = {"after": ROOT}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.before:
+            trees = {"before": extract(args.before, Path(tmp)), **trees}
+        results: dict[str, dict[str, Any]] = {}
+        print(f"{os.cpu_count()} CPUs visible; CPU seconds per answer (process_time)")
+        header = "".join(f"{name + ' cold':>14}{name + ' warm':>14}" for name in trees)
+        print(f"{'case':<42}{header}")
+        for name, (endpoint, body) in cases.items():
+            row = results.setdefault(name, {})
+            for tree_name, tree in trees.items():
+                row[tree_name] = measure(tree, endpoint, body, args.repeat)
+            cells = "".join(
+                f"{row[t]['cold']:>14.4f}"
+                + (f"{row[t]['warm']:>14.4f}" if row[t]["warm"] is not None else f"{'-':>14}")
+                for t in trees
+            )
+            print(f"{name:<42}{cells}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

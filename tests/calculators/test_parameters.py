@@ -1,0 +1,112 @@
+"""The aggregated views of an architecture's tensors equal the tensor list they stand for."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calculators.activations import linear_weight_elements
+from calculators.architecture import (
+    Activation,
+    Architecture,
+    Norm,
+    PositionEmbedding,
+    Tensor,
+    count_params,
+    tensor_counts,
+    tensors,
+)
+from calculators.engines.deepspeed.allocator import block, blocks
+from calculators.parameters import (
+    ROOT_GROUP,
+    ParamTensor,
+    architecture_params,
+    fsdp_padded_total,
+    fsdp_shard_total,
+)
+from calculators.presets import PRESETS
+
+
+@st.composite
+def architectures(draw: st.DrawFn) -> Architecture:
+    heads = draw(st.sampled_from([1, 2, 4]))
+    learned = draw(st.booleans())
+    experts = draw(st.sampled_from([1, 2, 5, 12]))
+    return Architecture(
+        layers=draw(st.integers(1, 5)),
+        hidden=heads * draw(st.sampled_from([1, 8, 16])),
+        heads=heads,
+        vocab_size=draw(st.integers(1, 999)),
+        ffn_hidden=draw(st.sampled_from([None, 7, 33])),
+        max_seq_len=draw(st.integers(1, 99)) if learned else None,
+        kv_heads=draw(st.sampled_from([None, 1])),
+        tied_embeddings=draw(st.booleans()),
+        bias=draw(st.booleans()),
+        qkv_bias=draw(st.sampled_from([None, True, False])),
+        lm_head_bias=draw(st.booleans()),
+        norm=draw(st.sampled_from(list(Norm))),
+        position_embedding=PositionEmbedding.LEARNED
+        if learned
+        else draw(st.sampled_from([PositionEmbedding.ROPE, PositionEmbedding.NONE])),
+        position_offset=draw(st.integers(0, 3)),
+        gated_mlp=draw(st.booleans()),
+        activation=draw(st.sampled_from(list(Activation))),
+        num_experts=experts,
+        experts_per_token=draw(st.integers(1, experts)),
+        embedding_norm=draw(st.booleans()),
+        final_norm=draw(st.booleans()),
+        embed_proj_dim=draw(st.sampled_from([None, 3, 8])),
+    )
+
+
+def _key(t: Tensor) -> tuple[object, ...]:
+    return (
+        t.shape,
+        t.tp_split,
+        t.stage_hint,
+        t.layer is None,
+        t.name.startswith(("embed.", "pos.")),
+    )
+
+
+def _check(arch: Architecture) -> None:
+    listed = tensors(arch)
+    weighted: Counter[tuple[object, ...]] = Counter()
+    for t, count in tensor_counts(arch):
+        weighted[_key(t)] += count
+    assert weighted == Counter(_key(t) for t in listed)
+    assert count_params(arch) == sum(t.numel for t in listed)
+    direct = tuple(
+        ParamTensor(t.name, t.shape, ROOT_GROUP if t.layer is None else f"blocks.{t.layer}")
+        for t in listed
+    )
+    built = architecture_params(arch)
+    assert built == direct
+    assert [vars(p) for p in built] == [vars(p) for p in direct]
+    weights = 0
+    for t in listed:
+        if len(t.shape) == 2 and not t.name.startswith(("embed.", "pos.")):
+            weights += t.numel // 2 if t.tp_split else t.numel
+    if arch.tied_embeddings:
+        weights += arch.vocab_size * (arch.embed_proj_dim or arch.hidden) // 2
+    assert linear_weight_elements(arch, tp=2) == weights
+    for world in (1, 3, 8):
+        assert fsdp_shard_total(built, world) == sum(p.fsdp_shard_numel(world) for p in built)
+        assert fsdp_padded_total(built, world) == sum(
+            -(-p.shape[0] // world) * world * (p.numel // p.shape[0]) for p in built
+        )
+    numels = [p.numel for p in built]
+    assert blocks(2, numels) == sum(block(2 * n) for n in numels)
+
+
+def test_presets_aggregate_to_their_tensor_lists() -> None:
+    for preset in PRESETS.values():
+        _check(preset.architecture)
+
+
+@settings(max_examples=150, deadline=None, database=None, derandomize=True)
+@given(architectures())
+def test_generated_architectures_aggregate_to_their_tensor_lists(arch: Architecture) -> None:
+    _check(arch)
