@@ -42,7 +42,13 @@ from calculators.engines.torch.peak import StepMemory, step_memory
 from calculators.errors import InputError
 from calculators.estimates import StageEstimate
 from calculators.model_states import Placement, TrainingSetup, ceil_div
-from calculators.parameters import ROOT_GROUP, ParamTensor, architecture_params
+from calculators.parameters import (
+    ROOT_GROUP,
+    ParamTensor,
+    architecture_params,
+    implied_note,
+    implied_params,
+)
 
 CONVENTION = (
     "torch: what PyTorch's engines allocate on rank 0 (stage 0 DDP, stage 1 DDP + "
@@ -88,7 +94,8 @@ def dtypes(precision: Precision) -> Dtypes:
 
 
 def param_tensors(setup: TrainingSetup) -> Sequence[ParamTensor] | None:
-    """The exact tensor list when known: ``engine_config["tensors"]`` or the architecture."""
+    """The tensor list: ``engine_config["tensors"]``, the architecture's, or for a bare count
+    the implied decoder's (``calculators.parameters.implied_decoder``)."""
     given = (setup.engine_config or {}).get("tensors")
     if given is not None:
         try:
@@ -97,9 +104,11 @@ def param_tensors(setup: TrainingSetup) -> Sequence[ParamTensor] | None:
             raise InputError(
                 "engine_config.tensors", "must be a list of [name, shape, group] triples"
             ) from None
-    if setup.architecture is not None and setup.tp == 1 and setup.pp == 1:
-        return architecture_params(setup.architecture)
-    return None
+    if setup.tp != 1 or setup.pp != 1:
+        return None
+    if setup.architecture is None:
+        return implied_params(setup.params)
+    return architecture_params(setup.architecture)
 
 
 def zero_partition(numels: Sequence[int], world: int) -> list[list[int]]:
@@ -200,6 +209,10 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
             "gradients are freed by zero_grad(set_to_none=True)"
             + ("" if share.exact else "; padding ignored: no tensor shapes given"),
         ]
+    bare = setup.architecture is None and "tensors" not in (setup.engine_config or {})
+    implied = implied_note(setup.params) if bare and share.exact else None
+    if implied is not None:
+        notes.append(implied)
     if not share.exact:
         notes.append("approximate: give an architecture for the exact per-tensor split")
     device = Placement(parameters=params, gradients=grads, optimizer_states=states)
