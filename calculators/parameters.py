@@ -1,4 +1,5 @@
-"""Parameter tensors as the engines see them: one type, one cached list per architecture."""
+"""Parameter tensors as the engines see them: one type, one cached list per architecture, and
+the dense decoder a bare parameter count implies."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from calculators.architecture import Architecture, tensor_counts
+from calculators.architecture import (
+    MAX_DIM,
+    Activation,
+    Architecture,
+    Norm,
+    PositionEmbedding,
+    tensor_counts,
+)
 
 ROOT_GROUP = "root"
 """The FSDP2 unit of everything outside the blocks (embeddings, final norm, head)."""
@@ -113,3 +121,123 @@ def architecture_params(arch: Architecture) -> tuple[ParamTensor, ...]:
             out += [_param(prefix + t.name[len(expert0) :], t.shape, group) for t in expert]
     out += [_param(t.name, t.shape, ROOT_GROUP) for t in last]
     return tuple(out)
+
+
+# --- a bare parameter count ---------------------------------------------------------------------
+
+HEAD_DIM = 128
+"""Width of one attention head in the implied decoder (GPT-3 ≥ 6.7B, Llama, Mistral)."""
+WIDTH_PER_LAYER = 128
+"""hidden / layers of the implied decoder: GPT-3 6.7B-175B (4096/32 ... 12288/96), Llama 2
+7B/13B (4096/32, 5120/40), Llama 3 8B and Mistral 7B (4096/32)."""
+VOCAB = 32_000
+"""Token rows of the implied decoder's embedding and head (Llama 2, Mistral 7B)."""
+FFN_MULTIPLE = 256
+"""Llama's ``multiple_of``: the MLP width is ⌈(2/3 · 4 · hidden) / 256⌉ · 256."""
+MIN_FFN_RATIO = 2
+"""The implied MLP is never narrower than 2 × hidden (Llama's is 8/3 ×)."""
+MAX_LAYERS = 2048
+"""The implied decoder stops growing here (hidden 262,144: about 1.7 quadrillion parameters)."""
+
+
+@dataclass(frozen=True)
+class ImpliedDecoder:
+    """The dense decoder a bare parameter count is taken to be.
+
+    Attributes:
+        architecture: a Llama-style decoder (RMSNorm, SwiGLU, no biases, untied head) whose
+            hidden size is ``WIDTH_PER_LAYER`` × layers, heads ``HEAD_DIM`` wide, vocabulary
+            ``VOCAB``, layers chosen so that its count with Llama's MLP width comes nearest Ψ
+            (unless that leaves the MLP under ``MIN_FFN_RATIO`` × hidden); the MLP width then
+            takes what is left of Ψ.
+        leftover: elements below one MLP row across all blocks (< 3 · hidden · layers), added
+            to the first block's down projection so that the tensors add up to Ψ exactly.
+    """
+
+    architecture: Architecture
+    leftover: int
+
+    def describe(self) -> str:
+        a = self.architecture
+        return (
+            f"{a.layers} layers × hidden {a.hidden} ({a.heads} heads of {HEAD_DIM}), SwiGLU MLP "
+            f"{a.ffn}, vocabulary {a.vocab_size}, untied head"
+        )
+
+
+def _fixed(layers: int) -> int:
+    """Parameters of the implied decoder outside its MLPs (embedding, attention, norms, head)."""
+    d = WIDTH_PER_LAYER * layers
+    # per block: fused qkv 3d² + output d² + two RMSNorm weights; then final norm, embedding, head
+    return layers * (4 * d * d + 2 * d) + d + 2 * VOCAB * d
+
+
+def _llama_ffn(hidden: int) -> int:
+    return -(-(2 * 4 * hidden) // (3 * FFN_MULTIPLE)) * FFN_MULTIPLE
+
+
+def _nominal(layers: int) -> int:
+    d = WIDTH_PER_LAYER * layers
+    return _fixed(layers) + 3 * d * _llama_ffn(d) * layers
+
+
+@lru_cache(maxsize=64)
+def implied_decoder(psi: int) -> ImpliedDecoder | None:
+    """The dense decoder that Ψ implies (``ImpliedDecoder``), or None outside its shapes: below
+    one layer 128 wide (about 8.3M parameters, nearly all embedding) or above ``MAX_LAYERS``."""
+    layers = 1
+    while layers < MAX_LAYERS and _nominal(layers + 1) <= psi:
+        layers += 1
+    up = layers + 1
+    if (
+        layers < MAX_LAYERS
+        and psi - _nominal(layers) > _nominal(up) - psi
+        and psi - _fixed(up) >= 3 * MIN_FFN_RATIO * (WIDTH_PER_LAYER * up) ** 2 * up
+    ):
+        layers = up  # the nearer of the two counts around Ψ, unless its MLP would be thin
+    d = WIDTH_PER_LAYER * layers
+    ffn, leftover = divmod(psi - _fixed(layers), 3 * d * layers)
+    if not 1 <= ffn <= MAX_DIM:
+        return None
+    arch = Architecture(
+        layers=layers,
+        hidden=d,
+        heads=d // HEAD_DIM,
+        vocab_size=VOCAB,
+        ffn_hidden=ffn,
+        bias=False,
+        norm=Norm.RMSNORM,
+        position_embedding=PositionEmbedding.ROPE,
+        gated_mlp=True,
+        activation=Activation.SILU,
+    )
+    return ImpliedDecoder(arch, leftover)
+
+
+@lru_cache(maxsize=16)
+def implied_params(psi: int) -> tuple[ParamTensor, ...] | None:
+    """The implied decoder's tensors (``implied_decoder``), adding up to Ψ exactly."""
+    implied = implied_decoder(psi)
+    if implied is None:
+        return None
+    params = list(architecture_params(implied.architecture))
+    if implied.leftover:
+        at = next(i for i, p in enumerate(params) if p.name == "blocks.0.mlp.down.weight")
+        down = params[at]
+        params[at] = ParamTensor(down.name, (down.numel + implied.leftover,), down.group)
+    return tuple(params)
+
+
+def implied_note(psi: int) -> str | None:
+    """What a bare count of ``psi`` is taken to be, for the notes of per-tensor figures."""
+    implied = implied_decoder(psi)
+    if implied is None:
+        return None
+    return (
+        f"a bare parameter count is taken as the dense decoder it implies: "
+        f"{implied.describe()} (hidden = {WIDTH_PER_LAYER} × layers as in GPT-3 and Llama 2 "
+        f"7B/13B, the layer count whose Llama-style count comes nearest Ψ, the MLP width "
+        "fitted to Ψ); per-tensor figures (buckets, padding, persistent parameters, stage-3 "
+        "re-gathers, buffers sized by the largest tensor) follow that shape: give an "
+        "architecture, preset or hf_config for the model's own tensors"
+    )

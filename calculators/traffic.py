@@ -14,7 +14,7 @@ from fractions import Fraction
 from calculators.conventions import FP32_BYTES, HALF_BYTES, Precision, Stage
 from calculators.errors import InputError
 from calculators.model_states import TrainingSetup, ceil_div
-from calculators.parameters import ParamTensor, architecture_params
+from calculators.parameters import ParamTensor, architecture_params, implied_params
 from calculators.topology import Group, Network, Op, Topology, sent_factor
 
 
@@ -212,13 +212,16 @@ class CommunicationEstimate:
 
 
 def params_of(setup: TrainingSetup) -> tuple[ParamTensor, ...] | None:
-    """The device's parameter tensors in ``named_parameters`` order, when exactly known.
+    """The device's parameter tensors in ``named_parameters`` order.
 
-    Known for an architecture without tensor or pipeline parallelism; otherwise ``None`` and
-    engines fall back to Ψ as one contiguous run of elements.
+    An architecture's, or for a bare count those of the dense decoder Ψ implies
+    (``calculators.parameters.implied_decoder``); ``None`` with tensor or pipeline parallelism
+    (or Ψ below the smallest implied shape), where engines take Ψ as one run of elements.
     """
-    if setup.architecture is None or setup.tp * setup.pp != 1:
+    if setup.tp * setup.pp != 1:
         return None
+    if setup.architecture is None:
+        return implied_params(setup.params)
     return architecture_params(setup.architecture)
 
 

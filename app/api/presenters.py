@@ -73,19 +73,11 @@ BREAKDOWN_NOTES = [
 
 
 BARE_PARAMS_NOTE = (
-    "a bare parameter count is modelled as one tensor of Ψ parameters: DeepSpeed's buffers "
-    "sized by the largest tensor (the optimizer-offload gradient staging buffer, the stage-3 "
-    "gathered parameter, the gradient-norm copy) come out as large as the whole model; give an "
-    "architecture, preset or hf_config for the real tensor sizes"
+    "a bare parameter count is taken, at each Ψ tried, as the dense decoder it implies "
+    "(hidden = 128 × layers, Llama-style; /v1/memory's notes name the shape): DeepSpeed's "
+    "per-tensor buffers follow that shape; give shape, or a model with an architecture, for "
+    "the model's own tensors"
 )
-
-
-def bare_params_notes(est: StageEstimate) -> list[str]:
-    """What a bare Ψ costs under DeepSpeed's per-tensor buffers, with the figure that shows it."""
-    staging = est.components.get("offload_grad_staging")
-    if staging is None:
-        return [BARE_PARAMS_NOTE]
-    return [f"{BARE_PARAMS_NOTE} (here offload_grad_staging = {readable(staging)} on the device)"]
 
 
 def null_notes(est: StageEstimate, setup: TrainingSetup) -> list[str]:
@@ -187,12 +179,7 @@ def memory_response(result: MemoryEstimate, device_memory: int | None) -> Memory
             stage_memory(
                 s,
                 device_memory,
-                null_notes(s, setup)
-                + (
-                    bare_params_notes(s)
-                    if setup.engine is Engine.DEEPSPEED and setup.architecture is None
-                    else []
-                ),
+                null_notes(s, setup),
             )
             for s in result.stages
         ],

@@ -126,7 +126,7 @@ def test_engine_is_honoured_for_a_bare_count(client: TestClient) -> None:
     paper = client.post("/v1/capacity", json={**body, "engine": "paper"}).json()["stages"][0]
     assert row["max_params"] < paper["max_params"]
     assert row["model"]["architecture"] is None
-    assert any("one tensor" in n for n in data["notes"])
+    assert any("decoder it implies" in n for n in data["notes"])
     assert _memory_of(client, body, row)["stages"][0]["fits"] is True
     over = {**row, "model": {"architecture": None, "params": row["max_params"] + 1}}
     assert _memory_of(client, body, over)["stages"][0]["fits"] is False

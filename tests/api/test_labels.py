@@ -63,10 +63,12 @@ def test_communication_dtypes_match_payloads(
     assert r.status_code == 200, r.text
     for stage in r.json()["stages"]:
         for c in stage["collectives"]:
-            # each collective moves Ψ elements of its dtype per call (a bare Ψ: one tensor)
-            assert c["payload_bytes"] == PSI * DTYPE_BYTES[c["dtype"]] * c["calls"] or (
-                c["payload_bytes"] == PSI * DTYPE_BYTES[c["dtype"]]
-            ), c
+            elements, rest = divmod(c["payload_bytes"], DTYPE_BYTES[c["dtype"]])
+            assert rest == 0, c
+            if not any(w in c["what"] for w in ("persistent", "released")):
+                # the whole model once per step in its dtype: Ψ elements, padded per tensor,
+                # plus the few that DeepSpeed's stage-3 coordinator gathers twice in forward
+                assert PSI <= elements <= 1.02 * PSI, c
             if "16-bit" in c["what"]:
                 assert DTYPE_BYTES[c["dtype"]] == 2, c
             if "fp32" in c["what"]:
@@ -103,7 +105,9 @@ def test_memory_nulls_say_why(client: TestClient, engine: str) -> None:
                     assert key in text, (engine, model, key, text)
 
 
-def test_a_bare_count_under_deepspeed_offload_says_it_is_one_tensor(client: TestClient) -> None:
+def test_a_bare_count_under_deepspeed_offload_is_the_decoder_it_implies(
+    client: TestClient,
+) -> None:
     body = {
         "model": {"params": 21_474_836_480},
         "dp": 8,
@@ -113,8 +117,10 @@ def test_a_bare_count_under_deepspeed_offload_says_it_is_one_tensor(client: Test
     }
     stage = client.post("/v1/memory", json=body).json()["stages"][0]
     staging = stage["components"]["offload_grad_staging"]
-    assert staging >= 2 * 21_474_836_480  # one 16-bit buffer as large as the whole model
-    note = next(n for n in stage["notes"] if "one tensor" in n)
-    assert "offload_grad_staging = 42.95 GB" in note
+    # the largest tensor of the implied 47 × 6016 decoder, its 32,000-row embedding: a 16-bit
+    # buffer of 385 MB, not one as large as the whole model (43 GB)
+    assert staging == 2 * 32_000 * 6016
+    note = next(n for n in stage["notes"] if "implies" in n)
+    assert "47 layers × hidden 6016" in note
     with_arch = client.post("/v1/memory", json={**body, "model": {"preset": "llama3-8b"}}).json()
-    assert not any("one tensor" in n for n in with_arch["stages"][0]["notes"])
+    assert not any("implies" in n for n in with_arch["stages"][0]["notes"])

@@ -11,7 +11,7 @@ from app.api.convert import memory_setup
 from app.api.examples import MEMORY_EXAMPLES
 from app.api.presenters import memory_response
 from app.schemas.memory import MemoryRequest, MemoryResponse
-from calculators.conventions import Stage
+from calculators.conventions import Engine, Stage
 from calculators.memory import estimate
 
 router = APIRouter(prefix="/v1", tags=["memory"])
@@ -22,11 +22,12 @@ async def memory(
     request: Annotated[MemoryRequest, Body(openapi_examples=MEMORY_EXAMPLES)],
 ) -> MemoryResponse:
     """Per-device memory (bytes) of one model under each requested ZeRO stage."""
-    if request.model.params is not None:
-        # a bare Ψ: constant work well under a millisecond, cheaper than a thread hop (~0.2 ms)
+    if request.model.params is not None and request.engine is Engine.PAPER:
+        # the paper's bare Ψ: constant work well under a millisecond, cheaper than a thread hop
         return answer(request)
-    # an architecture's engines walk its tensors (a 256-expert MoE: seconds): off the event
-    # loop, so /healthz and everyone else keep being answered meanwhile
+    # the engines walk tensors (an architecture's, or the decoder a bare Ψ implies; a
+    # 256-expert MoE: seconds): off the event loop, so /healthz and everyone else keep being
+    # answered meanwhile
     return await run_in_threadpool(answer, request)
 
 

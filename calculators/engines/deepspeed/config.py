@@ -14,7 +14,7 @@ from typing import Any
 from calculators.conventions import FP32_BYTES, HALF_BYTES, OffloadDevice, Stage
 from calculators.errors import InputError
 from calculators.model_states import TrainingSetup
-from calculators.parameters import ParamTensor, architecture_params
+from calculators.parameters import ParamTensor, architecture_params, implied_params
 
 
 @dataclass(frozen=True)
@@ -182,11 +182,16 @@ def with_offload(setup: TrainingSetup, knobs: Knobs) -> Knobs:
 
 
 def param_list(setup: TrainingSetup) -> tuple[Sequence[ParamTensor], bool]:
-    """The device's parameters in ``named_parameters`` order, and whether they are exact.
+    """The device's parameters in ``named_parameters`` order, and whether they are tensors.
 
-    Without an architecture (or with tp or pp > 1) Ψ per device is one tensor: padding,
-    persistence and per-tensor rounding are then approximate.
+    An architecture gives its tensors; a bare count gives those of the dense decoder Ψ implies
+    (``calculators.parameters.implied_decoder``). Otherwise (tp or pp > 1, or Ψ below the
+    smallest implied shape) Ψ per device is one run of elements, and the second value is False.
     """
-    if setup.architecture is not None and setup.tp * setup.pp == 1:
-        return architecture_params(setup.architecture), True
+    if setup.tp * setup.pp == 1:
+        if setup.architecture is not None:
+            return architecture_params(setup.architecture), True
+        implied = implied_params(setup.params)
+        if implied is not None:
+            return implied, True
     return (ParamTensor("model", (setup.params_per_device,)),), False

@@ -44,6 +44,7 @@ from calculators.engines.torch.peak import cublas_workspace_bytes
 from calculators.errors import InputError
 from calculators.estimates import StageEstimate
 from calculators.model_states import Offload, Placement, TrainingSetup, check_offload
+from calculators.parameters import implied_note
 
 CONVENTION = (
     "deepspeed: what DeepSpeed 0.19.8 allocates on rank 0 (stage 0 FP16_UnfusedOptimizer, "
@@ -125,6 +126,9 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
     components["held_outputs"] = shape.held
     resident = states + workspaces + shape.held
     notes = list(layout.notes)
+    implied = implied_note(setup.params) if setup.architecture is None else None
+    if implied is not None:
+        notes.append(implied)
     if knobs.offload_optimizer is not None and knobs.force_ds_cpu_optimizer:
         notes.append(
             "DeepSpeed refuses a client torch optimizer with optimizer offload "

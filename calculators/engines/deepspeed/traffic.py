@@ -21,6 +21,7 @@ from calculators.engines.deepspeed.config import Knobs, param_list, parse_config
 from calculators.engines.deepspeed.stage3 import Stage3Plan, stage3_plan
 from calculators.errors import InputError
 from calculators.model_states import ceil_div
+from calculators.parameters import implied_note
 from calculators.topology import Group, Op
 from calculators.traffic import (
     Collective,
@@ -178,10 +179,10 @@ def _ds_stage3(
     ]
     if not exact:
         notes.append(
-            "approximate: without an architecture (or with tp/pp > 1) the coordinator "
-            "sees Ψ per device as one tensor, which is never re-gathered in backward; "
-            "a real model larger than stage3_max_live_parameters re-gathers what the "
-            "prefetcher cannot reach, so give model.architecture"
+            "approximate: with tp/pp > 1 (or a count below the smallest implied decoder) the "
+            "coordinator sees Ψ per device as one tensor, which is never re-gathered in "
+            "backward; a real model larger than stage3_max_live_parameters re-gathers what "
+            "the prefetcher cannot reach, so give model.architecture"
         )
     if knobs.hpz > 1 and n % knobs.hpz:  # zero_hpz_partition_size 0 and 1 both mean off
         raise InputError(
@@ -381,11 +382,14 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
             "paper or torch (HSDP) for shard groups",
         )
     knobs = deepspeed_knobs(t.engine_config, setup.zeropp)
-    zpp_note = (
+    extra_notes: tuple[str, ...] = (
         ("ZeRO++ (qwZ/hpZ/qgZ) acts on stage 3 only; ignored here",)
         if (knobs.qwz or knobs.qgz or knobs.hpz > 1) and stage < Stage.PARAMETERS
         else ()
     )
+    implied = implied_note(t.params) if t.architecture is None and t.tp * t.pp == 1 else None
+    if implied is not None:
+        extra_notes += (implied,)
     if stage is Stage.NONE:
         pb = PRECISION_BYTES[t.precision].parameter
         cb = knobs.communication_bytes or pb
@@ -403,14 +407,14 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
             setup.topology.dp_group(),
             "gradient buckets",
         )
-        return EngineTraffic((c,), notes=zpp_note)
+        return EngineTraffic((c,), notes=extra_notes)
     if stage < Stage.PARAMETERS:
         sent = _ds_stage12(setup, stage, knobs)
         return EngineTraffic(
-            sent.collectives, _ds_offload(setup, stage, None), sent.notes + zpp_note
+            sent.collectives, _ds_offload(setup, stage, None), sent.notes + extra_notes
         )
     params, exact = param_list(t)
     plan = stage3_plan(params, t.dp, knobs, exact=exact)
     sent = _ds_stage3(setup, knobs, plan, exact)
     transfers = _ds_offload(setup, stage, (plan.forward_padded, plan.backward_padded))
-    return EngineTraffic(sent.collectives, transfers, sent.notes)
+    return EngineTraffic(sent.collectives, transfers, sent.notes + extra_notes)

@@ -47,6 +47,8 @@ from calculators.parameters import (
     ParamTensor,
     architecture_params,
     fsdp_shard_total,
+    implied_note,
+    implied_params,
 )
 
 CONVENTION = (
@@ -93,7 +95,8 @@ def dtypes(precision: Precision) -> Dtypes:
 
 
 def param_tensors(setup: TrainingSetup) -> Sequence[ParamTensor] | None:
-    """The exact tensor list when known: ``engine_config["tensors"]`` or the architecture."""
+    """The tensor list: ``engine_config["tensors"]``, the architecture's, or for a bare count
+    the implied decoder's (``calculators.parameters.implied_decoder``)."""
     given = (setup.engine_config or {}).get("tensors")
     if given is not None:
         try:
@@ -102,9 +105,11 @@ def param_tensors(setup: TrainingSetup) -> Sequence[ParamTensor] | None:
             raise InputError(
                 "engine_config.tensors", "must be a list of [name, shape, group] triples"
             ) from None
-    if setup.architecture is not None and setup.tp == 1 and setup.pp == 1:
-        return architecture_params(setup.architecture)
-    return None
+    if setup.tp != 1 or setup.pp != 1:
+        return None
+    if setup.architecture is None:
+        return implied_params(setup.params)
+    return architecture_params(setup.architecture)
 
 
 def _greedy(numels: Sequence[int], world: int) -> Iterator[tuple[int, int]]:
@@ -218,6 +223,10 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
             "gradients are freed by zero_grad(set_to_none=True)"
             + ("" if share.exact else "; padding ignored: no tensor shapes given"),
         ]
+    bare = setup.architecture is None and "tensors" not in (setup.engine_config or {})
+    implied = implied_note(setup.params) if bare and share.exact else None
+    if implied is not None:
+        notes.append(implied)
     if not share.exact:
         notes.append("approximate: give an architecture for the exact per-tensor split")
     device = Placement(parameters=params, gradients=grads, optimizer_states=states)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from calculators.conventions import FP32_BYTES, HALF_BYTES, PRECISION_BYTES, OffloadDevice, Stage
 from calculators.errors import InputError
 from calculators.model_states import ceil_div
-from calculators.parameters import ParamTensor, fsdp_padded_total
+from calculators.parameters import ParamTensor, fsdp_padded_total, implied_note
 from calculators.topology import Op
 from calculators.traffic import (
     Collective,
@@ -105,7 +105,8 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         ddp_b = gather_b = reduce_b = PRECISION_BYTES[t.precision].parameter
     numels = elements(params, psi)
     out: list[Collective] = []
-    notes: list[str] = []
+    implied = implied_note(t.params) if t.architecture is None and params is not None else None
+    notes: list[str] = [implied] if implied is not None else []
     if stage < Stage.GRADIENTS:
         if setup.shard_group_size not in (None, n):
             raise InputError(
@@ -146,7 +147,7 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
             )
             if params is None:
                 notes.append(
-                    "broadcast calls: one per parameter tensor; without an architecture N is listed"
+                    "broadcast calls: one per parameter tensor; without the tensors N is listed"
                 )
         return EngineTraffic(tuple(out), notes=tuple(notes))
     elems = _fsdp_padded(params, psi, shard.size)
@@ -215,8 +216,8 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         )
     if params is None:
         notes.append(
-            "FSDP2 calls: one per fully_shard group; without an architecture 1 is "
-            "listed and padding is per Ψ, not per parameter"
+            "FSDP2 calls: one per fully_shard group; with tp/pp > 1 (or a count below the "
+            "smallest implied decoder) 1 is listed and padding is per Ψ, not per parameter"
         )
     else:
         notes.append(f"FSDP2 groups: {groups} (one per block + root)")

@@ -1,0 +1,431 @@
+"""How close the predictions are: every committed measurement predicted again, summarised.
+
+    python -m bench.accuracy             # per (engine, family, metric): runs, median, max
+    python -m bench.accuracy --markdown  # the accuracy table of README.md, as CI checks it
+    python -m bench.accuracy --runs      # every run's errors
+
+Each file under ``bench/results/`` that a ``SOURCES`` entry matches is read, every run in it is
+predicted again with the current ``calculators/`` and compared with what the GPU measured.
+Errors are (predicted − measured) / measured. Nothing here imports torch: the measured side is
+the committed JSON, the predicted side is ``calculators/``.
+
+A new kind of results file needs one ``SOURCES`` entry: a glob and a reader that turns the file
+into ``Run``s. Files written by ``python -m measure.validate`` (``[{"case", "result"}]``, each
+result with ``runs``) are read by ``validate_runs`` when each run, or its result, carries the
+request it ran (``spec``: the ``/v1/measure`` body) and, where the comparison used engine
+settings beyond it, the calculators' ``engine_config``; ``hf_*.json`` files are read that way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.validate_deepspeed import OPS, predict
+from calculators.architecture import Architecture, count_params
+from calculators.batch import Batch, Checkpointing
+from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
+from calculators.hf_config import architecture_from_hf_config
+from calculators.memory import estimate
+from calculators.model_states import Offload, TrainingSetup
+from calculators.presets import get_preset
+from calculators.topology import Op, sent_factor
+from measure.compare import predicted_communication, predicted_memory, relative_error
+
+RESULTS = Path(__file__).resolve().parent / "results"
+README = Path(__file__).resolve().parents[1] / "README.md"
+BEGIN, END = "<!-- accuracy table: python -m bench.accuracy --markdown -->", "<!-- end -->"
+
+# metric names as the table shows them
+PEAK, RESIDENT = "peak", "resident"
+AFTER_FORWARD, AFTER_BACKWARD = "after forward", "after backward"
+SENT = "bytes sent per rank"
+METRICS = (PEAK, RESIDENT, AFTER_FORWARD, AFTER_BACKWARD, SENT)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run and the current prediction's errors.
+
+    Attributes:
+        source: the results file.
+        label: what ran (case, Nd, stage, knobs).
+        engine: ``torch`` or ``deepspeed`` (with its version in the table).
+        family: the model family that ran.
+        stage: ZeRO stage.
+        dp: data-parallel degree.
+        errors: (predicted − measured) / measured per metric that both sides have.
+    """
+
+    source: str
+    label: str
+    engine: str
+    family: str
+    stage: int
+    dp: int
+    errors: Mapping[str, float]
+
+
+# --- readers ------------------------------------------------------------------------------------
+
+# measure/validate.py PEAK_MODELS, the decoder and batch of each case (kept here: no torch)
+PEAK_CASES: dict[str, tuple[Architecture, int, int]] = {
+    "GPT 124M": (
+        Architecture(layers=12, hidden=768, heads=12, vocab_size=50257, max_seq_len=1024),
+        8,
+        1024,
+    ),
+    "GPT 1.4B": (
+        Architecture(layers=24, hidden=2048, heads=16, vocab_size=50304, max_seq_len=1024),
+        4,
+        1024,
+    ),
+}
+GPT = "GPT (measure.workloads)"
+
+
+def _memory_errors(
+    setup: TrainingSetup, stage: Stage, measured: Mapping[str, Any]
+) -> dict[str, float]:
+    predicted = predicted_memory(estimate(setup, [stage]).stages[0])
+    out = {}
+    for metric, key in (
+        (PEAK, "peak"),
+        (RESIDENT, "resident"),
+        (AFTER_FORWARD, "after_forward"),
+        (AFTER_BACKWARD, "after_backward"),
+    ):
+        error = relative_error(predicted.get(key), measured.get(key))
+        if error is not None:
+            out[metric] = error
+    return out
+
+
+def _sent_error(setup: TrainingSetup, stage: Stage, measured: int) -> dict[str, float]:
+    """The bytes-sent error, for runs that sent something (one rank sends nothing)."""
+    if not measured:
+        return {}
+    predicted = predicted_communication(setup, stage)["sent_bytes_per_rank"]
+    return {SENT: (predicted - measured) / measured}
+
+
+def _validate_run(
+    path: Path, case: str, run: Mapping[str, Any], setup: TrainingSetup, family: str
+) -> Run:
+    stage = Stage(run["stage"])
+    errors = _memory_errors(setup, stage, run["measured"])
+    sent = run.get("communication", {}).get("measured_sent_bytes_per_rank", 0)
+    errors.update(_sent_error(setup, stage, sent))
+    return Run(
+        path.name,
+        f"{case} | {run.get('mode', '-')} | Nd {run['world_size']} | stage {run['stage']}",
+        setup.engine.value,
+        family,
+        run["stage"],
+        run["world_size"],
+        errors,
+    )
+
+
+def torch_peak_runs(path: Path) -> list[Run]:
+    """``python -m measure.validate --part peak``: the GPT cases of ``PEAK_CASES``."""
+    out = []
+    for item in json.loads(path.read_text()):
+        name, ckpt = item["case"].split(" ckpt=")
+        arch, micro, seq = PEAK_CASES[name]
+        for run in item["result"]["runs"]:
+            setup = TrainingSetup(
+                params=item["result"]["params"],
+                dp=run["world_size"],
+                precision=Precision.MIXED_BF16,
+                engine=Engine.TORCH,
+                architecture=arch,
+                batch=Batch(micro, seq, Checkpointing(ckpt)),
+                engine_config={"fsdp_root_reshard_after_forward": True},
+            )
+            out.append(_validate_run(path, item["case"], run, setup, GPT))
+    return out
+
+
+def _model(spec: Mapping[str, Any]) -> tuple[int, Architecture | None, str]:
+    """Ψ, architecture and family of a request's ``model``."""
+    if "hf_config" in spec:
+        config = spec["hf_config"]
+        arch = architecture_from_hf_config(config)
+        family = str(config.get("model_type", "hf"))
+    elif "preset" in spec:
+        arch = get_preset(spec["preset"]).architecture
+        family = spec["preset"]
+    elif "architecture" in spec:
+        arch = Architecture(**spec["architecture"])
+        family = GPT
+    else:
+        return int(spec["params"]), None, "bare count"
+    return count_params(arch), arch, family
+
+
+def spec_setup(
+    spec: Mapping[str, Any], world: int, config: Mapping[str, Any] | None
+) -> tuple[TrainingSetup, str]:
+    """The calculators' view of a ``/v1/measure`` request run on ``world`` ranks."""
+    params, arch, family = _model(spec["model"])
+    batch = spec.get("batch")
+    offload = spec.get("offload") or {}
+    return (
+        TrainingSetup(
+            params=params,
+            dp=world,
+            precision=Precision(spec.get("precision", "mixed_bf16")),
+            optimizer=Optimizer(spec.get("optimizer", "adam")),
+            engine=Engine(spec.get("engine", "torch")),
+            offload=Offload(
+                optimizer=OffloadDevice(offload.get("optimizer") or "none"),
+                params=OffloadDevice(offload.get("params") or "none"),
+            ),
+            architecture=arch,
+            batch=None
+            if batch is None
+            else Batch(
+                batch["micro_batch_size"],
+                batch["seq_len"],
+                Checkpointing(batch.get("activation_checkpointing", "none")),
+                batch.get("grad_accumulation_steps", 1),
+            ),
+            engine_config=dict(config or spec.get("engine_config") or {}),
+        ),
+        family,
+    )
+
+
+def validate_runs(path: Path) -> list[Run]:
+    """``python -m measure.validate`` output whose runs carry their request (``spec``)."""
+    out = []
+    for item in json.loads(path.read_text()):
+        result = item["result"]
+        for run in result["runs"]:
+            spec = run.get("spec") or result["spec"]
+            setup, family = spec_setup(spec, run["world_size"], run.get("engine_config"))
+            out.append(_validate_run(path, item["case"], run, setup, family))
+    return out
+
+
+def deepspeed_runs(path: Path) -> list[Run]:
+    """``bench/validate_deepspeed.py run``: GPT-2 small/large (untied head) under DeepSpeed,
+    predicted as its ``report`` does (``predict``)."""
+    data = json.loads(path.read_text())
+    out = []
+    patched = False  # one process per file: stage 3 patches F.linear for the rest of it
+    for r in data["results"]:
+        if "error" in r:
+            raise ValueError(f"{path.name}: a failed run is committed: {r['error'][:200]}")
+        memory, comm = predict(r, patched)
+        patched = patched or r["stage"] == 3
+        errors = {
+            RESIDENT: (memory.resident - (r["resident"] - r["baseline"]))
+            / (r["resident"] - r["baseline"]),
+        }
+        if memory.peak is not None:
+            errors[PEAK] = (memory.peak - (r["peak"] - r["baseline"])) / (r["peak"] - r["baseline"])
+        sent = sum(
+            int(c["payload_bytes"] * sent_factor(Op(OPS[c["op"]]), r["dp"]))
+            for c in r["collectives"]
+        )
+        if sent:
+            errors[SENT] = (comm.sent_bytes_per_rank - sent) / sent
+        knobs = [f"GA {r['ga']}"] if r.get("ga", 1) > 1 else []
+        knobs += [f"{k}={v}" for k, v in r.get("zero", {}).items()]
+        out.append(
+            Run(
+                path.name,
+                f"{r['model']} | Nd {r['dp']} | {r['precision']} | stage {r['stage']} | "
+                f"{'cpu offload' if r['offload'] else 'no offload'} | {', '.join(knobs) or '-'}",
+                f"deepspeed {data['deepspeed']}",
+                "GPT-2 (untied head)",
+                r["stage"],
+                r["dp"],
+                errors,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Source:
+    """One kind of results file.
+
+    Attributes:
+        pattern: glob under ``bench/results/``.
+        read: the file's runs, predicted again.
+        scope: what the runs cover beyond stages and Nd (the table says those from the data).
+        command: how the file is measured (docs/VALIDATION.md).
+    """
+
+    pattern: str
+    read: Callable[[Path], list[Run]]
+    scope: str
+    command: str
+
+
+SOURCES = (
+    Source(
+        "torch_peak.json",
+        torch_peak_runs,
+        "124M and 1.4B, mixed bf16, ± full checkpointing, simulated worlds on 1 × H100",
+        "python -m measure.validate --part peak",
+    ),
+    Source(
+        "deepspeed_*.json",
+        deepspeed_runs,
+        "small and large, fp16/bf16, ± CPU optimizer offload, bucket and stage-3 knobs, "
+        "1 and 2 × H200 (NCCL)",
+        "bench/validate_deepspeed.py run",
+    ),
+    Source(
+        "hf_*.json",
+        validate_runs,
+        "Hugging Face modelling code (transformers)",
+        "python -m measure.validate",
+    ),
+)
+
+
+def all_runs(results: Path = RESULTS) -> list[tuple[Source, Run]]:
+    """Every committed run of every source, predicted again."""
+    out = []
+    for source in SOURCES:
+        for path in sorted(results.glob(source.pattern)):
+            out += [(source, run) for run in source.read(path)]
+    return out
+
+
+# --- summary ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The errors of one (engine, family, metric), over every run that has the metric.
+
+    ``median`` and ``max`` are of |error|; ``lowest`` is the most negative error (the run
+    predicted furthest too low), or the smallest when none is negative.
+    """
+
+    engine: str
+    family: str
+    metric: str
+    runs: int
+    median: float
+    max: float
+    lowest: float
+    stages: tuple[int, ...]
+    dps: tuple[int, ...]
+    scope: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.engine, self.family, self.metric
+
+
+def summarise(runs: Iterable[tuple[Source, Run]]) -> list[Summary]:
+    groups: dict[tuple[str, str, str], list[tuple[Source, Run]]] = {}
+    for source, run in runs:
+        for metric in run.errors:
+            groups.setdefault((run.engine, run.family, metric), []).append((source, run))
+    out = []
+    for (engine, family, metric), members in groups.items():
+        errors = [run.errors[metric] for _, run in members]
+        scopes = dict.fromkeys(source.scope for source, _ in members)
+        out.append(
+            Summary(
+                engine,
+                family,
+                metric,
+                len(errors),
+                statistics.median(abs(e) for e in errors),
+                max(abs(e) for e in errors),
+                min(errors),
+                tuple(sorted({run.stage for _, run in members})),
+                tuple(sorted({run.dp for _, run in members})),
+                "; ".join(scopes),
+            )
+        )
+    order = {m: i for i, m in enumerate(METRICS)}
+    return sorted(out, key=lambda s: (s.engine, s.family, order.get(s.metric, len(order))))
+
+
+def percent(x: float) -> str:
+    """A relative error in % as the table writes it (two decimals; -0.00 is 0.00)."""
+    text = f"{100 * x:.2f}"
+    return "0.00" if text == "-0.00" else text
+
+
+def _span(values: tuple[int, ...]) -> str:
+    return (
+        "–".join(map(str, (values[0], values[-1])))
+        if len(values) > 2
+        else "/".join(map(str, values))
+    )
+
+
+def markdown(summaries: Iterable[Summary]) -> str:
+    """The README's accuracy table."""
+    lines = [
+        "| engine | family | metric | runs | what ran | median \\|error\\| % | max \\|error\\| % "
+        "| lowest % |",
+        "|---|---|---|---:|---|---:|---:|---:|",
+    ]
+    for s in summaries:
+        what = f"stages {_span(s.stages)}, Nd {'/'.join(map(str, s.dps))}; {s.scope}"
+        lines.append(
+            f"| {s.engine} | {s.family} | {s.metric} | {s.runs} | {what} | {percent(s.median)} "
+            f"| {percent(s.max)} | {percent(s.lowest)} |"
+        )
+    return "\n".join(lines)
+
+
+def readme_table(text: str) -> str:
+    """The table between the markers in README.md."""
+    start = text.index(BEGIN) + len(BEGIN)
+    return text[start : text.index(END, start)].strip()
+
+
+def stated(table: str) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """(median, max) |error| in % per (engine, family, metric), as a markdown table states them."""
+    out = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        out[cells[0], cells[1], cells[2]] = (float(cells[5]), float(cells[6]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--markdown", action="store_true", help="print the README's table")
+    ap.add_argument("--runs", action="store_true", help="print every run's errors")
+    a = ap.parse_args(argv)
+    runs = all_runs()
+    summaries = summarise(runs)
+    if a.markdown:
+        print(markdown(summaries))
+        return 0
+    if a.runs:
+        for _, run in runs:
+            errors = ", ".join(f"{k} {percent(v)} %" for k, v in run.errors.items())
+            print(f"{run.source} | {run.engine} | {run.label} | {errors}")
+        return 0
+    for s in summaries:
+        print(
+            f"{s.engine:18s} {s.family:24s} {s.metric:20s} {s.runs:4d} runs  median "
+            f"{percent(s.median):>6s} %  max {percent(s.max):>6s} %  lowest "
+            f"{percent(s.lowest):>6s} %"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

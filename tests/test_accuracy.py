@@ -1,0 +1,115 @@
+"""CI holds the README's accuracy claims: every committed measurement predicted again.
+
+``bench.accuracy`` reads each file of ``bench/results/`` and predicts every run with the current
+``calculators/``; the README's table must be exactly what that shows, and no run may be further
+off than the table states for its engine, family and metric.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from bench.accuracy import (
+    PEAK,
+    README,
+    RESULTS,
+    SOURCES,
+    all_runs,
+    markdown,
+    readme_table,
+    spec_setup,
+    stated,
+    summarise,
+    validate_runs,
+)
+from calculators.conventions import Stage
+from calculators.memory import estimate
+from measure.compare import predicted_memory
+
+RUNS = all_runs()
+STATED = stated(readme_table(README.read_text()))
+ROUNDING = 0.005  # the table writes % with two decimals
+
+
+def test_every_results_file_is_read() -> None:
+    # a results file that no SOURCES entry reads would hold claims nobody checks
+    committed = {p.name for p in RESULTS.glob("*.json")}
+    read = {p.name for source in SOURCES for p in RESULTS.glob(source.pattern)}
+    assert committed == read
+    assert {run.source for _, run in RUNS} == committed
+
+
+def test_readme_table_is_what_the_data_shows() -> None:
+    generated = markdown(summarise(RUNS))
+    assert readme_table(README.read_text()) == generated, (
+        "README.md's accuracy table differs from the data: paste the output of "
+        "`python -m bench.accuracy --markdown` between its markers"
+    )
+
+
+@pytest.mark.parametrize("key", sorted(STATED), ids=" / ".join)
+def test_no_run_is_further_off_than_stated(key: tuple[str, str, str]) -> None:
+    engine, family, metric = key
+    median, worst = STATED[key]
+    errors = [
+        (run.source, run.label, 100 * run.errors[metric])
+        for _, run in RUNS
+        if (run.engine, run.family) == (engine, family) and metric in run.errors
+    ]
+    assert errors, "the table states a row that no committed run measures"
+    over = [e for e in errors if abs(e[2]) > worst + ROUNDING]
+    assert not over, f"{len(over)} runs beyond the stated {worst} %: {over[:5]}"
+    assert statistics.median(abs(e[2]) for e in errors) <= median + ROUNDING
+
+
+def _validate_file(tmp_path: Path, measured_peak: float) -> Path:
+    """A ``python -m measure.validate`` file for a small Llama-style model, as a Hugging Face
+    run would write it: the request per result, measured figures per run."""
+    spec = {
+        "model": {
+            "hf_config": {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 128,
+                "vocab_size": 256,
+            }
+        },
+        "dp": 2,
+        "stages": [3],
+        "precision": "mixed_bf16",
+        "engine": "torch",
+        "batch": {"micro_batch_size": 2, "seq_len": 32},
+    }
+    setup, _ = spec_setup(spec, 2, None)
+    predicted = predicted_memory(estimate(setup, [Stage.PARAMETERS]).stages[0])
+    run = {
+        "stage": 3,
+        "world_size": 2,
+        "mode": "simulated",
+        "measured": {
+            "resident": predicted["resident"],
+            "peak": round(predicted["peak"] * measured_peak),
+        },
+    }
+    path = tmp_path / "hf_llama.json"
+    path.write_text(json.dumps([{"case": "llama tiny", "result": {"spec": spec, "runs": [run]}}]))
+    return path
+
+
+def test_a_new_results_file_is_read_through_its_spec(tmp_path: Path) -> None:
+    (hf,) = [s for s in SOURCES if s.pattern == "hf_*.json"]
+    assert hf.read is validate_runs
+    exact = validate_runs(_validate_file(tmp_path, 1.0))
+    assert [(r.engine, r.family, r.errors) for r in exact] == [
+        ("torch", "llama", {PEAK: 0.0, "resident": 0.0})
+    ]
+    (low,) = validate_runs(_validate_file(tmp_path, 1.25))  # the GPU used 25 % more
+    assert low.errors[PEAK] == pytest.approx(-0.2, abs=1e-6)
+    (row,) = [s for s in summarise([(hf, low)]) if s.metric == PEAK]
+    assert (row.runs, row.lowest) == (1, low.errors[PEAK])
