@@ -45,7 +45,9 @@ async def validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def input_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, InputError)
-    return _problem(422, [{"field": exc.field, "msg": exc.message, "type": "value_error"}])
+    return _problem(
+        422, [{"field": f, "msg": exc.message, "type": "value_error"} for f in exc.fields]
+    )
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from app.schemas.common import Degree, DeviceBytes, JsonObject, SmallDegree, StrictModel
 from app.schemas.model import BatchIn, ModelSpec
@@ -143,6 +143,39 @@ class Convention(BaseModel):
     bytes_per_param: dict[str, float]
 
 
+class ResolvedValue(BaseModel):
+    """One value of engine_config as the engine model reads it, and where it comes from."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    key: str = Field(description="Dotted key inside engine_config.")
+    value: Any = Field(description="The value used; null when unresolved (from says why).")
+    source: str = Field(
+        alias="from",
+        description="config, auto: <rule> (as transformers' Trainer fills it), request: <field>, "
+        "derived by DeepSpeed, or the engine's default.",
+    )
+
+
+class ResolvedConfig(BaseModel):
+    """What engine_config decided: the effective stage, precision, offload and batch."""
+
+    engine: Engine
+    stage: int | None = Field(description="The stage the config names; null when it names none.")
+    stages: list[int] = Field(description="The stages answered.")
+    precision: Precision
+    offload: OffloadIn
+    micro_batch_size: int | None = Field(
+        description="Micro-batch per device; null when neither the config nor a batch gives it."
+    )
+    gradient_accumulation_steps: int
+    train_batch_size: int | None = Field(
+        description="dp × micro-batch × accumulation; null when the micro-batch is unknown."
+    )
+    values: list[ResolvedValue] = Field(description="Every value read or resolved, and how.")
+    notes: list[str] = Field(default_factory=list)
+
+
 class MemoryResponse(BaseModel):
     params: int = Field(description="Ψ of the whole model.")
     params_per_device: int = Field(description="Ψ on one device after TP and PP, before ZeRO.")
@@ -154,4 +187,9 @@ class MemoryResponse(BaseModel):
     breakdown_notes: list[str] = Field(
         description="What the breakdown's rungs mean and why "
         "reserved and device memory are not predicted."
+    )
+    resolved_config: ResolvedConfig | None = Field(
+        None,
+        description="What engine_config decided (engine deepspeed or torch); null when the "
+        "request has no engine_config or uses engine paper.",
     )
