@@ -340,12 +340,14 @@ class _Reader:
 
     def precision(self) -> Precision:
         enabled: dict[str, bool] = {}
+        autos = False
         for name, precision in _SECTIONS.items():
             section = _section(self.body, name, f"{CONFIG}.{name}")
             if "enabled" not in section:
                 continue
             key = f"{name}.enabled"
             if section["enabled"] == "auto":
+                autos = True
                 on = self.req.precision is precision
                 self.set(key, on)
                 self.note(
@@ -386,10 +388,16 @@ class _Reader:
                     f"precision {self.req.precision.value} contradicts the config, which "
                     "enables neither fp16 nor bf16 (DeepSpeed then trains in fp32)",
                 )
+            hint = (
+                f' ("auto" follows precision, {self.req.precision.value} by default: send '
+                "precision mixed_fp16 or mixed_bf16 to pick the section)"
+                if autos
+                else ""
+            )
             raise InputError(
                 f"{CONFIG}.{key}.enabled",
                 "the config enables neither fp16 nor bf16, so DeepSpeed trains in fp32, which "
-                "the deepspeed engine does not model (it models the fp16 and bf16 sections)",
+                f"the deepspeed engine does not model (it models the fp16 and bf16 sections){hint}",
             )
         if self.req.precision not in _SECTIONS.values():
             return self.req.precision  # the engine model refuses it, naming precision

@@ -218,7 +218,15 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
             if not isinstance(value, bool):
                 raise InputError(f"{CONFIG}.{where}", "must be true or false")
             checkpointing = value
-            values.append(Resolved(where, value, "config"))
+            values.append(
+                Resolved(
+                    where,
+                    value,
+                    "config: each block checkpointed (batch.activation_checkpointing full)"
+                    if value
+                    else "config: no checkpointing applied by FSDP",
+                )
+            )
         else:
             accepted = (
                 "reshard_after_forward, mixed_precision (MixedPrecisionPolicy), offload_policy, "
@@ -227,9 +235,9 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
             raise InputError(
                 f"{CONFIG}.{where}", f"not an FSDP2 setting the torch engine reads ({accepted})"
             )
-    stages, how = decided_stages(req, stage, stage_key)
-    if stage is not None:
-        values.append(Resolved("stage", int(stage), f"{stage_key}: {how}"))
+    stages, _ = decided_stages(req, stage, stage_key)
+    if not any(k in flat for k in ("mixed_precision", "mp_policy", "mixed_precision_policy")):
+        values.append(Resolved("mixed_precision", None, _precision_from_request(req)))
     if checkpointing is not None:
         if req.checkpointing_full is None:
             notes.append(
@@ -259,6 +267,21 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
         values=tuple(values),
         notes=tuple(notes),
         checkpointing_full=checkpointing,
+    )
+
+
+def _precision_from_request(req: Requested) -> str:
+    """How the request's precision reads as a MixedPrecisionPolicy (stages 2 and 3)."""
+    default = "" if req.given("precision") else " (its default)"
+    policy = {
+        Precision.MIXED_BF16: "param_dtype bfloat16, reduce_dtype float32",
+        Precision.MIXED_FP16: "param_dtype float16, reduce_dtype float32",
+        Precision.FP32: "none (float32 throughout)",
+        Precision.BF16: "none (parameters cast to bfloat16)",
+    }[req.precision]
+    return (
+        f"not in the config: the request's precision {req.precision.value}{default}, "
+        f"MixedPrecisionPolicy {policy}"
     )
 
 
