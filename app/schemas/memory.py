@@ -54,8 +54,13 @@ class TrainingIn(StrictModel):
     engine_config: Annotated[
         JsonObject | None,
         Field(
-            description="Engine knobs: a DeepSpeed config JSON body (engine deepspeed), or "
-            "torch-engine keys (holds_outputs, cublas_workspace_bytes, compute_capability_major)."
+            description="The config you train with. Engine deepspeed: a DeepSpeed config body; "
+            "it decides stage, fp16/bf16, offload, optimizer, micro-batch, accumulation and "
+            'every ZeRO knob, "auto" filled as transformers\' Trainer fills it. Engine torch: '
+            "FSDP2 settings (reshard_after_forward, mixed_precision, accelerate's fsdp_config "
+            "keys) and holds_outputs, cublas_workspace_bytes, compute_capability_major. Request "
+            "fields sent explicitly must agree with it; resolved_config in the response lists "
+            "what it decided."
         ),
     ] = None
 

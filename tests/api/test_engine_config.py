@@ -217,6 +217,46 @@ def test_config_offload_with_default_stages(client: TestClient) -> None:
     assert body["stages"][0]["cpu"]["optimizer_states"] > 0
 
 
+def test_config_offload_without_a_stage_leaves_out_what_cannot_offload(client: TestClient) -> None:
+    body = post(
+        client,
+        "/v1/memory",
+        {
+            "model": {"params": 1_000_000_000},
+            "dp": 4,
+            "engine": "deepspeed",
+            "engine_config": {
+                "bf16": {"enabled": True},
+                "zero_optimization": {"offload_param": {"device": "cpu"}},
+            },
+        },
+    )
+    assert [s["stage"] for s in body["stages"]] == [3]
+    assert body["resolved_config"]["stage"] is None
+    assert any("left out" in n for n in body["resolved_config"]["notes"])
+
+
+def test_config_offload_below_its_own_stage_names_both_keys(client: TestClient) -> None:
+    body = post(
+        client,
+        "/v1/memory",
+        {
+            "model": {"params": 1_000_000_000},
+            "dp": 4,
+            "engine": "deepspeed",
+            "engine_config": {
+                "bf16": {"enabled": True},
+                "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}},
+            },
+        },
+        status=422,
+    )
+    assert fields(body) == {
+        "engine_config.zero_optimization.offload_param.device",
+        "engine_config.zero_optimization.stage",
+    }
+
+
 def test_explicit_stages_including_the_configs_are_answered(client: TestClient) -> None:
     body = post(
         client,

@@ -412,9 +412,12 @@ class _Reader:
 
     # -- offload --------------------------------------------------------------------------------
 
-    def offload(self, stages: tuple[Stage, ...]) -> Offload:
+    def offload(self, stages: tuple[Stage, ...], trim: bool) -> tuple[Offload, Stage]:
+        """The offload devices, and the lowest stage they allow (``trim``: stages below it
+        may be left out rather than refused)."""
         zero = _section(self.body, "zero_optimization", f"{CONFIG}.zero_optimization")
         devices = {}
+        lowest = Stage.NONE
         for key, part, least in (
             ("offload_optimizer", "optimizer", Stage.OPTIMIZER),
             ("offload_param", "params", Stage.PARAMETERS),
@@ -443,16 +446,21 @@ class _Reader:
                     f"offload.{part} {asked.value} contradicts the config's device {device.value}",
                 )
             low = [s for s in stages if s < least]
-            if device is not OffloadDevice.NONE and low:
-                raise contradiction(
-                    "stages",
-                    path,
-                    f"the config offloads to {device.value}, which needs ZeRO stage "
-                    f"{int(least)} or higher; stage {int(low[0])} is asked for",
+            if device is not OffloadDevice.NONE and low and not trim:
+                why = (
+                    f"{key} to {device.value} is modelled from ZeRO stage {int(least)} on; "
+                    f"stage {int(low[0])} is asked for"
                 )
+                if self.req.given("stages") or "stage" not in zero:
+                    raise contradiction("stages", path, why)
+                raise InputError(
+                    f"{CONFIG}.{path}", why, also=(f"{CONFIG}.zero_optimization.stage",)
+                )
+            if device is not OffloadDevice.NONE:
+                lowest = max(lowest, least)
             self.note(path, device.value, "config")
             devices[part] = device
-        return Offload(optimizer=devices["optimizer"], params=devices["params"])
+        return Offload(optimizer=devices["optimizer"], params=devices["params"]), lowest
 
     # -- optimizer ------------------------------------------------------------------------------
 
@@ -695,7 +703,14 @@ def resolve_config(config: Mapping[str, Any], req: Requested) -> Decided:
     if stage is not None:
         reader.note("zero_optimization.stage", int(stage), how)
     precision = reader.precision()
-    offload = reader.offload(stages)
+    trim = stage is None and not req.given("stages")
+    offload, lowest = reader.offload(stages, trim)
+    if trim and any(s < lowest for s in stages):
+        stages = tuple(s for s in stages if s >= lowest)
+        reader.notes.append(
+            f"stages below {int(lowest)} left out: the config's offload is modelled from ZeRO "
+            f"stage {int(lowest)} on"
+        )
     optimizer = reader.optimizer()
     micro, accumulation, train = reader.batch()
     reader.knobs(
