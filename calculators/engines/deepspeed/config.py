@@ -258,22 +258,21 @@ def _copy(value: Any) -> Any:
     return value
 
 
-def _autos(node: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose value is "auto"."""
+def _autos(node: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Paths of the values that are "auto"."""
     if not isinstance(node, Mapping):
         return []
     out = []
     for k, v in node.items():
-        key = f"{prefix}{k}"
         if v == "auto":
-            out.append(key)
+            out.append((*path, k))
         else:
-            out.extend(_autos(v, f"{key}."))
+            out.extend(_autos(v, (*path, k)))
     return out
 
 
-def _node(body: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:
-    *parents, leaf = key.split(".")
+def _node(body: dict[str, Any], path: tuple[str, ...]) -> tuple[dict[str, Any], str]:
+    *parents, leaf = path
     node = body
     for p in parents:
         node = node[p]
@@ -299,12 +298,12 @@ class _Reader:
     def note(self, key: str, value: Any, source: str) -> None:
         self.values.append(Resolved(key, value, source))
 
-    def set(self, key: str, value: Any) -> None:
-        node, leaf = _node(self.body, key)
+    def set(self, key: str | tuple[str, ...], value: Any) -> None:
+        node, leaf = _node(self.body, tuple(key.split(".")) if isinstance(key, str) else key)
         node[leaf] = value
 
-    def drop(self, key: str) -> None:
-        node, leaf = _node(self.body, key)
+    def drop(self, key: str | tuple[str, ...]) -> None:
+        node, leaf = _node(self.body, tuple(key.split(".")) if isinstance(key, str) else key)
         del node[leaf]
 
     def request_default(self, field: str) -> str:
@@ -619,7 +618,8 @@ class _Reader:
         DeepSpeed drops them; then every knob the model reads, with its source (``only``: the
         one stage answered, which decides overlap_comm's default)."""
         hidden = self.req.hidden
-        for key in _autos(self.body):
+        for path in _autos(self.body):
+            key = ".".join(path)
             fill = _HIDDEN_FILLS.get(key)
             if fill is not None and (stage3 or not fill[2]):
                 rule, words = fill[0], fill[1]
@@ -630,17 +630,17 @@ class _Reader:
                         "count has no hidden size: give model.architecture, preset or hf_config, "
                         "or a number",
                     )
-                self.set(key, rule(hidden))
+                self.set(path, rule(hidden))
                 self.note(key, rule(hidden), f"auto: {words} ({_TRAINER}), hidden_size {hidden}")
             elif fill is not None:
-                self.drop(key)
+                self.drop(path)
                 self.note(
                     key,
                     _default_of(key),
                     f"auto: the {_TRAINER} fills it only for stage 3; {_DROPPED}",
                 )
             elif key in _NO_EFFECT_AUTO:
-                self.drop(key)
+                self.drop(path)
                 self.note(
                     key,
                     None,
@@ -648,7 +648,7 @@ class _Reader:
                     f"({_NO_EFFECT_AUTO[key]}); no effect on memory or traffic",
                 )
             else:
-                self.drop(key)
+                self.drop(path)
                 default = _default_of(key)
                 self.note(
                     key,

@@ -90,6 +90,8 @@ def _flatten(config: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
             if not isinstance(value, Mapping):
                 raise InputError(f"{CONFIG}.fsdp_config", "must be an object")
             for inner, v in value.items():
+                if inner in out:
+                    raise InputError(f"{CONFIG}.{inner}", "given twice (here and in fsdp_config)")
                 out[inner] = (f"fsdp_config.{inner}", v)
         else:
             if key in out:
