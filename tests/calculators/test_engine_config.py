@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calculators.config_resolution import Requested
@@ -29,6 +29,7 @@ BF16_Z2 = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
 small = st.integers(min_value=1, max_value=64)
 
 
+@settings(deadline=None)
 @given(dp=small, micro=small, steps=small)
 def test_two_of_three_batch_keys_give_the_third(dp: int, micro: int, steps: int) -> None:
     """runtime/config.py _set_batch_related_parameters, then _batch_assertion holds."""
@@ -42,6 +43,7 @@ def test_two_of_three_batch_keys_give_the_third(dp: int, micro: int, steps: int)
         assert (d.micro_batch, d.grad_accumulation, d.train_batch) == (micro, steps, train)
 
 
+@settings(deadline=None)
 @given(dp=small, micro=small, steps=small, extra=st.integers(min_value=1, max_value=7))
 def test_an_inconsistent_global_batch_is_refused(
     dp: int, micro: int, steps: int, extra: int
@@ -57,6 +59,7 @@ def test_an_inconsistent_global_batch_is_refused(
     assert err.value.field == "engine_config.train_batch_size"
 
 
+@settings(deadline=None)
 @given(hidden=st.integers(min_value=1, max_value=65536))
 def test_hidden_size_autos_follow_the_trainer(hidden: int) -> None:
     zero = {
