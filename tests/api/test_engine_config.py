@@ -604,3 +604,67 @@ def test_readme_deepspeed_example_runs(client: TestClient) -> None:
     rc = got["resolved_config"]
     assert rc["stage"] == 3 and rc["precision"] == "mixed_bf16"
     assert values(got)["zero_optimization.reduce_bucket_size"][0] == 4096 * 4096
+
+
+def test_auto_values_match_transformers_trainer(client: TestClient) -> None:
+    """Our "auto" values against transformers' own HfTrainerDeepSpeedConfig (needs transformers,
+    accelerate and deepspeed installed; the GPU hosts have them)."""
+    pytest.importorskip("accelerate")
+    pytest.importorskip("deepspeed")
+    from types import SimpleNamespace
+
+    from transformers.integrations.deepspeed import (
+        HfTrainerDeepSpeedConfig,
+        unset_hf_deepspeed_config,
+    )
+
+    dp, micro, steps = 8, 2, 4
+    args = SimpleNamespace(
+        world_size=dp,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=steps,
+        max_grad_norm=1.0,
+        learning_rate=5e-5,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        weight_decay=0.0,
+        save_on_each_node=False,
+        fp16=False,
+        fp16_full_eval=False,
+        bf16=True,
+        bf16_full_eval=False,
+        fp16_backend="auto",
+        fp16_opt_level="O1",
+        get_warmup_steps=lambda _steps: 0,
+    )
+    model = SimpleNamespace(config=SimpleNamespace(hidden_size=LLAMA_7B["hidden_size"]))
+    hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(TRAINER_ZERO3)))
+    try:
+        hf.trainer_config_process(args)
+        hf.trainer_config_finalize(args, model, num_training_steps=100)
+        trainer = hf.config
+    finally:
+        unset_hf_deepspeed_config()
+    body = post(
+        client,
+        "/v1/memory",
+        {
+            "model": {"hf_config": LLAMA_7B},
+            "dp": dp,
+            "engine": "deepspeed",
+            "precision": "mixed_bf16",
+            "batch": {"micro_batch_size": micro, "seq_len": 1024, "grad_accumulation_steps": steps},
+            "engine_config": TRAINER_ZERO3,
+        },
+    )
+    compared = 0
+    for key, (value, how) in values(body).items():
+        if not how.startswith("auto") or value is None:
+            continue
+        node: Any = trainer
+        for part in key.split("."):
+            node = node[part]
+        assert node == value, key
+        compared += 1
+    assert compared >= 8

@@ -239,7 +239,6 @@ _NO_EFFECT_AUTO = {
     "scheduler.params.warmup_max_lr": "learning_rate",
     "scheduler.params.total_num_steps": "num_training_steps",
     "scheduler.params.warmup_num_steps": "warmup_steps",
-    "amp.opt_level": "fp16_opt_level",
 }
 # DeepSpeed's optimizer names (runtime/config.py ADAM_OPTIMIZER, ADAMW_OPTIMIZER): both keep
 # exp_avg and exp_avg_sq, as torch.optim.Adam/AdamW do.
@@ -294,6 +293,7 @@ class _Reader:
         self.req = req
         self.values: list[Resolved] = []
         self.notes: list[str] = []
+        self.stage_auto = False  # zero_optimization.stage is "auto" (accelerate fills it)
 
     def note(self, key: str, value: Any, source: str) -> None:
         self.values.append(Resolved(key, value, source))
@@ -322,6 +322,7 @@ class _Reader:
             return None
         value = zero["stage"]
         if value == "auto":
+            self.stage_auto = True
             self.drop("zero_optimization.stage")
             self.note(
                 "zero_optimization.stage",
@@ -713,8 +714,10 @@ def resolve_config(config: Mapping[str, Any], req: Requested) -> Decided:
         )
     optimizer = reader.optimizer()
     micro, accumulation, train = reader.batch()
+    # the Trainer fills the stage-3 keys when the config's stage is 3 (is_zero3()); a stage
+    # "auto" is filled by accelerate first, with the stage the request answers here
     reader.knobs(
-        Stage.PARAMETERS in stages if stage is None else stage is Stage.PARAMETERS,
+        stage is Stage.PARAMETERS or (reader.stage_auto and Stage.PARAMETERS in stages),
         stages[0] if len(stages) == 1 else None,
     )
     parse_config(reader.body)  # every value left is one the model reads or ignores
