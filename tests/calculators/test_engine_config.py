@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,3 +85,47 @@ def test_the_callers_config_is_left_as_it_was() -> None:
         "bf16": {"enabled": "auto"},
         "zero_optimization": {"reduce_bucket_size": "auto"},
     }
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3},
+        {"train_batch_size": 24, "gradient_accumulation_steps": 4},
+        {"train_micro_batch_size_per_gpu": 5, "gradient_accumulation_steps": 2},
+        {"train_batch_size": 24},
+        {"train_micro_batch_size_per_gpu": 7},
+    ],
+)
+@pytest.mark.parametrize(
+    "zero",
+    [
+        {"stage": 2, "stage3_prefetch_bucket_size": "auto", "reduce_bucket_size": 1000},
+        {"stage": 3, "sub_group_size": "auto", "overlap_comm": "auto"},
+        {"stage": 1, "overlap_comm": True, "allgather_bucket_size": 12345},
+    ],
+)
+def test_batch_and_knobs_match_deepspeeds_own_config(
+    config: dict[str, int], zero: dict[str, object]
+) -> None:
+    """DeepSpeed's DeepSpeedConfig (world size 1 outside torch.distributed) reads the same body
+    to the same batch and knobs (needs deepspeed installed)."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    body = {"bf16": {"enabled": True}, **config, "zero_optimization": zero}
+    ds = DeepSpeedConfig(json.loads(json.dumps(body)))
+    ours = resolve_config(body, asked(dp=ds.world_size))
+    assert (ours.train_batch, ours.micro_batch, ours.grad_accumulation) == (
+        ds.train_batch_size,
+        ds.train_micro_batch_size_per_gpu,
+        ds.gradient_accumulation_steps,
+    )
+    got = {v.key.removeprefix("zero_optimization."): v.value for v in ours.values}
+    z = ds.zero_config
+    assert got["reduce_bucket_size"] == z.reduce_bucket_size
+    assert got["allgather_bucket_size"] == z.allgather_bucket_size
+    assert got["sub_group_size"] == z.sub_group_size
+    assert got["stage3_prefetch_bucket_size"] == z.prefetch_bucket_size
+    assert got["stage3_param_persistence_threshold"] == z.param_persistence_threshold
+    assert got["overlap_comm"] == z.overlap_comm

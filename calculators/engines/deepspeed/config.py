@@ -619,6 +619,7 @@ class _Reader:
         DeepSpeed drops them; then every knob the model reads, with its source (``only``: the
         one stage answered, which decides overlap_comm's default)."""
         hidden = self.req.hidden
+        dropped: dict[str, str] = {}  # knobs whose "auto" DeepSpeed drops: how, by key
         for path in _autos(self.body):
             key = ".".join(path)
             fill = _HIDDEN_FILLS.get(key)
@@ -635,11 +636,7 @@ class _Reader:
                 self.note(key, rule(hidden), f"auto: {words} ({_TRAINER}), hidden_size {hidden}")
             elif fill is not None:
                 self.drop(path)
-                self.note(
-                    key,
-                    _default_of(key),
-                    f"auto: the {_TRAINER} fills it only for stage 3; {_DROPPED}",
-                )
+                dropped[key] = f"auto: the {_TRAINER} fills it only for stage 3; {_DROPPED}"
             elif key in _NO_EFFECT_AUTO:
                 self.drop(path)
                 self.note(
@@ -648,18 +645,16 @@ class _Reader:
                     f"auto: the {_TRAINER} fills it from TrainingArguments "
                     f"({_NO_EFFECT_AUTO[key]}); no effect on memory or traffic",
                 )
+            elif _default_of(key) is not None or key == "zero_optimization.overlap_comm":
+                self.drop(path)
+                dropped[key] = f"auto: not filled by the {_TRAINER}; {_DROPPED}"
             else:
                 self.drop(path)
-                default = _default_of(key)
                 self.note(
                     key,
-                    default,
-                    f"auto: not filled by the {_TRAINER}; {_DROPPED}"
-                    + (
-                        ""
-                        if default is not None or key.startswith("zero_optimization.")
-                        else "; no effect on memory or traffic here"
-                    ),
+                    None,
+                    f"auto: not filled by the {_TRAINER}; {_DROPPED}; nothing modelled here "
+                    "reads it",
                 )
         zero = _section(self.body, "zero_optimization", f"{CONFIG}.zero_optimization")
         seen = {v.key for v in self.values}
@@ -676,10 +671,15 @@ class _Reader:
                 self.note(
                     key,
                     None if only is None else only is Stage.PARAMETERS,
-                    "DeepSpeed default: true for stage 3, false below (zero/config.py)",
+                    dropped.get(key, "DeepSpeed default")
+                    + ": true for stage 3, false below (zero/config.py)",
                 )
             else:
-                self.note(key, getattr(Knobs(), attr), "DeepSpeed default (zero/config.py)")
+                self.note(
+                    key,
+                    getattr(Knobs(), attr),
+                    dropped.get(key, "DeepSpeed default") + " (zero/config.py)",
+                )
 
 
 def resolve_config(config: Mapping[str, Any], req: Requested) -> Decided:
