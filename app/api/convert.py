@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from app.schemas.communication import CommunicationRequest, InterconnectIn, LinkIn
@@ -13,7 +13,10 @@ from app.schemas.plan import GpuIn, PlanRequest
 from calculators.architecture import Architecture, PositionEmbedding, count_params
 from calculators.batch import Batch, Checkpointing
 from calculators.capacity import MAX_PARAMS
-from calculators.conventions import Stage
+from calculators.config_resolution import Decided, Requested
+from calculators.conventions import Engine, Stage
+from calculators.engines.deepspeed.config import resolve_config
+from calculators.engines.torch.config import resolve_fsdp_config
 from calculators.errors import InputError
 from calculators.gpus import Gpu, custom_gpu, get_gpu
 from calculators.hf_config import architecture_from_hf_config
@@ -62,13 +65,63 @@ def check_positions(arch: Architecture, batch: Batch) -> None:
             )
 
 
+def explicit_fields(req: TrainingIn, batch: BatchIn | None = None) -> frozenset[str]:
+    """The request fields the user sent (dotted), as opposed to defaults."""
+    sent = {f for f in req.model_fields_set if f != "offload"}
+    sent |= {f"offload.{f}" for f in req.offload.model_fields_set}
+    if batch is not None:
+        sent |= {f"batch.{f}" for f in batch.model_fields_set}
+    return frozenset(sent)
+
+
+def decide(
+    req: TrainingIn,
+    arch: Architecture | None,
+    batch: BatchIn | None = None,
+    grad_accumulation: tuple[int, str] | None = None,
+) -> Decided | None:
+    """What ``engine_config`` decides (deepspeed: a DeepSpeed config; torch: FSDP2 settings).
+
+    ``grad_accumulation``: the request's steps and field when it carries them outside a batch.
+    """
+    if req.engine_config is None or req.engine is Engine.PAPER:
+        return None
+    steps, field = grad_accumulation or (
+        (batch.grad_accumulation_steps, "batch.grad_accumulation_steps")
+        if batch is not None
+        else (1, "batch.grad_accumulation_steps")
+    )
+    asked = Requested(
+        stages=tuple(Stage(s) for s in req.stages),
+        precision=req.precision,
+        offload=Offload(optimizer=req.offload.optimizer, params=req.offload.params),
+        optimizer=req.optimizer,
+        dp=req.dp,
+        micro_batch=None if batch is None else batch.micro_batch_size,
+        grad_accumulation=steps,
+        grad_accumulation_field=field,
+        checkpointing_full=None
+        if batch is None
+        else batch.activation_checkpointing is Checkpointing.FULL,
+        hidden=None if arch is None else arch.hidden,
+        explicit=explicit_fields(req, batch),
+    )
+    if req.engine is Engine.DEEPSPEED:
+        return resolve_config(req.engine_config, asked)
+    return resolve_fsdp_config(req.engine_config, asked)
+
+
 def to_setup(
-    req: TrainingIn, params: int, arch: Architecture | None, batch: Batch | None = None
+    req: TrainingIn,
+    params: int,
+    arch: Architecture | None,
+    batch: Batch | None = None,
+    decided: Decided | None = None,
 ) -> TrainingSetup:
-    """The calculators' view of a request."""
+    """The calculators' view of a request (with what ``engine_config`` decided, if given)."""
     if arch is not None and batch is not None:
         check_positions(arch, batch)
-    return TrainingSetup(
+    setup = TrainingSetup(
         params=params,
         dp=req.dp,
         tp=req.tp,
@@ -84,14 +137,44 @@ def to_setup(
         batch=batch,
         engine_config=req.engine_config,
     )
+    if decided is None:
+        return setup
+    if batch is not None:
+        batch = replace(batch, grad_accumulation_steps=decided.grad_accumulation)
+        if decided.checkpointing_full:
+            batch = replace(batch, activation_checkpointing=Checkpointing.FULL)
+    return replace(
+        setup,
+        precision=decided.precision,
+        optimizer=decided.optimizer,
+        offload=decided.offload,
+        batch=batch,
+        engine_config=decided.config,
+    )
 
 
-def memory_setup(req: MemoryRequest) -> TrainingSetup:
+@dataclass(frozen=True)
+class MemoryQuestion:
+    """A memory request in the calculators' terms."""
+
+    setup: TrainingSetup
+    stages: tuple[Stage, ...]
+    decided: Decided | None
+
+
+def memory_question(req: MemoryRequest) -> MemoryQuestion:
     params, arch = resolve_model(req.model)
     batch = to_batch(req.batch)
     if req.activation_model == "traced":
         arch = _traced(req, arch, batch)
-    return to_setup(req, params, arch, batch)
+    decided = decide(req, arch, req.batch)
+    setup = to_setup(req, params, arch, batch, decided)
+    stages = decided.stages if decided else tuple(Stage(s) for s in req.stages)
+    return MemoryQuestion(setup, stages, decided)
+
+
+def memory_setup(req: MemoryRequest) -> TrainingSetup:
+    return memory_question(req).setup
 
 
 def _traced(req: MemoryRequest, arch: Architecture | None, batch: Batch | None) -> Architecture:
@@ -125,11 +208,23 @@ def _link(spec: LinkIn, field: str) -> Interconnect:
     return get_interconnect(spec, field)
 
 
-def communication_setup(req: CommunicationRequest) -> CommunicationSetup:
+@dataclass(frozen=True)
+class CommunicationQuestion:
+    """A communication request in the calculators' terms."""
+
+    setup: CommunicationSetup
+    stages: tuple[Stage, ...]
+    decided: Decided | None
+
+
+def communication_question(req: CommunicationRequest) -> CommunicationQuestion:
     """The calculators' view of a communication request."""
     params, arch = resolve_model(req.model)
-    training = to_setup(req, params, arch)
-    return CommunicationSetup(
+    decided = decide(
+        req, arch, grad_accumulation=(req.grad_accumulation_steps, "grad_accumulation_steps")
+    )
+    training = to_setup(req, params, arch, decided=decided)
+    setup = CommunicationSetup(
         training=training,
         topology=make_topology(
             req.dp, req.tp, req.pp, req.nodes, req.gpus_per_node, req.nics_per_node
@@ -140,11 +235,15 @@ def communication_setup(req: CommunicationRequest) -> CommunicationSetup:
             host=_link(req.host_interconnect, "host_interconnect"),
             algorithm=req.algorithm,
         ),
-        grad_accumulation_steps=req.grad_accumulation_steps,
+        grad_accumulation_steps=decided.grad_accumulation
+        if decided
+        else req.grad_accumulation_steps,
         grad_sync=req.grad_sync,
         shard_group_size=req.shard_group_size,
         zeropp=ZeroPlusPlus(qwz=req.zeropp.qwz, hpz=req.zeropp.hpz, qgz=req.zeropp.qgz),
     )
+    stages = decided.stages if decided else tuple(Stage(s) for s in req.stages)
+    return CommunicationQuestion(setup, stages, decided)
 
 
 def plan_gpu(spec: str | GpuIn) -> Gpu:
@@ -192,3 +291,8 @@ def plan_setup(req: PlanRequest, gpu: Gpu, efficiency: Efficiency) -> PlanSetup:
         ),
         efficiency=efficiency,
     )
+
+
+def communication_setup(req: CommunicationRequest) -> CommunicationSetup:
+    """The calculators' view of a communication request."""
+    return communication_question(req).setup

@@ -23,7 +23,10 @@ from app.schemas.memory import (
     Convention,
     HostMemory,
     MemoryResponse,
+    OffloadIn,
     PerDevice,
+    ResolvedConfig,
+    ResolvedValue,
     StageMemory,
 )
 from app.schemas.plan import (
@@ -40,6 +43,7 @@ from app.schemas.plan import (
 from calculators.architecture import Architecture
 from calculators.capacity import MAX_GROWN_LAYERS, MAX_PARAMS, CapacityResult, needed
 from calculators.capacity import StageCapacity as CapacityRow
+from calculators.config_resolution import Decided
 from calculators.conventions import OPTIMIZER_ASSUMPTIONS, Engine, Stage
 from calculators.estimates import MemoryEstimate, StageEstimate
 from calculators.inference import InferenceMemory
@@ -146,7 +150,26 @@ def stage_memory(
     )
 
 
-def memory_response(result: MemoryEstimate, device_memory: int | None) -> MemoryResponse:
+def resolved_config(engine: Engine, decided: Decided | None) -> ResolvedConfig | None:
+    if decided is None:
+        return None
+    return ResolvedConfig(
+        engine=engine,
+        stage=None if decided.stage is None else int(decided.stage),
+        stages=[int(s) for s in decided.stages],
+        precision=decided.precision,
+        offload=OffloadIn(optimizer=decided.offload.optimizer, params=decided.offload.params),
+        micro_batch_size=decided.micro_batch,
+        gradient_accumulation_steps=decided.grad_accumulation,
+        train_batch_size=decided.train_batch,
+        values=[ResolvedValue(key=v.key, value=v.value, source=v.source) for v in decided.values],
+        notes=list(decided.notes),
+    )
+
+
+def memory_response(
+    result: MemoryEstimate, device_memory: int | None, decided: Decided | None = None
+) -> MemoryResponse:
     setup = result.setup
     label = labels(setup)
     per = label.per_param
@@ -184,6 +207,7 @@ def memory_response(result: MemoryEstimate, device_memory: int | None) -> Memory
             for s in result.stages
         ],
         breakdown_notes=BREAKDOWN_NOTES,
+        resolved_config=resolved_config(setup.engine, decided),
     )
 
 
@@ -242,7 +266,9 @@ def _stage_out(s: StageCommunication) -> StageCommunicationOut:
     )
 
 
-def communication_response(result: CommunicationEstimate) -> CommunicationResponse:
+def communication_response(
+    result: CommunicationEstimate, decided: Decided | None = None
+) -> CommunicationResponse:
     setup = result.setup
     t, topo, net = setup.training, setup.topology, setup.network
     dp_group = topo.dp_group()
@@ -276,6 +302,7 @@ def communication_response(result: CommunicationEstimate) -> CommunicationRespon
             "host": _link_out(net.host),
         },
         stages=[_stage_out(s) for s in result.stages],
+        resolved_config=resolved_config(t.engine, decided),
     )
 
 

@@ -133,7 +133,7 @@ async def validation_error(request: Request, exc: Exception) -> JSONResponse:
 async def input_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, InputError)
     kind = "limit" if isinstance(exc, LimitError) else "rule"
-    return error_response(422, [problem(loc_of(exc.field), exc.message, kind)])
+    return error_response(422, [problem(loc_of(f), exc.message, kind) for f in exc.fields])
 
 
 def _problems_of(status: int, detail: Any) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import BaseModel, Field, StrictBool, StrictInt
 
 from app.schemas.common import Degree, StrictModel
-from app.schemas.memory import TrainingIn
+from app.schemas.memory import ResolvedConfig, TrainingIn
 from app.schemas.model import ModelSpec
 from calculators.conventions import Engine
 from calculators.interconnects import DEFAULT_HOST_LINK, DEFAULT_INTER_NODE, DEFAULT_INTRA_NODE
@@ -178,6 +178,11 @@ class CommunicationResponse(BaseModel):
     topology: TopologyOut
     links: dict[str, LinkOut] = Field(description="intra_node, inter_node, host.")
     stages: list[StageCommunicationOut]
+    resolved_config: ResolvedConfig | None = Field(
+        None,
+        description="What engine_config decided (engine deepspeed or torch); null when the "
+        "request has no engine_config or uses engine paper.",
+    )
 
 
 class InterconnectPreset(BaseModel):

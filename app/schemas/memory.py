@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 from pydantic_core import PydanticCustomError
 
 from app.schemas.common import Degree, DeviceBytes, JsonObject, SmallDegree, StrictModel
@@ -61,8 +61,13 @@ class TrainingIn(StrictModel):
     engine_config: Annotated[
         JsonObject | None,
         Field(
-            description="Engine knobs: a DeepSpeed config JSON body (engine deepspeed), or "
-            "torch-engine keys (holds_outputs, cublas_workspace_bytes, compute_capability_major)."
+            description="The config you train with. Engine deepspeed: a DeepSpeed config body; "
+            "it decides stage, fp16/bf16, offload, optimizer, micro-batch, accumulation and "
+            'every ZeRO knob, "auto" filled as transformers\' Trainer fills it. Engine torch: '
+            "FSDP2 settings (reshard_after_forward, mixed_precision, accelerate's fsdp_config "
+            "keys) and holds_outputs, cublas_workspace_bytes, compute_capability_major. Request "
+            "fields sent explicitly must agree with it; resolved_config in the response lists "
+            "what it decided."
         ),
     ] = None
 
@@ -169,6 +174,39 @@ class Convention(BaseModel):
     bytes_per_param: dict[str, float]
 
 
+class ResolvedValue(BaseModel):
+    """One value of engine_config as the engine model reads it, and where it comes from."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    key: str = Field(description="Dotted key inside engine_config.")
+    value: Any = Field(description="The value used; null when unresolved (from says why).")
+    source: str = Field(
+        alias="from",
+        description="config, auto: <rule> (as transformers' Trainer fills it), request: <field>, "
+        "derived by DeepSpeed, or the engine's default.",
+    )
+
+
+class ResolvedConfig(BaseModel):
+    """What engine_config decided: the effective stage, precision, offload and batch."""
+
+    engine: Engine
+    stage: int | None = Field(description="The stage the config names; null when it names none.")
+    stages: list[int] = Field(description="The stages answered.")
+    precision: Precision
+    offload: OffloadIn
+    micro_batch_size: int | None = Field(
+        description="Micro-batch per device; null when neither the config nor a batch gives it."
+    )
+    gradient_accumulation_steps: int
+    train_batch_size: int | None = Field(
+        description="dp × micro-batch × accumulation; null when the micro-batch is unknown."
+    )
+    values: list[ResolvedValue] = Field(description="Every value read or resolved, and how.")
+    notes: list[str] = Field(default_factory=list)
+
+
 class MemoryResponse(BaseModel):
     params: int = Field(description="Ψ of the whole model.")
     params_per_device: int = Field(description="Ψ on one device after TP and PP, before ZeRO.")
@@ -180,4 +218,9 @@ class MemoryResponse(BaseModel):
     breakdown_notes: list[str] = Field(
         description="What the breakdown's rungs mean and why "
         "reserved and device memory are not predicted."
+    )
+    resolved_config: ResolvedConfig | None = Field(
+        None,
+        description="What engine_config decided (engine deepspeed or torch); null when the "
+        "request has no engine_config or uses engine paper.",
     )

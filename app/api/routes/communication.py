@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body
 
-from app.api.convert import communication_setup
+from app.api.convert import communication_question
 from app.api.examples import COMMUNICATION_EXAMPLES
 from app.api.presenters import communication_response
 from app.schemas.communication import (
@@ -17,7 +17,6 @@ from app.schemas.communication import (
 from calculators.communication import (
     estimate_communication,
 )
-from calculators.conventions import Stage
 from calculators.interconnects import (
     PRESETS,
 )
@@ -30,10 +29,9 @@ def communication(
     request: Annotated[CommunicationRequest, Body(openapi_examples=COMMUNICATION_EXAMPLES)],
 ) -> CommunicationResponse:
     """Collectives, bytes sent per rank and estimated time per optimizer step, per ZeRO stage."""
-    result = estimate_communication(
-        communication_setup(request), [Stage(s) for s in request.stages]
-    )
-    return communication_response(result)
+    question = communication_question(request)
+    result = estimate_communication(question.setup, question.stages)
+    return communication_response(result, question.decided)
 
 
 @router.get("/interconnects", response_model=list[InterconnectPreset])

@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Body
 from starlette.concurrency import run_in_threadpool
 
-from app.api.convert import memory_setup
+from app.api.convert import memory_question
 from app.api.examples import MEMORY_EXAMPLES
 from app.api.presenters import memory_response
 from app.schemas.memory import MemoryRequest, MemoryResponse
-from calculators.conventions import Engine, Stage
+from calculators.conventions import Engine
 from calculators.memory import estimate
 
 router = APIRouter(prefix="/v1", tags=["memory"])
@@ -32,5 +32,6 @@ async def memory(
 
 
 def answer(request: MemoryRequest) -> MemoryResponse:
-    result = estimate(memory_setup(request), [Stage(s) for s in request.stages])
-    return memory_response(result, request.device_memory)
+    question = memory_question(request)
+    result = estimate(question.setup, question.stages)
+    return memory_response(result, request.device_memory, question.decided)

@@ -7,13 +7,28 @@ Defaults are DeepSpeed 0.19.8's (``deepspeed/runtime/zero/config.py``; paths rel
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from calculators.conventions import FP32_BYTES, HALF_BYTES, OffloadDevice, Stage
+from calculators.config_resolution import (
+    CONFIG,
+    Decided,
+    Requested,
+    Resolved,
+    contradiction,
+    decided_stages,
+)
+from calculators.conventions import (
+    FP32_BYTES,
+    HALF_BYTES,
+    OffloadDevice,
+    Optimizer,
+    Precision,
+    Stage,
+)
 from calculators.errors import InputError
-from calculators.model_states import TrainingSetup
+from calculators.model_states import Offload, TrainingSetup
 from calculators.parameters import ParamTensor, architecture_params, implied_params
 
 
@@ -195,3 +210,532 @@ def param_list(setup: TrainingSetup) -> tuple[Sequence[ParamTensor], bool]:
         if implied is not None:
             return implied, True
     return (ParamTensor("model", (setup.params_per_device,)),), False
+
+
+# --- reading a whole config: what it decides, "auto" resolved as transformers' Trainer does ------
+
+# transformers/integrations/deepspeed.py HfTrainerDeepSpeedConfig.trainer_config_finalize: the
+# zero_optimization keys whose "auto" comes from the model's hidden size (the stage-3 ones only
+# when the config's stage is 3, ``is_zero3()``).
+_TRAINER = "transformers Trainer"
+_HIDDEN_FILLS: dict[str, tuple[Callable[[int], int], str, bool]] = {
+    # key: (value from hidden_size, in words, filled only when the config's stage is 3)
+    "zero_optimization.reduce_bucket_size": (lambda h: h * h, "hidden_size²", False),
+    "zero_optimization.stage3_prefetch_bucket_size": (
+        lambda h: int(0.9 * h * h),
+        "int(0.9 × hidden_size²)",
+        True,
+    ),
+    "zero_optimization.stage3_param_persistence_threshold": (
+        lambda h: 10 * h,
+        "10 × hidden_size",
+        True,
+    ),
+}
+# Keys the Trainer fills from TrainingArguments that no figure here depends on
+# (trainer_config_process / trainer_config_finalize).
+_NO_EFFECT_AUTO = {
+    "gradient_clipping": "max_grad_norm",
+    "optimizer.params.lr": "learning_rate",
+    "optimizer.params.betas": "adam_beta1, adam_beta2",
+    "optimizer.params.eps": "adam_epsilon",
+    "optimizer.params.weight_decay": "weight_decay",
+    "scheduler.params.warmup_min_lr": "0",
+    "scheduler.params.warmup_max_lr": "learning_rate",
+    "scheduler.params.total_num_steps": "num_training_steps",
+    "scheduler.params.warmup_num_steps": "warmup_steps",
+}
+# DeepSpeed's optimizer names (runtime/config.py ADAM_OPTIMIZER, ADAMW_OPTIMIZER): both keep
+# exp_avg and exp_avg_sq, as torch.optim.Adam/AdamW do.
+_OPTIMIZER_TYPES = {"adam": Optimizer.ADAM, "adamw": Optimizer.ADAMW}
+_SECTIONS = {"fp16": Precision.MIXED_FP16, "bf16": Precision.MIXED_BF16}
+_DROPPED = (
+    'DeepSpeed drops "auto" and keeps its default (runtime/config_utils.py DeepSpeedConfigModel)'
+)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _autos(node: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Paths of the values that are "auto"."""
+    if not isinstance(node, Mapping):
+        return []
+    out = []
+    for k, v in node.items():
+        if v == "auto":
+            out.append((*path, k))
+        else:
+            out.extend(_autos(v, (*path, k)))
+    return out
+
+
+def _node(body: dict[str, Any], path: tuple[str, ...]) -> tuple[dict[str, Any], str]:
+    *parents, leaf = path
+    node = body
+    for p in parents:
+        node = node[p]
+    return node, leaf
+
+
+def _default_of(key: str) -> Any:
+    """DeepSpeed's default of a zero_optimization key the memory model reads (Knobs)."""
+    leaf = key.removeprefix("zero_optimization.")
+    attr = _INT_KNOBS.get(leaf) or _BOOL_KNOBS.get(leaf)
+    return None if attr is None else getattr(Knobs(), attr)
+
+
+class _Reader:
+    """One pass over a DeepSpeed config body for one request."""
+
+    def __init__(self, config: Mapping[str, Any], req: Requested) -> None:
+        self.body: dict[str, Any] = _copy(config)
+        self.req = req
+        self.values: list[Resolved] = []
+        self.notes: list[str] = []
+        self.stage_auto = False  # zero_optimization.stage is "auto" (accelerate fills it)
+
+    def note(self, key: str, value: Any, source: str) -> None:
+        self.values.append(Resolved(key, value, source))
+
+    def set(self, key: str | tuple[str, ...], value: Any) -> None:
+        node, leaf = _node(self.body, tuple(key.split(".")) if isinstance(key, str) else key)
+        node[leaf] = value
+
+    def drop(self, key: str | tuple[str, ...]) -> None:
+        node, leaf = _node(self.body, tuple(key.split(".")) if isinstance(key, str) else key)
+        del node[leaf]
+
+    def request_default(self, field: str) -> str:
+        return "" if self.req.given(field) else " (its default)"
+
+    # -- stage ----------------------------------------------------------------------------------
+
+    def stage(self) -> Stage | None:
+        zero = _section(self.body, "zero_optimization", f"{CONFIG}.zero_optimization")
+        if "stage" not in zero:
+            self.note(
+                "zero_optimization.stage",
+                None,
+                "not in the config (DeepSpeed's default is 0): the request's stages are answered",
+            )
+            return None
+        value = zero["stage"]
+        if value == "auto":
+            self.stage_auto = True
+            self.drop("zero_optimization.stage")
+            self.note(
+                "zero_optimization.stage",
+                None,
+                "auto: not filled by the transformers Trainer (accelerate fills it from its "
+                "zero_stage): the request's stages are answered",
+            )
+            return None
+        number = whole(value, f"{CONFIG}.zero_optimization.stage")
+        if number > Stage.PARAMETERS:
+            raise InputError(f"{CONFIG}.zero_optimization.stage", "must be 0, 1, 2 or 3")
+        return Stage(number)
+
+    # -- precision ------------------------------------------------------------------------------
+
+    def precision(self) -> Precision:
+        enabled: dict[str, bool] = {}
+        autos = False
+        for name, precision in _SECTIONS.items():
+            section = _section(self.body, name, f"{CONFIG}.{name}")
+            if "enabled" not in section:
+                continue
+            key = f"{name}.enabled"
+            if section["enabled"] == "auto":
+                autos = True
+                on = self.req.precision is precision
+                self.set(key, on)
+                self.note(
+                    key,
+                    on,
+                    f"auto: the request's precision {self.req.precision.value}"
+                    f"{self.request_default('precision')} ({_TRAINER}: args.{name})",
+                )
+            else:
+                on = _flag(section["enabled"], f"{CONFIG}.{key}")
+                self.note(key, on, "config")
+            enabled[name] = on
+        chosen = [name for name, flag in enabled.items() if flag]
+        if len(chosen) == 2:
+            raise InputError(
+                f"{CONFIG}.fp16.enabled",
+                "DeepSpeed refuses fp16 and bf16 enabled together (runtime/config.py: "
+                "'bfloat16 and fp16 modes cannot be simultaneously enabled')",
+                also=(f"{CONFIG}.bf16.enabled",),
+            )
+        if chosen:
+            decided = _SECTIONS[chosen[0]]
+            if self.req.given("precision") and self.req.precision is not decided:
+                raise contradiction(
+                    "precision",
+                    f"{chosen[0]}.enabled",
+                    f"precision {self.req.precision.value} contradicts the config's {chosen[0]} "
+                    f"section ({decided.value})",
+                )
+            return decided
+        if enabled:
+            # fp16 / bf16 sections present, none enabled: DeepSpeed trains in fp32
+            key = next(iter(enabled))
+            if self.req.given("precision"):
+                raise contradiction(
+                    "precision",
+                    f"{key}.enabled",
+                    f"precision {self.req.precision.value} contradicts the config, which "
+                    "enables neither fp16 nor bf16 (DeepSpeed then trains in fp32)",
+                )
+            hint = (
+                f' ("auto" follows precision, {self.req.precision.value} by default: send '
+                "precision mixed_fp16 or mixed_bf16 to pick the section)"
+                if autos
+                else ""
+            )
+            raise InputError(
+                f"{CONFIG}.{key}.enabled",
+                "the config enables neither fp16 nor bf16, so DeepSpeed trains in fp32, which "
+                f"the deepspeed engine does not model (it models the fp16 and bf16 sections){hint}",
+            )
+        if self.req.precision not in _SECTIONS.values():
+            return self.req.precision  # the engine model refuses it, naming precision
+        name = next(k for k, v in _SECTIONS.items() if v is self.req.precision)
+        self.note(
+            f"{name}.enabled",
+            True,
+            f"request: precision {self.req.precision.value}"
+            f"{self.request_default('precision')}; the config has no fp16 or bf16 section",
+        )
+        return self.req.precision
+
+    # -- offload --------------------------------------------------------------------------------
+
+    def offload(self, stages: tuple[Stage, ...], trim: bool) -> tuple[Offload, Stage]:
+        """The offload devices, and the lowest stage they allow (``trim``: stages below it
+        may be left out rather than refused)."""
+        zero = _section(self.body, "zero_optimization", f"{CONFIG}.zero_optimization")
+        devices = {}
+        lowest = Stage.NONE
+        for key, part, least in (
+            ("offload_optimizer", "optimizer", Stage.OPTIMIZER),
+            ("offload_param", "params", Stage.PARAMETERS),
+        ):
+            path = f"zero_optimization.{key}.device"
+            asked: OffloadDevice = getattr(self.req.offload, part)
+            section = _section(zero, key, f"{CONFIG}.zero_optimization.{key}")
+            if section.get("device") == "auto":
+                self.drop(path)
+                self.note(path, "none", f"auto: not filled by the {_TRAINER}; {_DROPPED}")
+                section = {}
+            if "device" not in section:
+                self.note(
+                    path,
+                    asked.value,
+                    f"request: offload.{part}{self.request_default(f'offload.{part}')}",
+                )
+                devices[part] = asked
+                continue
+            device = _offload_device(section, f"{CONFIG}.zero_optimization.{key}")
+            device = device or OffloadDevice.NONE
+            if self.req.given(f"offload.{part}") and asked is not device:
+                raise contradiction(
+                    f"offload.{part}",
+                    path,
+                    f"offload.{part} {asked.value} contradicts the config's device {device.value}",
+                )
+            low = [s for s in stages if s < least]
+            if device is not OffloadDevice.NONE and low and not trim:
+                why = (
+                    f"{key} to {device.value} is modelled from ZeRO stage {int(least)} on; "
+                    f"stage {int(low[0])} is asked for"
+                )
+                if self.req.given("stages") or "stage" not in zero:
+                    raise contradiction("stages", path, why)
+                raise InputError(
+                    f"{CONFIG}.{path}", why, also=(f"{CONFIG}.zero_optimization.stage",)
+                )
+            if device is not OffloadDevice.NONE:
+                lowest = max(lowest, least)
+            self.note(path, device.value, "config")
+            devices[part] = device
+        return Offload(optimizer=devices["optimizer"], params=devices["params"]), lowest
+
+    # -- optimizer ------------------------------------------------------------------------------
+
+    def optimizer(self) -> Optimizer:
+        section = _section(self.body, "optimizer", f"{CONFIG}.optimizer")
+        kind = section.get("type")
+        if kind is None:
+            return self.req.optimizer
+        if not isinstance(kind, str) or kind.lower() not in _OPTIMIZER_TYPES:
+            raise InputError(
+                f"{CONFIG}.optimizer.type",
+                "not modelled: the deepspeed engine models Adam and AdamW "
+                "(or leave the optimizer section out for a client torch optimizer)",
+            )
+        decided = _OPTIMIZER_TYPES[kind.lower()]
+        if self.req.given("optimizer") and self.req.optimizer is not decided:
+            raise contradiction(
+                "optimizer",
+                "optimizer.type",
+                f"optimizer {self.req.optimizer.value} contradicts the config's {kind}",
+            )
+        self.note("optimizer.type", kind, "config")
+        self.notes.append(
+            "the config's optimizer section makes DeepSpeed build its own Adam (FusedAdam, or "
+            "DeepSpeedCPUAdam with optimizer offload): the same two fp32 states per parameter "
+            "as the client torch.optim.Adam the figures model; FusedAdam allocates no foreach "
+            "temporary, so a peak at the optimizer step may be overstated by adam_foreach_temp"
+        )
+        return decided
+
+    # -- batch ----------------------------------------------------------------------------------
+
+    def batch(self) -> tuple[int | None, int, int | None]:
+        """Micro-batch, accumulation and global batch, as runtime/config.py
+        _set_batch_related_parameters and _batch_assertion settle them."""
+        req, dp = self.req, self.req.dp
+        sources: dict[str, str] = {}
+        got: dict[str, int | None] = {}
+        keys = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+        for key in keys:
+            value = self.body.get(key)
+            if value is None or value == "auto":
+                got[key] = None
+                continue
+            got[key] = whole(value, f"{CONFIG}.{key}", 1)
+            sources[key] = "config"
+        mb_key, ga_key, tb_key = keys
+        # auto: transformers Trainer's trainer_config_process (fill_match)
+        if self.body.get(mb_key) == "auto" and req.micro_batch is not None:
+            got[mb_key] = req.micro_batch
+            sources[mb_key] = (
+                f"auto: batch.micro_batch_size ({_TRAINER}: per_device_train_batch_size)"
+            )
+        if self.body.get(ga_key) == "auto":
+            got[ga_key] = req.grad_accumulation
+            sources[ga_key] = (
+                f"auto: the request's {req.grad_accumulation_field}"
+                f"{self.request_default(req.grad_accumulation_field)} ({_TRAINER}: "
+                "gradient_accumulation_steps)"
+            )
+        micro, steps = got[mb_key], got[ga_key]
+        if self.body.get(tb_key) == "auto" and micro is not None and steps is not None:
+            got[tb_key] = dp * micro * steps
+            sources[tb_key] = (
+                f"auto: dp × train_micro_batch_size_per_gpu × gradient_accumulation_steps "
+                f"({_TRAINER})"
+            )
+        # explicit request values must agree with the config; they fill what it leaves out
+        if (
+            got[mb_key] is not None
+            and req.micro_batch is not None
+            and got[mb_key] != req.micro_batch
+        ):
+            raise contradiction(
+                "batch.micro_batch_size",
+                mb_key,
+                f"batch.micro_batch_size {req.micro_batch} contradicts the config's {got[mb_key]}",
+            )
+        if got[mb_key] is None and req.micro_batch is not None:
+            got[mb_key] = req.micro_batch
+            sources[mb_key] = "request: batch.micro_batch_size"
+        explicit_ga = req.given(req.grad_accumulation_field)
+        if got[ga_key] is not None and explicit_ga and got[ga_key] != req.grad_accumulation:
+            raise contradiction(
+                req.grad_accumulation_field,
+                ga_key,
+                f"{req.grad_accumulation_field} {req.grad_accumulation} contradicts the "
+                f"config's {got[ga_key]}",
+            )
+        if got[ga_key] is None and explicit_ga:
+            got[ga_key] = req.grad_accumulation
+            sources[ga_key] = f"request: {req.grad_accumulation_field}"
+        mb, ga, tb = got[mb_key], got[ga_key], got[tb_key]
+        derived = "derived by DeepSpeed (runtime/config.py _set_batch_related_parameters)"
+        if tb is not None and mb is not None and ga is None:
+            ga = tb // mb // dp
+            sources[ga_key] = f"{derived}: train_batch_size // micro-batch // dp"
+        elif tb is not None and ga is not None and mb is None:
+            mb = tb // dp // ga
+            sources[mb_key] = f"{derived}: train_batch_size // dp // gradient_accumulation_steps"
+        elif mb is not None and ga is not None and tb is None:
+            tb = mb * ga * dp
+            sources[tb_key] = f"{derived}: micro-batch × gradient_accumulation_steps × dp"
+        elif tb is not None and mb is None and ga is None:
+            ga, mb = 1, tb // dp
+            sources[ga_key] = f"{derived}: 1 when only train_batch_size is given"
+            sources[mb_key] = f"{derived}: train_batch_size // dp"
+        elif mb is not None and tb is None and ga is None:
+            ga, tb = 1, mb * dp
+            sources[ga_key] = f"{derived}: 1 when only the micro-batch is given"
+            sources[tb_key] = f"{derived}: micro-batch × dp"
+        if (
+            tb is not None
+            and mb is not None
+            and ga is not None
+            and (min(tb, mb, ga) < 1 or tb != mb * ga * dp)
+        ):
+            raise InputError(
+                f"{CONFIG}.{tb_key}",
+                f"{tb} is not train_micro_batch_size_per_gpu {mb} × gradient_accumulation_steps "
+                f"{ga} × dp {dp}; DeepSpeed refuses it (runtime/config.py _batch_assertion)",
+                also=(
+                    *(
+                        f"{CONFIG}.{k}" if sources[k] == "config" else name
+                        for k, name in (
+                            (mb_key, "batch.micro_batch_size"),
+                            (ga_key, req.grad_accumulation_field),
+                        )
+                        if sources.get(k, "").startswith(("config", "request"))
+                    ),
+                    "dp",
+                ),
+            )
+        if ga is None:
+            ga = req.grad_accumulation
+            sources[ga_key] = f"request: {req.grad_accumulation_field} (its default)"
+        for key, value in ((mb_key, mb), (ga_key, ga), (tb_key, tb)):
+            if value is not None:
+                if key in self.body:
+                    self.body[key] = value
+                self.note(key, value, sources[key])
+            elif self.body.get(key) == "auto":
+                del self.body[key]
+                self.note(
+                    key,
+                    None,
+                    "auto: needs batch.micro_batch_size (give a batch); without one no "
+                    "activations are estimated and the micro-batch changes no figure",
+                )
+        return mb, ga, tb
+
+    # -- knobs ----------------------------------------------------------------------------------
+
+    def knobs(self, stage3: bool, only: Stage | None) -> None:
+        """Hidden-size "auto" keys as the Trainer fills them; other "auto" keys dropped as
+        DeepSpeed drops them; then every knob the model reads, with its source (``only``: the
+        one stage answered, which decides overlap_comm's default)."""
+        hidden = self.req.hidden
+        dropped: dict[str, str] = {}  # knobs whose "auto" DeepSpeed drops: how, by key
+        for path in _autos(self.body):
+            key = ".".join(path)
+            fill = _HIDDEN_FILLS.get(key)
+            if fill is not None and (stage3 or not fill[2]):
+                rule, words = fill[0], fill[1]
+                if hidden is None:
+                    raise InputError(
+                        f"{CONFIG}.{key}",
+                        f'"auto" is {words} as the {_TRAINER} fills it, and a bare parameter '
+                        "count has no hidden size: give model.architecture, preset or hf_config, "
+                        "or a number",
+                    )
+                self.set(path, rule(hidden))
+                self.note(key, rule(hidden), f"auto: {words} ({_TRAINER}), hidden_size {hidden}")
+            elif fill is not None:
+                self.drop(path)
+                dropped[key] = f"auto: the {_TRAINER} fills it only for stage 3; {_DROPPED}"
+            elif key in _NO_EFFECT_AUTO:
+                self.drop(path)
+                self.note(
+                    key,
+                    None,
+                    f"auto: the {_TRAINER} fills it from TrainingArguments "
+                    f"({_NO_EFFECT_AUTO[key]}); no effect on memory or traffic",
+                )
+            elif _default_of(key) is not None or key == "zero_optimization.overlap_comm":
+                self.drop(path)
+                dropped[key] = f"auto: not filled by the {_TRAINER}; {_DROPPED}"
+            else:
+                self.drop(path)
+                self.note(
+                    key,
+                    None,
+                    f"auto: not filled by the {_TRAINER}; {_DROPPED}; nothing modelled here "
+                    "reads it",
+                )
+        zero = _section(self.body, "zero_optimization", f"{CONFIG}.zero_optimization")
+        seen = {v.key for v in self.values}
+        for leaf, attr in {**_INT_KNOBS, **_BOOL_KNOBS}.items():
+            key = f"zero_optimization.{leaf}"
+            if key in seen:
+                continue
+            if leaf in zero and zero[leaf] is not None:
+                value = zero[leaf]
+                self.note(
+                    key, whole(value, f"{CONFIG}.{key}") if leaf in _INT_KNOBS else value, "config"
+                )
+            elif leaf == "overlap_comm":
+                self.note(
+                    key,
+                    None if only is None else only is Stage.PARAMETERS,
+                    dropped.get(key, "DeepSpeed default")
+                    + ": true for stage 3, false below (zero/config.py)",
+                )
+            else:
+                self.note(
+                    key,
+                    getattr(Knobs(), attr),
+                    dropped.get(key, "DeepSpeed default") + " (zero/config.py)",
+                )
+
+
+def resolve_config(config: Mapping[str, Any], req: Requested) -> Decided:
+    """What a DeepSpeed config body decides for one request.
+
+    The config decides the stage, fp16/bf16, offload, the optimizer, the micro-batch and
+    accumulation and every ZeRO knob; the request fills what it leaves out. ``"auto"`` values are
+    resolved as transformers' Trainer resolves them (``HfTrainerDeepSpeedConfig``
+    ``trainer_config_process`` / ``trainer_config_finalize``): bucket sizes from the model's
+    hidden size, the batch from the request's batch; the ones the Trainer leaves are dropped, as
+    DeepSpeed drops them.
+
+    Raises:
+        InputError: a request field set explicitly that contradicts the config (naming both), a
+            value DeepSpeed refuses, or an ``"auto"`` that needs what the request lacks.
+    """
+    if not isinstance(config, Mapping):
+        raise InputError(CONFIG, "must be an object")
+    reader = _Reader(config, req)
+    stage = reader.stage()
+    stages, how = decided_stages(req, stage, "zero_optimization.stage")
+    if stage is not None:
+        reader.note("zero_optimization.stage", int(stage), how)
+    precision = reader.precision()
+    trim = stage is None and not req.given("stages")
+    offload, lowest = reader.offload(stages, trim)
+    if trim and any(s < lowest for s in stages):
+        stages = tuple(s for s in stages if s >= lowest)
+        reader.notes.append(
+            f"stages below {int(lowest)} left out: the config's offload is modelled from ZeRO "
+            f"stage {int(lowest)} on"
+        )
+    optimizer = reader.optimizer()
+    micro, accumulation, train = reader.batch()
+    # the Trainer fills the stage-3 keys when the config's stage is 3 (is_zero3()); a stage
+    # "auto" is filled by accelerate first, with the stage the request answers here
+    reader.knobs(
+        stage is Stage.PARAMETERS or (reader.stage_auto and Stage.PARAMETERS in stages),
+        stages[0] if len(stages) == 1 else None,
+    )
+    parse_config(reader.body)  # every value left is one the model reads or ignores
+    return Decided(
+        config=reader.body,
+        stages=stages,
+        stage=stage,
+        precision=precision,
+        offload=offload,
+        optimizer=optimizer,
+        micro_batch=micro,
+        grad_accumulation=accumulation,
+        train_batch=train,
+        values=tuple(reader.values),
+        notes=tuple(reader.notes),
+    )

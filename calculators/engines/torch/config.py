@@ -1,0 +1,330 @@
+"""The FSDP2 settings users write, read for the torch engine: what they decide, what is refused.
+
+Accepted spellings: ``fully_shard``'s own arguments (torch/distributed/fsdp/_fully_shard,
+torch 2.11: ``reshard_after_forward``, ``mp_policy`` / ``mixed_precision`` as
+``MixedPrecisionPolicy(param_dtype, reduce_dtype, output_dtype, cast_forward_inputs)``,
+``offload_policy``) and accelerate's ``fsdp_config`` keys (``fsdp_version``,
+``fsdp_reshard_after_forward``, ``fsdp_sharding_strategy``, ``fsdp_offload_params``,
+``fsdp_auto_wrap_policy``, ``fsdp_activation_checkpointing``, ...), at the top level or inside an
+``fsdp_config`` object.
+
+What the torch engine models: ``fully_shard`` on every block then the root, reshard after
+forward True (stage 3) or False (stage 2), ``MixedPrecisionPolicy(param_dtype=bf16 or fp16,
+reduce_dtype=fp32)`` or none (fp32), no CPU offload. Anything else is refused naming its key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from calculators.config_resolution import (
+    CONFIG,
+    Decided,
+    Requested,
+    Resolved,
+    contradiction,
+    decided_stages,
+)
+from calculators.conventions import Precision, Stage
+from calculators.errors import InputError
+
+# Keys the torch engine model itself reads (calculators.engines.torch.memory / peak / traffic).
+ENGINE_KEYS = (
+    "holds_outputs",
+    "cublas_workspace_bytes",
+    "compute_capability_major",
+    "tensors",
+    "fsdp_root_reshard_after_forward",
+)
+# accelerate fsdp_config keys that change nothing in the step modelled here (checkpoint format,
+# how weights are loaded, FSDP1-only prefetch and flattening switches).
+NO_EFFECT_KEYS = (
+    "fsdp_state_dict_type",
+    "fsdp_cpu_ram_efficient_loading",
+    "fsdp_sync_module_states",
+    "fsdp_use_orig_params",
+    "fsdp_backward_prefetch",
+    "fsdp_forward_prefetch",
+    "fsdp_transformer_layer_cls_to_wrap",
+    "cast_forward_inputs",
+)
+# accelerate's FSDP sharding strategies (utils/constants.py FSDP_SHARDING_STRATEGY), by name and
+# by the 1-based number accelerate also accepts; None: not modelled.
+_STRATEGIES: dict[str, Stage | None] = {
+    "FULL_SHARD": Stage.PARAMETERS,
+    "SHARD_GRAD_OP": Stage.GRADIENTS,
+    "NO_SHARD": None,
+    "HYBRID_SHARD": None,
+    "HYBRID_SHARD_ZERO2": None,
+}
+_STRATEGY_WHY = {
+    "NO_SHARD": "NO_SHARD replicates every state inside FSDP, which the torch engine does not "
+    "model (its stage 0 is DistributedDataParallel)",
+    "HYBRID_SHARD": "hybrid sharding (shard within a group, replicate across) is not modelled "
+    "for memory; /v1/communication models its traffic with shard_group_size",
+}
+_STRATEGY_WHY["HYBRID_SHARD_ZERO2"] = _STRATEGY_WHY["HYBRID_SHARD"]
+_DTYPES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "torch.bfloat16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "torch.float16": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "torch.float32": "float32",
+}
+_MIXED = {"bfloat16": Precision.MIXED_BF16, "float16": Precision.MIXED_FP16}
+_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP",)
+
+
+def _flatten(config: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+    """Every key with the path the user wrote it at (``fsdp_config.X`` or ``X``)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for key, value in config.items():
+        if key == "fsdp_config":
+            if not isinstance(value, Mapping):
+                raise InputError(f"{CONFIG}.fsdp_config", "must be an object")
+            for inner, v in value.items():
+                if inner in out:
+                    raise InputError(f"{CONFIG}.{inner}", "given twice (here and in fsdp_config)")
+                out[inner] = (f"fsdp_config.{inner}", v)
+        else:
+            if key in out:
+                raise InputError(f"{CONFIG}.{key}", "given twice (here and in fsdp_config)")
+            out[key] = (key, value)
+    return out
+
+
+def _strategy(value: Any, where: str) -> Stage:
+    name = value
+    if isinstance(value, int) and not isinstance(value, bool):
+        names = list(_STRATEGIES)
+        name = names[value - 1] if 1 <= value <= len(names) else None
+    elif isinstance(value, str) and value.isdigit():
+        return _strategy(int(value), where)
+    if not isinstance(name, str) or name.upper() not in _STRATEGIES:
+        raise InputError(
+            f"{CONFIG}.{where}", f"must be one of {', '.join(_STRATEGIES)} (or 1-5 as accelerate)"
+        )
+    stage = _STRATEGIES[name.upper()]
+    if stage is None:
+        raise InputError(f"{CONFIG}.{where}", f"not modelled: {_STRATEGY_WHY[name.upper()]}")
+    return stage
+
+
+def _reshard(value: Any, where: str) -> Stage:
+    if isinstance(value, bool):
+        return Stage.PARAMETERS if value else Stage.GRADIENTS
+    if isinstance(value, int):
+        raise InputError(
+            f"{CONFIG}.{where}",
+            "not modelled: an integer reshards to a smaller group after forward; the torch "
+            "engine models true (stage 3) and false (stage 2)",
+        )
+    if isinstance(value, str):
+        if value.lower() in ("true", "false"):
+            return _reshard(value.lower() == "true", where)
+        return _strategy(value, where)  # accelerate also takes a sharding strategy here
+    raise InputError(f"{CONFIG}.{where}", "must be true or false")
+
+
+def _dtype(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.lower() not in _DTYPES:
+        raise InputError(f"{CONFIG}.{where}", "must be bfloat16, float16, float32 or null")
+    return _DTYPES[value.lower()]
+
+
+def _is_off(value: Any) -> bool:
+    """An offload setting that means no offload (``OffloadPolicy()``, false, none)."""
+    return value is None or value is False or value == {} or value in ("none", "no", "")
+
+
+def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
+    """What FSDP2 settings decide for one request of the torch engine.
+
+    ``reshard_after_forward`` (or accelerate's ``fsdp_reshard_after_forward`` /
+    ``fsdp_sharding_strategy``) decides the stage: true / FULL_SHARD is stage 3, false /
+    SHARD_GRAD_OP stage 2. A ``MixedPrecisionPolicy`` decides the precision. A request field set
+    explicitly must agree.
+
+    Raises:
+        InputError: a setting the torch engine does not model (naming its key), or a request
+            field that contradicts the config (naming both).
+    """
+    if not isinstance(config, Mapping):
+        raise InputError(CONFIG, "must be an object")
+    flat = _flatten(config)
+    values: list[Resolved] = []
+    notes: list[str] = []
+    body: dict[str, Any] = {}
+    stage: Stage | None = None
+    stage_key = ""
+    precision = req.precision
+    checkpointing: bool | None = None
+    for key, (where, value) in flat.items():
+        if key in ENGINE_KEYS:
+            body[key] = value
+        elif key in NO_EFFECT_KEYS:
+            values.append(Resolved(where, value, "config; no effect on the modelled step"))
+        elif key == "fsdp_version":
+            if value not in (2, "2"):
+                raise InputError(
+                    f"{CONFIG}.{where}",
+                    "not modelled: the torch engine models FSDP2 (fully_shard), version 2",
+                )
+            values.append(Resolved(where, 2, "config"))
+        elif key in (
+            "reshard_after_forward",
+            "fsdp_reshard_after_forward",
+            "fsdp_sharding_strategy",
+        ):
+            found = (
+                _strategy(value, where)
+                if key == "fsdp_sharding_strategy"
+                else _reshard(value, where)
+            )
+            if stage is not None and found is not stage:
+                raise InputError(
+                    f"{CONFIG}.{where}",
+                    f"contradicts {CONFIG}.{stage_key}",
+                    also=(f"{CONFIG}.{stage_key}",),
+                )
+            stage, stage_key = found, where
+            values.append(Resolved(where, value, f"config: stage {int(found)}"))
+        elif key in ("mixed_precision", "mp_policy", "mixed_precision_policy"):
+            precision = _mixed_precision(value, where, req, values)
+        elif key in ("offload_policy", "fsdp_offload_params", "cpu_offload"):
+            if not _is_off(value):
+                raise InputError(
+                    f"{CONFIG}.{where}",
+                    "not modelled: the torch engine does not model FSDP2's CPUOffloadPolicy "
+                    "(sharded parameters, gradients and optimizer states in host memory)",
+                )
+            values.append(Resolved(where, value, "config: no offload"))
+        elif key == "fsdp_auto_wrap_policy":
+            if value not in _WRAP_POLICIES:
+                raise InputError(
+                    f"{CONFIG}.{where}",
+                    "not modelled: the torch engine shards each transformer block "
+                    "(TRANSFORMER_BASED_WRAP) and then the root",
+                )
+            values.append(Resolved(where, value, "config"))
+        elif key == "fsdp_activation_checkpointing":
+            if not isinstance(value, bool):
+                raise InputError(f"{CONFIG}.{where}", "must be true or false")
+            checkpointing = value
+            values.append(
+                Resolved(
+                    where,
+                    value,
+                    "config: each block checkpointed (batch.activation_checkpointing full)"
+                    if value
+                    else "config: no checkpointing applied by FSDP",
+                )
+            )
+        else:
+            accepted = (
+                "reshard_after_forward, mixed_precision (MixedPrecisionPolicy), offload_policy, "
+                "fsdp_version and accelerate's fsdp_* keys, " + ", ".join(ENGINE_KEYS)
+            )
+            raise InputError(
+                f"{CONFIG}.{where}", f"not an FSDP2 setting the torch engine reads ({accepted})"
+            )
+    stages, _ = decided_stages(req, stage, stage_key)
+    if not any(k in flat for k in ("mixed_precision", "mp_policy", "mixed_precision_policy")):
+        values.append(Resolved("mixed_precision", None, _precision_from_request(req)))
+    if checkpointing is not None:
+        if req.checkpointing_full is None:
+            notes.append(
+                "fsdp_activation_checkpointing changes activations only; give a batch to "
+                "estimate them"
+            )
+        elif (
+            req.given("batch.activation_checkpointing") and req.checkpointing_full != checkpointing
+        ):
+            raise contradiction(
+                "batch.activation_checkpointing",
+                next(w for k, (w, _) in flat.items() if k == "fsdp_activation_checkpointing"),
+                "contradicts the config's fsdp_activation_checkpointing",
+            )
+    return Decided(
+        config=body,
+        stages=stages,
+        stage=stage,
+        precision=precision,
+        offload=req.offload,
+        optimizer=req.optimizer,
+        micro_batch=req.micro_batch,
+        grad_accumulation=req.grad_accumulation,
+        train_batch=None
+        if req.micro_batch is None
+        else req.micro_batch * req.grad_accumulation * req.dp,
+        values=tuple(values),
+        notes=tuple(notes),
+        checkpointing_full=checkpointing,
+    )
+
+
+def _precision_from_request(req: Requested) -> str:
+    """How the request's precision reads as a MixedPrecisionPolicy (stages 2 and 3)."""
+    default = "" if req.given("precision") else " (its default)"
+    policy = {
+        Precision.MIXED_BF16: "param_dtype bfloat16, reduce_dtype float32",
+        Precision.MIXED_FP16: "param_dtype float16, reduce_dtype float32",
+        Precision.FP32: "none (float32 throughout)",
+        Precision.BF16: "none (parameters cast to bfloat16)",
+    }[req.precision]
+    return (
+        f"not in the config: the request's precision {req.precision.value}{default}, "
+        f"MixedPrecisionPolicy {policy}"
+    )
+
+
+def _mixed_precision(value: Any, where: str, req: Requested, values: list[Resolved]) -> Precision:
+    """The precision a ``MixedPrecisionPolicy`` means for the torch engine."""
+    if not isinstance(value, Mapping):
+        raise InputError(
+            f"{CONFIG}.{where}", "must be an object: {param_dtype, reduce_dtype, output_dtype}"
+        )
+    for key in value:
+        if key not in ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs"):
+            raise InputError(f"{CONFIG}.{where}.{key}", "not a MixedPrecisionPolicy field")
+    param = _dtype(value.get("param_dtype"), f"{where}.param_dtype")
+    reduce = _dtype(value.get("reduce_dtype"), f"{where}.reduce_dtype")
+    if _dtype(value.get("output_dtype"), f"{where}.output_dtype") is not None:
+        raise InputError(
+            f"{CONFIG}.{where}.output_dtype",
+            "not modelled: the torch engine keeps the forward outputs' dtype (output_dtype null)",
+        )
+    if param in (None, "float32"):
+        if reduce not in (None, "float32"):
+            raise InputError(
+                f"{CONFIG}.{where}.reduce_dtype",
+                "not modelled: a 16-bit reduce under fp32 parameters",
+            )
+        decided = Precision.FP32
+    elif reduce != "float32":
+        raise InputError(
+            f"{CONFIG}.{where}.reduce_dtype",
+            f"not modelled: the torch engine reduce-scatters gradients in float32 "
+            f"(reduce_dtype float32 with param_dtype {param}); "
+            f"{'null reduces in param_dtype' if reduce is None else f'{reduce} is not modelled'}",
+        )
+    else:
+        decided = _MIXED[param]
+    if req.given("precision") and req.precision is not decided:
+        raise contradiction(
+            "precision",
+            f"{where}.param_dtype",
+            f"precision {req.precision.value} contradicts the config's MixedPrecisionPolicy "
+            f"({decided.value})",
+        )
+    values.append(Resolved(where, dict(value), f"config: precision {decided.value}"))
+    return decided
