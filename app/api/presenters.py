@@ -348,9 +348,12 @@ def _replicated(est: StageEstimate) -> str:
 
 
 def _architecture_out(arch: Architecture) -> dict[str, Any]:
+    """The architecture as ``model.architecture`` takes it (the shape; which modelling code
+    trains it is said in the model's name)."""
     return {
         f.name: v.value if isinstance(v, Enum) else v
         for f in fields(arch)
+        if f.name != "modelling"
         for v in [getattr(arch, f.name)]
     }
 
@@ -367,6 +370,11 @@ def _found_model(result: CapacityResult, row: CapacityRow) -> FoundModel | None:
         f"{_params_readable(row.params)} (a bare parameter count)"
         if arch is None
         else f"{result.search.shape_name} shape, {arch.layers} layers × {arch.hidden}"
+        + (
+            ""
+            if arch.modelling is None
+            else f", trained with transformers' {arch.modelling.family} modelling code"
+        )
     )
     return FoundModel(
         name=name,
