@@ -21,6 +21,7 @@ from calculators.conventions import (
     Precision,
     Stage,
 )
+from calculators.cost import alpha_beta_seconds
 from calculators.model_states import (
     Offload,
     TrainingSetup,
@@ -29,7 +30,7 @@ from calculators.model_states import (
     model_state_memory,
     partitioned,
 )
-from calculators.topology import Group, Op, make_topology, sent_factor
+from calculators.topology import Group, Op, bus_factor, make_topology, sent_factor
 from calculators.traffic import Collective, CommunicationSetup, Phase
 
 fractions = st.fractions(min_value=0, max_value=1024, max_denominator=10**6)
@@ -110,3 +111,20 @@ def test_one_ddp_reference_for_all_stages(params: int, dp: int, engine: str, p: 
     setup = CommunicationSetup(training, make_topology(dp, 1, 1, None, None))
     together = estimate_communication(setup, list(Stage)).stages
     assert together == tuple(stage_communication(setup, s) for s in Stage)
+
+
+@given(
+    st.integers(1, 64),
+    st.fractions(min_value=0, max_value=1, max_denominator=10**12),
+    st.integers(0, 10**13),
+    st.sampled_from(list(Op)),
+    st.integers(2, 4096),
+    st.integers(1, 10**12) | st.fractions(min_value=1, max_value=10**12, max_denominator=64),
+)
+def test_seconds_are_the_rounded_exact_time(
+    calls: int, latency: Fraction, payload: int, op: Op, n: int, bandwidth: Fraction | int
+) -> None:
+    """α–β time over integers: the same float as the Fraction formula it replaces."""
+    factor = bus_factor(op, n)
+    exact = calls * (latency + Fraction(payload, calls) * factor / bandwidth)
+    assert alpha_beta_seconds(calls, latency, payload, factor, bandwidth) == float(exact)
