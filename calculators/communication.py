@@ -20,7 +20,7 @@ and kernel efficiency below the link's peak rate, and NVLS/SHARP in-network redu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from fractions import Fraction
 
@@ -65,6 +65,11 @@ def _ddp_reference(setup: CommunicationSetup) -> EngineTraffic:
     return engine_model(training.engine).traffic(plain, Stage.NONE)
 
 
+def _exact_sent(traffic: EngineTraffic) -> Fraction:
+    """Bytes a rank sends over ``traffic``'s collectives, before rounding up to whole bytes."""
+    return sum((c.exact_sent for c in traffic.collectives), Fraction(0))
+
+
 def _split_note(t: TrainingSetup) -> tuple[str, ...]:
     if t.architecture is not None and t.tp * t.pp > 1:
         return (
@@ -74,21 +79,32 @@ def _split_note(t: TrainingSetup) -> tuple[str, ...]:
     return ()
 
 
-def stage_communication(setup: CommunicationSetup, stage: Stage) -> StageCommunication:
-    """Volumes, link split and time of one stage, with its ratio to the same engine's DDP."""
+def stage_communication(
+    setup: CommunicationSetup,
+    stage: Stage,
+    ddp_sent: Callable[[], Fraction] | None = None,
+) -> StageCommunication:
+    """Volumes, link split and time of one stage, with its ratio to the same engine's DDP.
+
+    ``ddp_sent``: gives the exact bytes of the same engine's DDP step (they do not depend on
+    the stage), for callers that ask for several stages; asked only after the stage's own
+    traffic, so the stage's errors come first.
+    """
     traffic = engine_traffic(setup, stage)
     costs = tuple(cost(setup, c) for c in traffic.collectives)
     sent = sum(c.collective.sent_bytes_per_rank for c in costs)
-    ddp = traffic if stage is Stage.NONE else _ddp_reference(setup)
     # The ratio from unrounded bytes, so that the paper's 1 and 1.5 come out exact.
-    exact = sum((c.exact_sent for c in traffic.collectives), Fraction(0))
-    ddp_sent = sum((c.exact_sent for c in ddp.collectives), Fraction(0))
+    exact = _exact_sent(traffic)
+    if stage is Stage.NONE:
+        reference = exact
+    else:
+        reference = ddp_sent() if ddp_sent is not None else _exact_sent(_ddp_reference(setup))
     return StageCommunication(
         stage=stage,
         collectives=costs,
         transfers=traffic.transfers,
         sent_bytes_per_rank=sent,
-        ratio_to_ddp=exact / ddp_sent if ddp_sent else None,
+        ratio_to_ddp=exact / reference if reference else None,
         collective_time_seconds=sum(c.time_seconds for c in costs),
         transfer_seconds=tuple(transfer_time(setup, t) for t in traffic.transfers),
         notes=traffic.notes + _split_note(setup.training),
@@ -99,9 +115,16 @@ def estimate_communication(
     setup: CommunicationSetup, stages: Sequence[Stage]
 ) -> CommunicationEstimate:
     """Communication per optimizer step for each stage under ``setup.training.engine``."""
+    known: list[Fraction] = []
+
+    def ddp_sent() -> Fraction:  # the same engine's DDP step, built once for every stage
+        if not known:
+            known.append(_exact_sent(_ddp_reference(setup)))
+        return known[0]
+
     return CommunicationEstimate(
         setup=setup,
-        stages=tuple(stage_communication(setup, Stage(s)) for s in stages),
+        stages=tuple(stage_communication(setup, Stage(s), ddp_sent) for s in stages),
         convention=engine_model(setup.training.engine).traffic_convention,
     )
 

@@ -26,6 +26,22 @@ def _node_bandwidth(setup: CommunicationSetup, group: Group) -> Fraction:
     return Fraction(setup.network.inter.bandwidth * topo.nics * group.per_node, topo.gpus_per_node)
 
 
+def alpha_beta_seconds(
+    calls: int, latency: Fraction, payload: int, factor: Fraction, bandwidth: Fraction | int
+) -> float:
+    """float(calls · (latency + payload / calls · factor / bandwidth)): the exact rational,
+    rounded once, over integer numerators and denominators (no Fraction per step).
+
+    With latency = l/L, factor = f/F, bandwidth = w/W the sum is
+    (calls·l·F·w + payload·f·W·L) / (L·F·w); int / int true division rounds it correctly, as
+    ``float(Fraction)`` does.
+    """
+    ln, ld = latency.numerator, latency.denominator
+    fn, fd = factor.numerator, factor.denominator
+    wn, wd = bandwidth.numerator, bandwidth.denominator
+    return (calls * ln * fd * wn + payload * fn * wd * ld) / (ld * fd * wn)
+
+
 def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
     """Link split and α–β time of one collective entry."""
     g = c.group
@@ -34,12 +50,13 @@ def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
         return CollectiveCost(c, 0, 0, 0.0)
     net = setup.network
     m, per = g.nodes, g.per_node
-    per_call = Fraction(c.payload_bytes, c.calls)
     if m == 1:
         steps = ring_steps(c.op, g.size)
         latency = NCCL_BASE_LATENCY + steps * net.intra.latency
-        transfer = per_call * bus_factor(c.op, g.size) / net.intra.bandwidth
-        return CollectiveCost(c, sent, 0, float(c.calls * (latency + transfer)))
+        seconds = alpha_beta_seconds(
+            c.calls, latency, c.payload_bytes, bus_factor(c.op, g.size), net.intra.bandwidth
+        )
+        return CollectiveCost(c, sent, 0, seconds)
     node_bw = _node_bandwidth(setup, g)
     hierarchical = (
         net.algorithm is Algorithm.HIERARCHICAL
@@ -47,6 +64,7 @@ def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
         and c.op in (Op.ALL_REDUCE, Op.ALL_GATHER, Op.REDUCE_SCATTER)
     )
     if hierarchical:
+        per_call = Fraction(c.payload_bytes, c.calls)
         # In-node phases on the whole payload, the cross-node phase on 1/per of it.
         intra_op_factor = (
             sent_factor(Op.ALL_REDUCE, per) if c.op is Op.ALL_REDUCE else sent_factor(c.op, per)
@@ -75,8 +93,10 @@ def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
         + inter_steps * net.inter.latency
     )
     bandwidth = min(Fraction(net.intra.bandwidth), node_bw) if per > 1 else node_bw
-    transfer = per_call * bus_factor(c.op, g.size) / bandwidth
-    return CollectiveCost(c, sent - inter, inter, float(c.calls * (latency + transfer)))
+    seconds = alpha_beta_seconds(
+        c.calls, latency, c.payload_bytes, bus_factor(c.op, g.size), bandwidth
+    )
+    return CollectiveCost(c, sent - inter, inter, seconds)
 
 
 def transfer_time(setup: CommunicationSetup, t: Transfer) -> float:

@@ -3,30 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 
 from calculators.conventions import Engine, Stage
 from calculators.engines import engine_model
 from calculators.errors import InputError
 from calculators.estimates import MemoryEstimate, StageEstimate
-from calculators.model_states import TrainingSetup
+from calculators.model_states import TrainingSetup, model_state_memory
 
 
 def estimate(setup: TrainingSetup, stages: Iterable[Stage]) -> MemoryEstimate:
     """Estimate each stage with the engine ``setup.engine`` names."""
     model = engine_model(setup.engine)
-    paper = engine_model(Engine.PAPER)
     results = []
     for s in stages:
-        est = model.estimate(setup, Stage(s))
+        stage = Stage(s)
+        est = model.estimate(setup, stage)
         theory: int | None = est.model_states
         if setup.engine is not Engine.PAPER:
             try:
-                theory = paper.estimate(setup, Stage(s)).model_states
+                theory = model_state_memory(setup, stage).device.total
             except InputError:  # a setup the engine runs but the paper's accounting cannot
                 theory = None
-        results.append(replace(est, theory=theory))
+        results.append(with_theory(est, theory))
     return MemoryEstimate(setup=setup, stages=tuple(results), convention=model.convention)
+
+
+def with_theory(est: StageEstimate, theory: int | None) -> StageEstimate:
+    """``est`` with ``theory`` set: ``dataclasses.replace`` without re-running ``__init__``
+    over every field (a shallow copy: the fields are immutable)."""
+    if est.theory == theory:
+        return est
+    copy = object.__new__(StageEstimate)
+    copy.__dict__.update(est.__dict__)
+    object.__setattr__(copy, "theory", theory)
+    return copy
 
 
 __all__ = ["Engine", "MemoryEstimate", "StageEstimate", "estimate"]

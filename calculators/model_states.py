@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cache
 from typing import Any
 
 from calculators.architecture import Architecture, split_for_model_parallel
@@ -29,9 +30,10 @@ from calculators.errors import InputError
 
 def ceil_div(numerator: Fraction | int, denominator: int = 1) -> int:
     """Smallest integer ≥ numerator / denominator (bytes are never fractional)."""
-    value = numerator if isinstance(numerator, Fraction) else Fraction(numerator)
-    # ⌈n / (d·m)⌉ = -⌊-n / (d·m)⌋ in integers: no intermediate Fraction (the /v1/memory hot path)
-    return -((-value.numerator) // (value.denominator * denominator))
+    # ⌈n / (d·m)⌉ = -⌊-n / (d·m)⌋ in integers: no intermediate Fraction (the hot path)
+    if type(numerator) is int:
+        return -(-numerator // denominator)
+    return -((-numerator.numerator) // (numerator.denominator * denominator))
 
 
 @dataclass(frozen=True)
@@ -120,10 +122,23 @@ class BytesPerParam:
 
 def bytes_per_param(setup: TrainingSetup) -> BytesPerParam:
     """2 + 2 + K in mixed precision (paper §3.1); other precisions per ``conventions``."""
+    return _bytes_per_param(
+        setup.precision, setup.gradients, setup.optimizer, setup.master_weights, setup.k
+    )
+
+
+@cache  # a table look-up over a few enums: asked once per stage and once per answer
+def _bytes_per_param(
+    precision: Precision,
+    gradients: GradientConvention,
+    optimizer: Optimizer,
+    master_weights: bool,
+    k: Fraction | None,
+) -> BytesPerParam:
     return BytesPerParam(
-        parameters=Fraction(PRECISION_BYTES[setup.precision].parameter),
-        gradients=Fraction(gradient_bytes(setup.precision, setup.gradients)),
-        optimizer_states=setup.k_value,
+        parameters=Fraction(PRECISION_BYTES[precision].parameter),
+        gradients=Fraction(gradient_bytes(precision, gradients)),
+        optimizer_states=k if k is not None else k_bytes(optimizer, precision, master_weights),
     )
 
 
@@ -138,6 +153,13 @@ class Placement:
     @property
     def total(self) -> int:
         return self.parameters + self.gradients + self.optimizer_states
+
+
+NOWHERE = Placement()
+"""No model state in a place (CPU memory or NVMe without offload)."""
+
+# positions of the states in a Placement's fields
+PARAMETERS, GRADIENTS, OPTIMIZER_STATES = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -188,27 +210,29 @@ def model_state_memory(setup: TrainingSetup, stage: Stage) -> ModelStateMemory:
     psi = setup.params_per_device
     per = bytes_per_param(setup)
     split_p, split_g, split_o = partitioned(stage)
+    # ⌈b·Ψ / d⌉ with b = n/q in lowest terms is ⌈n·Ψ / (q·d)⌉: the same rational number, in
+    # integers (no Fraction product per share)
+    p, g, o = per.parameters, per.gradients, per.optimizer_states
+    dp = setup.dp
+    device = [
+        -((-p.numerator * psi) // (p.denominator * (dp if split_p else 1))),
+        -((-g.numerator * psi) // (g.denominator * (dp if split_g else 1))),
+        -((-o.numerator * psi) // (o.denominator * (dp if split_o else 1))),
+    ]
+    offload = setup.offload
+    if offload.optimizer is OffloadDevice.NONE and offload.params is OffloadDevice.NONE:
+        return ModelStateMemory(stage, Placement(*device), NOWHERE, NOWHERE)
+    cpu = [0, 0, 0]
+    nvme = [0, 0, 0]
 
-    def share(b: Fraction, split: bool) -> int:
-        return ceil_div(b * psi, setup.dp if split else 1)
-
-    params = share(per.parameters, split_p)
-    grads = share(per.gradients, split_g)
-    optim = share(per.optimizer_states, split_o)
-
-    device = {"parameters": params, "gradients": grads, "optimizer_states": optim}
-    cpu = {"parameters": 0, "gradients": 0, "optimizer_states": 0}
-    nvme = dict(cpu)
-
-    def move(state: str, target: OffloadDevice) -> None:
-        places = {OffloadDevice.CPU: cpu, OffloadDevice.NVME: nvme}
-        places[target][state] += device[state]
+    def move(state: int, target: OffloadDevice) -> None:
+        (cpu if target is OffloadDevice.CPU else nvme)[state] += device[state]
         device[state] = 0
 
-    if setup.offload.optimizer is not OffloadDevice.NONE:
-        move("optimizer_states", setup.offload.optimizer)
+    if offload.optimizer is not OffloadDevice.NONE:
+        move(OPTIMIZER_STATES, offload.optimizer)
         if stage >= Stage.GRADIENTS:
-            move("gradients", OffloadDevice.CPU)
-    if setup.offload.params is not OffloadDevice.NONE:
-        move("parameters", setup.offload.params)
-    return ModelStateMemory(stage, Placement(**device), Placement(**cpu), Placement(**nvme))
+            move(GRADIENTS, OffloadDevice.CPU)
+    if offload.params is not OffloadDevice.NONE:
+        move(PARAMETERS, offload.params)
+    return ModelStateMemory(stage, Placement(*device), Placement(*cpu), Placement(*nvme))

@@ -65,7 +65,9 @@ class Collective:
 
     @property
     def sent_bytes_per_rank(self) -> int:
-        return ceil_div(self.exact_sent)
+        # ⌈payload · a/b⌉ = ⌈payload·a / b⌉ in integers: ``exact_sent`` without its Fraction
+        factor = sent_factor(self.op, self.group.size)
+        return ceil_div(self.payload_bytes * factor.numerator, factor.denominator)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ from dataclasses import asdict, fields, replace
 from enum import Enum
 from typing import Any
 
+from pydantic_core import to_json
+from starlette.responses import Response
+
 from app.core.units import readable
 from app.schemas.capacity import CapacityResponse, FoundModel, StageCapacity
 from app.schemas.communication import (
@@ -19,15 +22,11 @@ from app.schemas.communication import (
 )
 from app.schemas.inference import InferenceResponse
 from app.schemas.memory import (
-    Breakdown,
-    Convention,
     HostMemory,
-    MemoryResponse,
     OffloadIn,
     PerDevice,
     ResolvedConfig,
     ResolvedValue,
-    StageMemory,
 )
 from app.schemas.plan import (
     CalibrationUsed,
@@ -52,17 +51,6 @@ from calculators.labels import labels
 from calculators.model_states import Placement, TrainingSetup
 from calculators.plan import Candidate, Config, Plan
 from calculators.traffic import CommunicationEstimate, StageCommunication
-
-
-def _host(p: Placement, buffers: int = 0) -> HostMemory:
-    return HostMemory(
-        total=p.total + buffers,
-        parameters=p.parameters,
-        gradients=p.gradients,
-        optimizer_states=p.optimizer_states,
-        buffers=buffers,
-    )
-
 
 BREAKDOWN_NOTES = [
     "reserved is not predicted: PyTorch's caching allocator rounds requests (512 B; small "
@@ -110,44 +98,80 @@ def null_notes(est: StageEstimate, setup: TrainingSetup) -> list[str]:
     return [f"{', '.join(nulls)} {'is' if len(nulls) == 1 else 'are'} null: {reason}"]
 
 
-def breakdown(est: StageEstimate) -> Breakdown:
-    return Breakdown(
-        theory=est.theory,
-        allocated_resident=est.resident,
-        allocated_peak=est.peak,
-    )
+# The memory answers are built as the JSON body itself (dicts in the response models' field
+# order, integers and strings already checked by the calculators) and encoded once by
+# pydantic-core: no model is built and validated per stage only to be dumped again.
+# tests/api/test_memory.py checks each body against MemoryResponse / MemorySweepResponse.
+
+
+def json_response(body: dict[str, Any]) -> Response:
+    """``body`` as the JSON response FastAPI would send for its response model."""
+    return Response(content=to_json(body), media_type="application/json")
+
+
+def per_device_body(est: StageEstimate) -> dict[str, int | None]:
+    """:class:`PerDevice`'s fields, in its order."""
+    d = est.device
+    return {
+        "parameters": d.parameters,
+        "gradients": d.gradients,
+        "optimizer_states": d.optimizer_states,
+        "model_states": d.parameters + d.gradients + d.optimizer_states,
+        "activations": est.activations,
+        "temporary_buffers": est.temporary_buffers,
+        "resident": est.resident,
+        "peak": est.peak,
+    }
 
 
 def per_device(est: StageEstimate) -> PerDevice:
-    return PerDevice(
-        parameters=est.device.parameters,
-        gradients=est.device.gradients,
-        optimizer_states=est.device.optimizer_states,
-        model_states=est.model_states,
-        activations=est.activations,
-        temporary_buffers=est.temporary_buffers,
-        resident=est.resident,
-        peak=est.peak,
-    )
+    return PerDevice(**per_device_body(est))
 
 
-def stage_memory(
-    est: StageEstimate, device_memory: int | None, extra_notes: list[str] | None = None
-) -> StageMemory:
-    per = per_device(est)
-    return StageMemory(
-        stage=int(est.stage),
-        per_device=per,
-        per_device_readable={
-            k: readable(v) for k, v in per.model_dump().items() if isinstance(v, int)
+def _host_body(p: Placement, buffers: int = 0) -> dict[str, int]:
+    """:class:`HostMemory`'s fields, in its order."""
+    return {
+        "total": p.parameters + p.gradients + p.optimizer_states + buffers,
+        "parameters": p.parameters,
+        "gradients": p.gradients,
+        "optimizer_states": p.optimizer_states,
+        "buffers": buffers,
+    }
+
+
+def stage_memory_body(
+    est: StageEstimate,
+    device_memory: int | None,
+    extra_notes: list[str],
+    names: dict[int, str],
+) -> dict[str, Any]:
+    """:class:`StageMemory`'s fields, in its order; ``names`` memoises ``readable`` over one
+    answer (its stages repeat most sizes)."""
+    per = per_device_body(est)
+    said = {}
+    for key, value in per.items():
+        if value is not None:
+            text = names.get(value)
+            if text is None:
+                text = names[value] = readable(value)
+            said[key] = text
+    return {
+        "stage": int(est.stage),
+        "per_device": per,
+        "per_device_readable": said,
+        "cpu": _host_body(est.cpu, est.cpu_buffers),
+        "nvme": _host_body(est.nvme),
+        "fits": None if device_memory is None else est.fits(device_memory),
+        "components": dict(est.components),
+        "breakdown": {
+            "theory": est.theory,
+            "allocated_resident": est.resident,
+            "allocated_peak": est.peak,
+            "reserved": None,
+            "outside_allocator": None,
         },
-        cpu=_host(est.cpu, est.cpu_buffers),
-        nvme=_host(est.nvme),
-        fits=None if device_memory is None else est.fits(device_memory),
-        components=dict(est.components),
-        breakdown=breakdown(est),
-        notes=list(est.notes) + (extra_notes or []),
-    )
+        "notes": [*est.notes, *extra_notes],
+    }
 
 
 def resolved_config(engine: Engine, decided: Decided | None) -> ResolvedConfig | None:
@@ -167,9 +191,9 @@ def resolved_config(engine: Engine, decided: Decided | None) -> ResolvedConfig |
     )
 
 
-def memory_response(
-    result: MemoryEstimate, device_memory: int | None, decided: Decided | None = None
-) -> MemoryResponse:
+
+def convention_body(result: MemoryEstimate) -> dict[str, Any]:
+    """:class:`Convention`'s fields, in its order."""
     setup = result.setup
     label = labels(setup)
     per = label.per_param
@@ -178,37 +202,55 @@ def memory_response(
     )
     if setup.engine is Engine.DEEPSPEED:
         assumption = f"an fp32 master copy plus {assumption} (fp32)"
-    return MemoryResponse(
-        params=setup.params,
-        params_per_device=setup.params_per_device,
-        dp=setup.dp,
-        tp=setup.tp,
-        pp=setup.pp,
-        convention=Convention(
-            engine=setup.engine,
-            description="; ".join((result.convention, *label.ignored)),
-            precision=setup.precision,
-            optimizer=setup.optimizer,
-            k=float(per.optimizer_states),
-            optimizer_assumption=assumption,
-            gradients=label.gradients,
-            bytes_per_param={
-                "parameters": float(per.parameters),
-                "gradients": float(per.gradients),
-                "optimizer_states": float(per.optimizer_states),
-            },
-        ),
-        stages=[
-            stage_memory(
+    return {
+        "engine": setup.engine.value,
+        "description": "; ".join((result.convention, *label.ignored)),
+        "precision": setup.precision.value,
+        "optimizer": setup.optimizer.value,
+        "k": float(per.optimizer_states),
+        "optimizer_assumption": assumption,
+        "gradients": label.gradients.value,
+        "bytes_per_param": {
+            "parameters": float(per.parameters),
+            "gradients": float(per.gradients),
+            "optimizer_states": float(per.optimizer_states),
+        },
+    }
+
+
+def memory_body(
+    result: MemoryEstimate, device_memory: int | None, decided: Decided | None = None
+) -> dict[str, Any]:
+    """The :class:`MemoryResponse` of ``result``, as its JSON body."""
+    setup = result.setup
+    config = resolved_config(setup.engine, decided)
+    names: dict[int, str] = {}
+    return {
+        "params": setup.params,
+        "params_per_device": setup.params_per_device,
+        "dp": setup.dp,
+        "tp": setup.tp,
+        "pp": setup.pp,
+        "convention": convention_body(result),
+        "stages": [
+            stage_memory_body(
                 s,
                 device_memory,
                 null_notes(s, setup),
+                names,
             )
             for s in result.stages
         ],
-        breakdown_notes=BREAKDOWN_NOTES,
-        resolved_config=resolved_config(setup.engine, decided),
-    )
+        "breakdown_notes": BREAKDOWN_NOTES,
+        "resolved_config": None if config is None else config.model_dump(mode="json"),
+    }
+
+
+def memory_response(
+    result: MemoryEstimate, device_memory: int | None, decided: Decided | None = None
+) -> Response:
+    """POST /v1/memory's answer (its schema: :class:`MemoryResponse`)."""
+    return json_response(memory_body(result, device_memory, decided))
 
 
 TIME_MODEL = (
@@ -495,7 +537,7 @@ def _candidate_out(rank: int, c: Candidate) -> CandidateOut:
         ),
         per_device=per_device(c.memory),
         headroom=c.headroom,
-        cpu=_host(c.memory.cpu, c.memory.cpu_buffers),
+        cpu=HostMemory(**_host_body(c.memory.cpu, c.memory.cpu_buffers)),
         sent_bytes_per_rank=c.sent_bytes_per_rank,
         assumptions=OverlapOut(**asdict(c.overlap)),
     )

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
 
 from app.api.convert import memory_question
 from app.api.examples import MEMORY_EXAMPLES
@@ -20,7 +21,7 @@ router = APIRouter(prefix="/v1", tags=["memory"])
 @router.post("/memory", response_model=MemoryResponse)
 async def memory(
     request: Annotated[MemoryRequest, Body(openapi_examples=MEMORY_EXAMPLES)],
-) -> MemoryResponse:
+) -> Response:
     """Per-device memory (bytes) of one model under each requested ZeRO stage."""
     if request.model.params is not None and request.engine is Engine.PAPER:
         # the paper's bare Ψ: constant work well under a millisecond, cheaper than a thread hop
@@ -31,7 +32,8 @@ async def memory(
     return await run_in_threadpool(answer, request)
 
 
-def answer(request: MemoryRequest) -> MemoryResponse:
+def answer(request: MemoryRequest) -> Response:
+    """The answer's JSON, encoded once (``MemoryResponse`` stays the documented schema)."""
     question = memory_question(request)
     result = estimate(question.setup, question.stages)
     return memory_response(result, request.device_memory, question.decided)

@@ -8,11 +8,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
 
 from app.api.convert import memory_setup
 from app.api.examples import SWEEP_EXAMPLES
-from app.api.presenters import memory_response, per_device
-from app.schemas.sweep import MemorySweepRequest, MemorySweepResponse, StageAtDp, SweepPoint
+from app.api.presenters import convention_body, json_response, per_device_body
+from app.schemas.sweep import MemorySweepRequest, MemorySweepResponse
 from calculators.conventions import Stage
 from calculators.errors import InputError
 from calculators.memory import estimate
@@ -27,18 +28,22 @@ SWEEP_BUDGET_S = 5.0
 @router.post("/memory/sweep", response_model=MemorySweepResponse)
 async def memory_sweep(
     request: Annotated[MemorySweepRequest, Body(openapi_examples=SWEEP_EXAMPLES)],
-) -> MemorySweepResponse:
+) -> Response:
     """Per-device memory of one model for each Nd in dp_values, under each requested stage."""
     # off the event loop: up to 64 x 4 estimates, each walking the model's tensors
     return await run_in_threadpool(sweep, request)
 
 
-def sweep(request: MemorySweepRequest) -> MemorySweepResponse:
-    """The sweep, refused (422) once it has computed for more than ``SWEEP_BUDGET_S``."""
+def sweep(request: MemorySweepRequest) -> Response:
+    """The sweep, refused (422) once it has computed for more than ``SWEEP_BUDGET_S``.
+
+    Its JSON is built and encoded once (``MemorySweepResponse`` stays the documented schema).
+    """
     started = time.perf_counter()
     setup = memory_setup(request)
     stages = [Stage(s) for s in request.stages]
-    reference = memory_response(estimate(setup, stages), request.device_memory)
+    device_memory = request.device_memory
+    reference = estimate(setup, stages)  # the request's own Nd: its errors come first
     points = []
     for n, dp in enumerate(request.dp_values):
         if time.perf_counter() - started > SWEEP_BUDGET_S:
@@ -47,26 +52,27 @@ def sweep(request: MemorySweepRequest) -> MemorySweepResponse:
                 f"the sweep took over {SWEEP_BUDGET_S:g} s of computation after {n} of "
                 f"{len(request.dp_values)} values; send fewer dp_values (or ask /v1/memory)",
             )
-        result = estimate(replace(setup, dp=dp), stages)
+        # the request's own Nd is already answered: the same setup, the same estimate
+        result = reference if dp == setup.dp else estimate(replace(setup, dp=dp), stages)
         points.append(
-            SweepPoint(
-                dp=dp,
-                stages=[
-                    StageAtDp(
-                        stage=int(s.stage),
-                        per_device=per_device(s),
-                        fits=None
-                        if request.device_memory is None
-                        else s.fits(request.device_memory),
-                    )
+            {
+                "dp": dp,
+                "stages": [
+                    {
+                        "stage": int(s.stage),
+                        "per_device": per_device_body(s),
+                        "fits": None if device_memory is None else s.fits(device_memory),
+                    }
                     for s in result.stages
                 ],
-            )
+            }
         )
-    return MemorySweepResponse(
-        params=reference.params,
-        params_per_device=reference.params_per_device,
-        dp=reference.dp,
-        convention=reference.convention,
-        points=points,
+    return json_response(
+        {
+            "params": setup.params,
+            "params_per_device": setup.params_per_device,
+            "dp": setup.dp,
+            "convention": convention_body(reference),
+            "points": points,
+        }
     )
