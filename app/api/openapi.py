@@ -111,6 +111,9 @@ def document(app: FastAPI) -> dict[str, Any]:
                 answer["content"] = {"application/json": {"schema": {"$ref": ERROR_REF}}}
                 if code in (429, 503):
                     answer["headers"] = RETRY_AFTER
+            for code, answer in responses.items():  # a route's own refusals (e.g. a 404 of its)
+                if code >= "400":
+                    answer["content"] = {"application/json": {"schema": {"$ref": ERROR_REF}}}
             if method == "post":
                 content = operation["requestBody"]["content"]["application/json"]
                 content["examples"] = EXAMPLES[path]

@@ -191,7 +191,6 @@ def resolved_config(engine: Engine, decided: Decided | None) -> ResolvedConfig |
     )
 
 
-
 def convention_body(result: MemoryEstimate) -> dict[str, Any]:
     """:class:`Convention`'s fields, in its order."""
     setup = result.setup
@@ -242,7 +241,9 @@ def memory_body(
             for s in result.stages
         ],
         "breakdown_notes": BREAKDOWN_NOTES,
-        "resolved_config": None if config is None else config.model_dump(mode="json"),
+        "resolved_config": None
+        if config is None
+        else config.model_dump(mode="json", by_alias=True),
     }
 
 
