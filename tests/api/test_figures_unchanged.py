@@ -309,7 +309,7 @@ def response(body: dict[str, Any], key: str) -> Any:
     """The whole response as JSON values, or the error naming its field."""
     try:
         if key.startswith("mem/"):
-            response: Any = answer(MemoryRequest(**body)).model_dump(mode="json")
+            response: Any = json.loads(bytes(answer(MemoryRequest(**body)).body))
         else:
             response = communication(CommunicationRequest(**body)).model_dump(mode="json")
     except InputError as err:
