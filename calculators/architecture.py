@@ -343,17 +343,15 @@ def tensor_counts(arch: Architecture) -> list[tuple[Tensor, int]]:
     equal sums over this list weighted by the counts.
     """
     one = replace(arch, layers=1, num_experts=1, experts_per_token=1)
-    block = block_tensors(one, 0)
-    mlp = _mlp(arch, "blocks.0.experts.0" if arch.num_experts > 1 else "blocks.0.mlp", 0)
-    shared = block[: len(block) - len(mlp)]
-    if arch.num_experts > 1:
-        shared.append(Tensor("blocks.0.router.weight", (arch.num_experts, arch.hidden), 0))
     outside = [t for t in _tensors(one) if t.layer is None]
-    return (
-        [(t, 1) for t in outside]
-        + [(t, arch.layers) for t in shared]
-        + [(t, arch.layers * arch.num_experts) for t in mlp]
-    )
+    expert0 = "blocks.0.experts.0."
+    counts = [(t, 1) for t in outside]
+    for t in block_tensors(arch, 0):
+        if not t.name.startswith("blocks.0.experts."):
+            counts.append((t, arch.layers))  # attention, norms, router, a shared expert
+        elif t.name.startswith(expert0):
+            counts.append((t, arch.layers * arch.num_experts))  # expert 0 stands for all
+    return counts
 
 
 def tensors(arch: Architecture) -> list[Tensor]:
