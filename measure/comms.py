@@ -77,7 +77,7 @@ class CommCounter(TorchDispatchMode):
     phase: str | None = None  # the loop's phase (forward, backward, step), where it sets one
 
     def __post_init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}

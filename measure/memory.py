@@ -11,6 +11,7 @@ attribute storages to parameters, gradients and optimizer states, deduplicated b
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import subprocess
 import weakref
@@ -25,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The local tensor of a DTensor (FSDP2 shards), else the tensor itself."""
     to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t  # type: ignore[no-any-return]
+    return to_local() if callable(to_local) else t
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor], device: torch.device) -> int:
@@ -72,7 +73,7 @@ class LiveStorages(TorchDispatchMode):
     """Every storage on ``device_type`` created by an op while active, held by weak reference."""
 
     def __init__(self, device_type: str = "cpu") -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self.device_type = device_type
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
 
@@ -91,10 +92,13 @@ class LiveStorages(TorchDispatchMode):
                 st = out.untyped_storage()
                 key = id(st)
                 if key not in self._refs:
-                    self._refs[key] = weakref.ref(st, lambda _r, k=key: self._refs.pop(k, None))
+                    self._refs[key] = weakref.ref(st, functools.partial(self._forget, key))
         elif isinstance(out, (list, tuple)):
             for item in out:
                 self._watch(item)
+
+    def _forget(self, key: int, _ref: weakref.ref[torch.UntypedStorage]) -> None:
+        self._refs.pop(key, None)
 
     def watch(self, tensors: Iterable[torch.Tensor]) -> None:
         """Also count tensors created outside the mode (e.g. before it started)."""
@@ -153,7 +157,7 @@ class DeviceMemory:
             return None
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml
 
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)

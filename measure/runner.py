@@ -341,6 +341,7 @@ def _distributed(ms: MeasureSpec, device: torch.device, progress: Progress) -> d
     import dataclasses
 
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import spawn
 
     if device.type == "cuda" and ms.dp != torch.cuda.device_count():
         raise InputError(
@@ -360,7 +361,7 @@ def _distributed(ms: MeasureSpec, device: torch.device, progress: Progress) -> d
 
         with tempfile.TemporaryDirectory() as tmp:
             out = str(Path(tmp) / "result.json")
-            procs = mp.spawn(
+            procs = spawn(
                 _rank_main,
                 args=(one, ms.dp, _free_port(), out, queue),
                 nprocs=ms.dp,

@@ -41,10 +41,13 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 REGIMES = ("half", "autocast", "fp32")
 MEM_EFFICIENT_ALIGNMENT = 16
@@ -98,12 +101,14 @@ def _config(hf_config: Mapping[str, Any]) -> Any:
     return AutoConfig.for_model(model_type, **body)
 
 
-def build_model(hf_config: Mapping[str, Any], dtype: torch.dtype) -> torch.nn.Module:
+def build_model(hf_config: Mapping[str, Any], dtype: torch.dtype) -> PreTrainedModel:
     """The model transformers builds for ``hf_config`` (call inside a fake or meta mode)."""
     from transformers import AutoModelForCausalLM
 
     config = _config(hf_config)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(
+        config, attn_implementation="sdpa", dtype=dtype
+    )
     if model._can_set_experts_implementation():
         # the default on CUDA (sm80+): one grouped matmul over the sorted assignments
         model.set_experts_implementation("grouped_mm")
@@ -135,9 +140,10 @@ def _gpu_sdpa(
     with torch.autocast("cpu", enabled=False):
         if attn_mask is None and query.dtype in (torch.bfloat16, torch.float16):
             # flash attention: grouped-query heads without expanding k/v
-            return torch.ops.aten._scaled_dot_product_flash_attention(
+            flash: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale
             )[0]
+            return flash
         if enable_gqa and key.shape[1] != query.shape[1]:
             # the memory-efficient kernel has no GQA: torch expands k/v (math fallback's
             # repeat_interleave) before it
@@ -156,9 +162,10 @@ def _gpu_sdpa(
                 pad = MEM_EFFICIENT_ALIGNMENT - last % MEM_EFFICIENT_ALIGNMENT
                 bias = torch.nn.functional.pad(bias, (0, pad))[..., :last]
             bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-        return torch.ops.aten._scaled_dot_product_efficient_attention(
+        efficient: torch.Tensor = torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, bias, True, dropout_p, is_causal, scale=scale
         )[0]
+        return efficient
 
 
 @contextlib.contextmanager
@@ -172,13 +179,14 @@ def _gpu_behaviour() -> Iterator[None]:
         masking.find_packed_sequence_indices,
         moe._can_use_grouped_mm,
     )
-    torch.nn.functional.scaled_dot_product_attention = _gpu_sdpa  # type: ignore[assignment]
+    torch.nn.functional.scaled_dot_product_attention = _gpu_sdpa
     # position ids 0..s-1 are never a packed sequence; a fake tensor cannot show it, so the
     # check would build a mask that the GPU run does not have
     masking.find_packed_sequence_indices = lambda *_, **__: None
     # torch's grouped_mm takes bf16 only; fp32 experts (autocast) run transformers' own
     # fallback op, which saves the same input and weight
-    moe._can_use_grouped_mm = lambda _input, weight, _offs: weight.dtype == torch.bfloat16
+    # (transformers' parameter names, so a keyword call still binds)
+    moe._can_use_grouped_mm = lambda input, weight, offs: weight.dtype == torch.bfloat16  # noqa: ARG005
     try:
         yield
     finally:
@@ -257,8 +265,9 @@ def trace(
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
             for layer in layers:
-                layer._gradient_checkpointing_func = _recording_checkpoint(
-                    layer._gradient_checkpointing_func, record
+                checkpointed = cast(_CheckpointedLayer, layer)
+                checkpointed._gradient_checkpointing_func = _recording_checkpoint(
+                    checkpointed._gradient_checkpointing_func, record
                 )
         ids = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
         autocast = torch.autocast("cpu", dtype=HALF, enabled=regime == "autocast")
@@ -413,6 +422,13 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     raise ValueError("no decoder layer list found in the model")
 
 
+class _CheckpointedLayer(Protocol):
+    """A decoder layer after ``gradient_checkpointing_enable()``: transformers' checkpoint
+    function (GradientCheckpointingLayer) on the instance."""
+
+    _gradient_checkpointing_func: Callable[..., Any]
+
+
 def _recording_checkpoint(
     checkpoint: Callable[..., Any], record: Callable[[torch.Tensor], None]
 ) -> Callable[..., Any]:
@@ -491,13 +507,13 @@ def main(argv: list[str] | None = None) -> int:
     if ns.compare:
         sys.stdout.write(compare_table(cfg, ns.batch, ns.seq))
         return 0
-    r = trace(cfg, ns.batch, ns.seq, ns.regime, ns.checkpointing)
+    result = trace(cfg, ns.batch, ns.seq, ns.regime, ns.checkpointing)
     out = sys.stdout
     names = ("activations", "autocast_weights", "rng_state", "logits", "loss_transient", "cache")
     for name in names:
-        out.write(f"{name:18} {getattr(r, name):>16,} B\n")
+        out.write(f"{name:18} {getattr(result, name):>16,} B\n")
     if ns.tensors:
-        for row in r.tensors:
+        for row in result.tensors:
             out.write(f"{row}\n")
     return 0
 

@@ -68,7 +68,7 @@ def part_a(tiny: bool, device: str) -> list[tuple[str, dict[str, Any]]]:
     batch = {"micro_batch_size": 1, "seq_len": 32 if tiny else 512}
     out = []
     for dp in (1, 8, 64):
-        spec = {
+        spec: dict[str, Any] = {
             "model": {"architecture": gpt},
             "dp": dp,
             "stages": [0, 1, 2, 3],

@@ -72,9 +72,12 @@ def _norm(arch: Architecture, width: int) -> nn.Module:
 
 
 def _act(arch: Architecture) -> Callable[[torch.Tensor], torch.Tensor]:
-    return {Activation.GELU: F.gelu, Activation.RELU: F.relu, Activation.SILU: F.silu}[
-        arch.activation
-    ]
+    acts: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
+        Activation.GELU: F.gelu,
+        Activation.RELU: F.relu,
+        Activation.SILU: F.silu,
+    }
+    return acts[arch.activation]
 
 
 def _rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -193,15 +196,16 @@ class GPT(nn.Module):
             assert arch.max_seq_len is not None  # Architecture.validate guarantees it
             self.pos = nn.Embedding(arch.max_seq_len + arch.position_offset, arch.hidden)
         self.embed_norm = _norm(arch, emb) if arch.embedding_norm else None
-        self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.layers))
+        blocks = [Block(arch) for _ in range(arch.layers)]
+        for block in blocks:
+            block.selective = checkpointing == "selective"
+        self.blocks = nn.ModuleList(blocks)
         self.ln_f = _norm(arch, arch.hidden) if arch.final_norm else None
         self.project_out = nn.Linear(arch.hidden, emb, bias=False) if projected else None
         self.head = None
         if not arch.tied_embeddings:
             self.head = nn.Linear(emb, arch.vocab_size, bias=arch.lm_head_bias)
         self.checkpointing = checkpointing
-        for block in self.blocks:
-            block.selective = checkpointing == "selective"
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)

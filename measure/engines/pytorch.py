@@ -74,7 +74,7 @@ def _sim_allreduce_hook(world: int) -> Callable[[Any, Any], torch.futures.Future
     def hook(_state, bucket):  # type: ignore[no-untyped-def]
         tensor = bucket.buffer()
         tensor.div_(world)
-        fut = dist.all_reduce(tensor, async_op=True).get_future()  # type: ignore[union-attr]
+        fut = dist.all_reduce(tensor, async_op=True).get_future()
         return fut.then(lambda _f: tensor)
 
     return hook
