@@ -117,15 +117,19 @@ def _reader(parse: Any, what: str, limit: int) -> Any:
             if isinstance(value, float) and not value.is_integer():
                 raise PydanticCustomError("whole_number", f"not a whole number of {what}")
             n = int(value)
+            if n < 1:
+                raise PydanticCustomError("greater_than_equal", "must be at least 1")
+            return n
         else:
             try:
-                n = parse(value[:64], limit)
+                n = int(parse(value[:64], limit))
             except TooLarge as e:
                 raise PydanticCustomError("too_large", str(e)) from None
             except ValueError as e:
                 raise PydanticCustomError("number_or_unit_string", str(e)) from None
         if n < 1:
-            raise PydanticCustomError("greater_than_equal", "must be at least 1")
+            # a rule the string form's pattern cannot state (the integer form says minimum 1)
+            raise PydanticCustomError("rule", f"must be at least 1 {what}")
         return n
 
     return read

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    GetJsonSchemaHandler,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from app.schemas.common import Degree, DeviceBytes, JsonObject, StrictModel
 from app.schemas.communication import LinkIn
@@ -14,6 +24,10 @@ from calculators.batch import Checkpointing
 from calculators.conventions import Engine, Optimizer, Precision
 from calculators.interconnects import DEFAULT_INTER_NODE
 from calculators.plan import OffloadChoice
+
+NULL = {"type": "null"}
+# below 0.1 % of the peak a step time stops being a number (and no GPU trains that slowly)
+MIN_EFFICIENCY = 0.001
 
 GpuName = Annotated[str, Field(max_length=32, description="A GPU preset name (GET /v1/gpus).")]
 
@@ -82,6 +96,19 @@ class SearchIn(StrictModel):
     def unique(cls, values: list[object] | None) -> list[object] | None:
         return None if values is None else _unique(values)
 
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """Each list's values appear once (``uniqueItems``), as ``unique`` checks."""
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        for key in ("stages", "micro_batch_size", "activation_checkpointing", "offload"):
+            prop = schema["properties"][key]
+            for form in (prop, *prop.get("anyOf", ())):
+                if form.get("type") == "array":
+                    form["uniqueItems"] = True
+        return schema
+
 
 class PlanRequest(StrictModel):
     """Which ZeRO configuration to run on these GPUs, ranked by predicted throughput."""
@@ -124,10 +151,10 @@ class PlanRequest(StrictModel):
     efficiency: Annotated[
         float | None,
         Field(
-            gt=0,
+            ge=MIN_EFFICIENCY,
             le=1,
-            description="Fraction of the peak the matmuls reach; null = a stored calibration "
-            "for this GPU and precision, else the stated default.",
+            description="Fraction of the peak the matmuls reach (at least 0.1 %); null = a "
+            "stored calibration for this GPU and precision, else the stated default.",
         ),
     ] = None
 
@@ -270,14 +297,51 @@ class CalibrationRequest(StrictModel):
     efficiency: Annotated[
         float | None,
         Field(
-            gt=0,
+            ge=MIN_EFFICIENCY,
             le=1,
-            description="Model-FLOPs utilisation measured elsewhere (e.g. your training logs).",
+            description="Model-FLOPs utilisation measured elsewhere (e.g. your training logs), "
+            "at least 0.1 %.",
         ),
     ] = None
     source: Annotated[str, Field(max_length=200, description="Where the figure comes from.")] = (
         "given by the request"
     )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """``one_source`` as ``oneOf``: a measurement id, or an efficiency with its gpu."""
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        props: dict[str, Any] = schema["properties"]
+
+        def given(key: str) -> dict[str, Any]:
+            out = {k: v for k, v in props[key].items() if k not in ("anyOf", "default")}
+            out.update(next(x for x in props[key].get("anyOf", [props[key]]) if x != NULL))
+            return out
+
+        def form(title: str, required: list[str], absent: list[str]) -> dict[str, Any]:
+            own = {
+                k: (given(k) if k in required else NULL if k in absent else v)
+                for k, v in props.items()
+            }
+            return {
+                "title": title,
+                "type": "object",
+                "properties": own,
+                "required": required,
+                "additionalProperties": False,
+            }
+
+        return {
+            "title": schema.get("title", cls.__name__),
+            "description": schema.get("description", ""),
+            "type": "object",
+            "oneOf": [
+                form("From a measurement", ["measurement_id"], ["gpu", "efficiency"]),
+                form("An efficiency measured elsewhere", ["efficiency", "gpu"], ["measurement_id"]),
+            ],
+        }
 
     @model_validator(mode="after")
     def one_source(self) -> Self:
