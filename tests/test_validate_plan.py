@@ -43,7 +43,8 @@ def test_every_candidate_becomes_a_spec_the_runner_accepts() -> None:
     assert planned.candidates
     for cand in planned.candidates:
         ms = parse_spec(validate_plan.spec_for(args, model, 2, cand.config))
-        assert ms.workload.params == count_params(arch)
+        assert ms.model.architecture is not None
+        assert count_params(ms.model.architecture) == count_params(arch)
         assert ms.stages == (cand.config.stage,)
         assert ms.batch is not None
         assert ms.batch.micro_batch_size * ms.batch.grad_accumulation_steps == 8

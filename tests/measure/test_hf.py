@@ -77,11 +77,12 @@ def test_llama_simulated_world_matches_the_prediction() -> None:
     assert len(inside) >= 4, seen
 
 
-def test_family_the_calculator_does_not_read_is_measured_with_a_note() -> None:
+def test_a_family_with_its_own_modelling_code_is_predicted_from_it() -> None:
+    # Gemma: (1 + weight) norms, scaled embeddings, GeGLU; the calculator reads its config
     result = run(_body("gemma", stages=[2]))
     (r,) = result["runs"]
-    assert any("does not read model_type 'gemma'" in n for n in r["notes"])
-    assert r["measured"]["parameters"] > 0
+    assert not any("does not read model_type" in n for n in r["notes"])
+    assert r["measured"]["parameters"] == r["predicted"]["parameters"] > 0
 
 
 def test_without_transformers_the_request_names_the_install(
