@@ -343,17 +343,15 @@ def tensor_counts(arch: Architecture) -> list[tuple[Tensor, int]]:
     equal sums over this list weighted by the counts.
     """
     one = replace(arch, layers=1, num_experts=1, experts_per_token=1)
-    block = block_tensors(one, 0)
-    mlp = _mlp(arch, "blocks.0.experts.0" if arch.num_experts > 1 else "blocks.0.mlp", 0)
-    shared = block[: len(block) - len(mlp)]
-    if arch.num_experts > 1:
-        shared.append(Tensor("blocks.0.router.weight", (arch.num_experts, arch.hidden), 0))
     outside = [t for t in _tensors(one) if t.layer is None]
-    return (
-        [(t, 1) for t in outside]
-        + [(t, arch.layers) for t in shared]
-        + [(t, arch.layers * arch.num_experts) for t in mlp]
-    )
+    # block 0 as registered (norms after the MLP, a shared expert), expert 0 for every expert
+    routed = "blocks.0.experts."
+    block = [
+        (t, arch.layers * arch.num_experts if t.name.startswith(routed) else arch.layers)
+        for t in block_tensors(replace(arch, layers=1), 0)
+        if not t.name.startswith(routed) or t.name.startswith(routed + "0.")
+    ]
+    return [(t, 1) for t in outside] + block
 
 
 def tensors(arch: Architecture) -> list[Tensor]:
