@@ -19,6 +19,7 @@ from calculators.architecture import (
     tensors,
 )
 from calculators.engines.deepspeed.allocator import block, blocks
+from calculators.hf_config import architecture_from_hf_config
 from calculators.parameters import (
     ROOT_GROUP,
     ParamTensor,
@@ -26,7 +27,6 @@ from calculators.parameters import (
     fsdp_padded_total,
     fsdp_shard_total,
 )
-from calculators.hf_config import architecture_from_hf_config
 from calculators.presets import PRESETS
 from measure.hf_families import FAMILIES, family_config
 
