@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -37,6 +38,8 @@ from calculators.model_states import Offload, TrainingSetup
 from calculators.presets import get_preset
 from calculators.topology import Op, sent_factor
 from measure.compare import predicted_communication, predicted_memory, relative_error
+from measure.engines.deepspeed_config import deepspeed_config
+from measure.hf_families import family_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -215,6 +218,89 @@ def validate_runs(path: Path) -> list[Run]:
     return out
 
 
+def _hf_engine_config(
+    setup: TrainingSetup, stage: Stage, linear_patched: bool, compute_capability_major: int
+) -> dict[str, Any]:
+    """The ``engine_config`` that ``measure.runner`` hands the calculators for one HF run.
+
+    As ``RunSettings.engine_config`` builds it on a CUDA device: the loop holds its last outputs;
+    torch ≥ 2.9's FSDP2 reshards the root when told to (every torch these files record); a
+    DeepSpeed run gets its own config body, and no cuBLASLt workspace once an earlier stage-3
+    engine of the process replaced ``F.linear``.
+    """
+    config: dict[str, Any] = {
+        "holds_outputs": True,  # measure's default, which validate_hf keeps
+        "compute_capability_major": compute_capability_major,
+    }
+    if setup.engine is Engine.DEEPSPEED:
+        assert setup.batch is not None
+        offload = {"optimizer": setup.offload.optimizer.value, "params": setup.offload.params.value}
+        config.update(
+            deepspeed_config(stage, setup.precision, setup.batch.micro_batch_size, 1, offload, {})
+        )
+        if linear_patched and stage is not Stage.PARAMETERS:
+            config["cublaslt_workspace_bytes"] = 0
+    else:
+        config["fsdp_root_reshard_after_forward"] = True
+    return config
+
+
+# the GPUs whose compute capability the results record by name (it sizes cuBLAS workspaces)
+CAPABILITY = {"NVIDIA H100": 9, "NVIDIA H200": 9}
+
+
+def hf_runs(path: Path) -> list[Run]:
+    """``python -m measure.validate_hf``: ``{"world", "size", "cases": [{"family", "engine",
+    "checkpointing", "result"}]}``, each result as ``/v1/measure`` returns it.
+
+    The request of each case is rebuilt as ``measure.validate_hf`` builds it (the family's
+    config at the file's size; micro-batch and sequence from the workload's name), so every
+    run is predicted again from the current calculators. The parameter list is the canonical
+    decoder's of the config (the GPU run had the built module's own order, which moves
+    ZeroRedundancyOptimizer's and FSDP2's shard boundaries by a few tensors at most).
+    """
+    data = json.loads(path.read_text())
+    out = []
+    patched = False  # one process per file: a stage-3 DeepSpeed engine patches F.linear
+    for case in data["cases"]:
+        result = case["result"]
+        env = result["environment"]
+        shape = re.search(r"\(transformers, b(\d+) s(\d+)", result["workload"])
+        if shape is None:
+            raise ValueError(f"{path.name}: no batch in workload {result['workload']!r}")
+        body = {
+            "model": {"hf_config": family_config(case["family"], data["size"])},
+            "dp": result["dp"],
+            "stages": [r["stage"] for r in result["runs"]],
+            "precision": result["precision"],
+            "optimizer": result["optimizer"],
+            "engine": case["engine"],
+            "mode": result["runs"][0]["mode"],
+            "device": "cuda",
+            "batch": {
+                "micro_batch_size": int(shape[1]),
+                "seq_len": int(shape[2]),
+                "activation_checkpointing": case["checkpointing"],
+            },
+            "allow_slow_cpu": True,
+        }
+        major = CAPABILITY[env["device_name"]]
+        engine = case["engine"]
+        version = env.get(engine) if engine == "deepspeed" else env["torch"]
+        for run in result["runs"]:
+            stage = Stage(run["stage"])
+            bare, family = spec_setup(body, run["world_size"], None)
+            config = _hf_engine_config(bare, stage, patched, major)
+            setup, _ = spec_setup(body, run["world_size"], config)
+            label = f"{case['family']} ckpt={case['checkpointing']}"
+            r = _validate_run(path, f"{data['world']} | {label}", run, setup, family)
+            out.append(
+                Run(r.source, r.label, f"{engine} {version}", r.family, r.stage, r.dp, r.errors)
+            )
+            patched = patched or (engine == "deepspeed" and stage is Stage.PARAMETERS)
+    return out
+
+
 def deepspeed_runs(path: Path) -> list[Run]:
     """``bench/validate_deepspeed.py run``: GPT-2 small/large (untied head) under DeepSpeed,
     predicted as its ``report`` does (``predict``)."""
@@ -287,12 +373,23 @@ SOURCES = (
         "bench/validate_deepspeed.py run",
     ),
     Source(
-        "hf_*.json",
-        validate_runs,
-        "Hugging Face modelling code (transformers)",
-        "python -m measure.validate",
+        "hf_nccl_*.json",
+        hf_runs,
+        "transformers 5.17, small configs, mixed bf16, ± full checkpointing, H200 (NCCL)",
+        "bash bench/gpu/hf_round.sh",
+    ),
+    Source(
+        "hf_simulated_*.json",
+        hf_runs,
+        "Nd 8 simulated on 1 × H200",
+        "python -m measure.validate_hf --simulated 8,64",
     ),
 )
+
+
+# results files of other claims: the planner's step time (docs/VALIDATION.md, "Planner step
+# time") and the service's own speed (docs/BENCHMARKS.md)
+OTHER_CLAIMS = ("plan_validation_*.json", "asgi_*.json", "http_*.json", "path_phase_*.json")
 
 
 def all_runs(results: Path = RESULTS) -> list[tuple[Source, Run]]:

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from bench.accuracy import (
+    OTHER_CLAIMS,
     PEAK,
     README,
     RESULTS,
     SOURCES,
     all_runs,
+    hf_runs,
     markdown,
     readme_table,
     spec_setup,
@@ -37,7 +39,8 @@ ROUNDING = 0.005  # the table writes % with two decimals
 
 def test_every_results_file_is_read() -> None:
     # a results file that no SOURCES entry reads would hold claims nobody checks
-    committed = {p.name for p in RESULTS.glob("*.json")}
+    other = {p.name for pattern in OTHER_CLAIMS for p in RESULTS.glob(pattern)}
+    committed = {p.name for p in RESULTS.glob("*.json")} - other
     read = {p.name for source in SOURCES for p in RESULTS.glob(source.pattern)}
     assert committed == read
     assert {run.source for _, run in RUNS} == committed
@@ -103,8 +106,7 @@ def _validate_file(tmp_path: Path, measured_peak: float) -> Path:
 
 
 def test_a_new_results_file_is_read_through_its_spec(tmp_path: Path) -> None:
-    (hf,) = [s for s in SOURCES if s.pattern == "hf_*.json"]
-    assert hf.read is validate_runs
+    (hf,) = [s for s in SOURCES if s.pattern == "hf_nccl_*.json"]
     exact = validate_runs(_validate_file(tmp_path, 1.0))
     assert [(r.engine, r.family, r.errors) for r in exact] == [
         ("torch", "llama", {PEAK: 0.0, "resident": 0.0})
@@ -113,3 +115,22 @@ def test_a_new_results_file_is_read_through_its_spec(tmp_path: Path) -> None:
     assert low.errors[PEAK] == pytest.approx(-0.2, abs=1e-6)
     (row,) = [s for s in summarise([(hf, low)]) if s.metric == PEAK]
     assert (row.runs, row.lowest) == (1, low.errors[PEAK])
+
+
+def test_hf_requests_are_rebuilt_as_the_gpu_run_built_them() -> None:
+    # each file also holds the prediction made on the GPU from the built module: the rebuilt
+    # request (family config, batch, engine settings) must predict the same, up to the
+    # parameter order of the canonical decoder moving ZeroRedundancyOptimizer's shard edges
+    files = sorted(RESULTS.glob("hf_*.json"))
+    assert files
+    for path in files:
+        data = json.loads(path.read_text())
+        stored = [r for case in data["cases"] for r in case["result"]["runs"]]
+        runs = hf_runs(path)
+        assert len(runs) == len(stored)
+        for run, gpu in zip(runs, stored, strict=True):
+            tolerance = 0.002 if run.stage == 1 and run.dp > 1 else 1e-9
+            for metric in ("peak", "resident"):
+                assert run.errors[metric] == pytest.approx(
+                    gpu["relative_error"][metric], abs=tolerance
+                ), (path.name, run.label, metric)

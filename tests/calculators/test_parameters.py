@@ -19,6 +19,7 @@ from calculators.architecture import (
     tensors,
 )
 from calculators.engines.deepspeed.allocator import block, blocks
+from calculators.hf_config import architecture_from_hf_config
 from calculators.parameters import (
     ROOT_GROUP,
     ParamTensor,
@@ -27,6 +28,7 @@ from calculators.parameters import (
     fsdp_shard_total,
 )
 from calculators.presets import PRESETS
+from measure.hf_families import FAMILIES, family_config
 
 
 @st.composite
@@ -110,3 +112,15 @@ def test_presets_aggregate_to_their_tensor_lists() -> None:
 @given(architectures())
 def test_generated_architectures_aggregate_to_their_tensor_lists(arch: Architecture) -> None:
     _check(arch)
+
+
+def test_transformers_families_aggregate_to_their_tensor_lists() -> None:
+    # norms after the MLP (gemma2/3) and a shared expert (qwen2_moe) sit outside the routed MLP
+    for family in FAMILIES:
+        arch = architecture_from_hf_config(family_config(family, "small"))
+        listed = tensors(arch)
+        weighted: Counter[tuple[object, ...]] = Counter()
+        for t, count in tensor_counts(arch):
+            weighted[_key(t)] += count
+        assert weighted == Counter(_key(t) for t in listed), family
+        assert count_params(arch) == sum(t.numel for t in listed), family
