@@ -132,8 +132,9 @@ def measured_params(req: MeasureRequest) -> int:
     return params
 
 
-def reject_unknown_query(request: Request) -> None:
-    """422 for a query parameter the operation does not take, as bodies refuse unknown fields."""
+async def reject_unknown_query(request: Request) -> None:
+    """422 for a query parameter the operation does not take, as bodies refuse unknown fields
+    (async: on the event loop, so no request waits for a worker thread to pass this check)."""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)
     if dependant is None or not request.query_params:
