@@ -106,6 +106,7 @@ def step_memory(
     step_gradients: int,
     optimizer_temporary: int,
     accumulated_gradients: int = 0,
+    gathered_for_loss: int = 0,
     config: Mapping[str, Any],
 ) -> StepMemory:
     """The moments of one step, in bytes above the resident model states.
@@ -119,6 +120,8 @@ def step_memory(
         optimizer_temporary: bytes of the optimizer's temporaries during step.
         accumulated_gradients: gradients already held when a later micro-batch's loss runs
             backward (gradient accumulation).
+        gathered_for_loss: 16-bit parameter bytes gathered again before the loss's backward
+            (FSDP2 with ``reshard_after_forward=True`` when the loss is the root's output).
         config: engine knobs (``holds_outputs``, ``cublas_workspace_bytes``).
     """
     acts = activations(arch, batch, regime)
@@ -129,7 +132,7 @@ def step_memory(
     end_of_forward = unsharded_after_forward + acts.end_of_forward
     moments = {
         "loss_forward": end_of_forward + acts.loss_transient,
-        "loss_backward": end_of_forward + loss_grads + accumulated_gradients,
+        "loss_backward": end_of_forward + loss_grads + accumulated_gradients + gathered_for_loss,
         "optimizer_step": held + step_gradients + optimizer_temporary,
     }
     if acts.recompute:
