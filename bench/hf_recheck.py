@@ -8,11 +8,17 @@ resident and peak errors of the stored prediction ("before") and of a fresh one 
 
     python bench/hf_recheck.py /work/gpudata/torch/hf_*.json /work/gpudata/ds/hf/hf_*.json
 
-DeepSpeed runs measure resident and peak over the allocation read before the engine is built.
-Where that baseline already held the cuBLAS workspaces (an earlier run of the same process made
-them: ``validate_hf`` runs every case in one process group), the run itself never allocated them
-and its figures lack them; ``--count-baseline-workspaces`` adds the workspaces the prediction
-counts back to such runs' measured figures (``ws`` column), so the two sides count the same.
+``validate_hf`` runs every case of a world in one process group, so a run's baseline (the
+allocation read before its engine is built) can hold what earlier runs of the process left.
+``--clean-baselines`` counts both sides the same way a fresh process would:
+
+- torch reports absolute allocations: what a run's baseline holds above the process's first
+  (cleanest) baseline in the file is an earlier engine's leftover (ProcessGroupNCCL keeps DDP's
+  last bucket all-reduce tensors after the engine is gone; ``measure.runner._distributed``) and
+  is taken off resident and peak;
+- DeepSpeed reports allocations over the baseline and its convention counts the cuBLAS
+  workspaces the first step makes; where the baseline already held them (an earlier run made
+  them), the workspaces the prediction counts are added back (``ws`` column).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -51,6 +58,15 @@ def _workspaces(pred: dict[str, Any]) -> int:
     return int(comps.get("runtime_workspaces", comps.get("cublas_workspaces", 0)))
 
 
+def _spec(case: dict[str, Any], args: argparse.Namespace, run: dict[str, Any]) -> Any:
+    """The run's checked request; DeepSpeed need not be installed here to predict its runs."""
+    body = _body(
+        case["family"], case["engine"], case["checkpointing"], args, run["world_size"], run["mode"]
+    )
+    with mock.patch("measure.spec.deepspeed_available", return_value=True):
+        return parse_spec(body)
+
+
 def _settings(run: dict[str, Any], tensors: Any) -> RunSettings:
     """The process facts the stored prediction was made with."""
     pred = run["predicted"]
@@ -71,9 +87,13 @@ def _settings(run: dict[str, Any], tensors: Any) -> RunSettings:
     )
 
 
-def recheck(path: Path, count_ws: bool) -> list[dict[str, Any]]:
+def recheck(path: Path, clean: bool) -> list[dict[str, Any]]:
     data = json.loads(path.read_text())
     rows = []
+    first = min(
+        (r["measured"]["baseline"] for c in data["cases"] for r in c["result"]["runs"]),
+        default=0,
+    )
     for case in data["cases"]:
         result = case["result"]
         micro, seq = _batch(result["workload"])
@@ -86,16 +106,7 @@ def recheck(path: Path, count_ws: bool) -> list[dict[str, Any]]:
             steps=1,
         )
         for run in result["runs"]:
-            ms = parse_spec(
-                _body(
-                    case["family"],
-                    case["engine"],
-                    case["checkpointing"],
-                    args,
-                    run["world_size"],
-                    run["mode"],
-                )
-            )
+            ms = _spec(case, args, run)
             workload = build_workload(ms)
             stage = Stage(run["stage"])
             tensors = tuple(workload.tensors)
@@ -104,12 +115,11 @@ def recheck(path: Path, count_ws: bool) -> list[dict[str, Any]]:
             before = run["predicted"]
             meas = dict(run["measured"])
             ws = 0
-            if (
-                count_ws
-                and run["engine"] == "deepspeed"
-                and meas.get("baseline", 0) >= _workspaces(before)
-            ):
-                ws = _workspaces(before)
+            if clean and run["engine"] == "deepspeed":
+                if meas["baseline"] >= _workspaces(before):
+                    ws = _workspaces(before)
+            elif clean:
+                ws = first - meas["baseline"]  # torch: an earlier engine's leftover, taken off
             row = {
                 "file": path.name,
                 "family": case["family"],
@@ -147,13 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("files", nargs="+", type=Path)
-    p.add_argument("--count-baseline-workspaces", action="store_true")
+    p.add_argument("--clean-baselines", action="store_true")
     p.add_argument("--quiet", action="store_true", help="only the per-family summary")
     a = p.parse_args(argv)
-    rows = [r for f in a.files for r in recheck(f, a.count_baseline_workspaces)]
+    rows = [r for f in a.files for r in recheck(f, a.clean_baselines)]
     if not a.quiet:
         print(
-            "| family | engine | stage | ckpt | Nd | ws MiB | resident MiB meas "
+            "| family | engine | stage | ckpt | Nd | baseline fix MiB | resident MiB meas "
             "| err % before / after | peak MiB meas / pred after | err % before / after |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|")
