@@ -9,16 +9,15 @@ resident and peak errors of the stored prediction ("before") and of a fresh one 
     python bench/hf_recheck.py /work/gpudata/torch/hf_*.json /work/gpudata/ds/hf/hf_*.json
 
 ``validate_hf`` runs every case of a world in one process group, so a run's baseline (the
-allocation read before its engine is built) can hold what earlier runs of the process left.
-``--clean-baselines`` counts both sides the same way a fresh process would:
-
-- torch reports absolute allocations: what a run's baseline holds above the process's first
-  (cleanest) baseline in the file is an earlier engine's leftover (ProcessGroupNCCL keeps DDP's
-  last bucket all-reduce tensors after the engine is gone; ``measure.runner._distributed``) and
-  is taken off resident and peak;
-- DeepSpeed reports allocations over the baseline and its convention counts the cuBLAS
-  workspaces the first step makes; where the baseline already held them (an earlier run made
-  them), the workspaces the prediction counts are added back (``ws`` column).
+allocation read before its engine is built) can hold what earlier runs of the process made.
+DeepSpeed reports allocations over that baseline and its convention counts the cuBLAS workspaces
+the first step makes; where the baseline already held them (an earlier run made them; runs
+since ``measure.session.drop_cublas_workspaces`` free them first), ``--clean-baselines`` adds
+the workspaces the prediction counts back to the measured resident and peak (``ws`` column).
+torch reports absolute allocations: an earlier engine's leftover in its baseline
+(ProcessGroupNCCL keeps DDP's last bucket all-reduce tensors a while after the engine is gone,
+see ``measure.runner._distributed``) may or may not be freed before the figures are read, so
+torch runs are compared as measured; the ``baseline`` column shows where one was left.
 """
 
 from __future__ import annotations
@@ -90,10 +89,6 @@ def _settings(run: dict[str, Any], tensors: Any) -> RunSettings:
 def recheck(path: Path, clean: bool) -> list[dict[str, Any]]:
     data = json.loads(path.read_text())
     rows = []
-    first = min(
-        (r["measured"]["baseline"] for c in data["cases"] for r in c["result"]["runs"]),
-        default=0,
-    )
     for case in data["cases"]:
         result = case["result"]
         micro, seq = _batch(result["workload"])
@@ -118,8 +113,6 @@ def recheck(path: Path, clean: bool) -> list[dict[str, Any]]:
             if clean and run["engine"] == "deepspeed":
                 if meas["baseline"] >= _workspaces(before):
                     ws = _workspaces(before)
-            elif clean:
-                ws = first - meas["baseline"]  # torch: an earlier engine's leftover, taken off
             row = {
                 "file": path.name,
                 "family": case["family"],
@@ -128,6 +121,7 @@ def recheck(path: Path, clean: bool) -> list[dict[str, Any]]:
                 "stage": run["stage"],
                 "nd": run["world_size"],
                 "ws": ws,
+                "baseline": meas["baseline"],
             }
             for key in ("resident", "peak"):
                 m = meas.get(key)
@@ -163,10 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for f in a.files for r in recheck(f, a.clean_baselines)]
     if not a.quiet:
         print(
-            "| family | engine | stage | ckpt | Nd | baseline fix MiB | resident MiB meas "
+            "| family | engine | stage | ckpt | Nd | baseline MiB | ws MiB | resident MiB meas "
             "| err % before / after | peak MiB meas / pred after | err % before / after |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             peak = (r["peak_measured"] or 0) / MIB, (r["peak_pred_after"] or 0) / MIB
             cells = [
@@ -175,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["stage"],
                 r["ckpt"],
                 r["nd"],
+                f"{r['baseline'] / MIB:.1f}",
                 f"{r['ws'] / MIB:.0f}",
                 f"{r['resident_measured'] / MIB:,.1f}",
                 f"{_pct(r['resident_before'])} / {_pct(r['resident_after'])}",
