@@ -228,3 +228,32 @@ def _activation_gap(hf: Architecture, plain: Architecture) -> int:
         activations(hf, b, Regime.HALF).end_of_forward
         - activations(plain, b, Regime.HALF).end_of_forward
     )
+
+
+@pytest.mark.parametrize("stage", [Stage.GRADIENTS, Stage.PARAMETERS])
+def test_fsdp2_reduces_the_root_last_with_its_unsharded_gradients_alive(stage: Stage) -> None:
+    # the root's 16-bit unsharded gradients and the fp32 reduce-scatter input chunk_cat fills,
+    # beside the blocks' reduced fp32 shards and the loop's held outputs
+    from calculators.batch import Batch
+    from calculators.parameters import ROOT_GROUP, architecture_params, fsdp_shard_total
+
+    arch = Architecture(layers=2, hidden=256, heads=4, vocab_size=1000, max_seq_len=128)
+    ts = architecture_params(arch)
+    setup = TrainingSetup(
+        params=sum(t.numel for t in ts),
+        dp=4,
+        precision=Precision.MIXED_BF16,
+        optimizer=Optimizer.ADAMW,
+        engine=Engine.TORCH,
+        architecture=arch,
+        batch=Batch(micro_batch_size=1, seq_len=128),
+    )
+    c = estimate(setup, [stage]).stages[0].components
+    root = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], 4)
+    blocks = fsdp_shard_total(ts, 4) - root
+    expected = c["held_outputs"] + 4 * blocks + 4 * root * (2 + 4)
+    assert c["peak_candidate_root_reduction"] == expected
+    assert (
+        "peak_candidate_root_reduction"
+        not in estimate(setup, [Stage.OPTIMIZER]).stages[0].components
+    )

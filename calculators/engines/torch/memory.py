@@ -307,6 +307,17 @@ def _step(
     # DDP: each param.grad is its own tensor besides the bucket (gradient_as_bucket_view=False);
     # FSDP2: the sharded fp32 gradients.
     step_grads = share.grads * d.gradient
+    root_reduction = 0
+    if stage >= Stage.GRADIENTS:
+        # FSDP2 reduces the root unit last, from the final callback of backward (its inputs are
+        # token ids, so no post-backward hook fires earlier): its unsharded 16-bit gradients
+        # are alive while chunk_cat writes them into the reduce_dtype reduce-scatter input
+        # (_fsdp_collectives.py foreach_reduce), beside every block's reduced shard.
+        ts = param_tensors(setup) or []
+        root_shard = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
+        root_reduction = (
+            step_grads - root_shard * d.gradient + setup.dp * root_shard * (d.compute + d.gradient)
+        )
     # foreach Adam/AdamW (the CUDA default): one temporary list the size of the local params
     # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach
     # updates in place.
@@ -320,6 +331,7 @@ def _step(
         optimizer_temporary=temporary,
         accumulated_gradients=step_grads if batch.grad_accumulation_steps > 1 else 0,
         gathered_for_loss=gathered_for_loss,
+        root_reduction=root_reduction,
         config=config,
     )
     # input ids and targets (int64) of every micro-batch the loop holds

@@ -107,6 +107,7 @@ def step_memory(
     optimizer_temporary: int,
     accumulated_gradients: int = 0,
     gathered_for_loss: int = 0,
+    root_reduction: int = 0,
     config: Mapping[str, Any],
 ) -> StepMemory:
     """The moments of one step, in bytes above the resident model states.
@@ -122,6 +123,8 @@ def step_memory(
             backward (gradient accumulation).
         gathered_for_loss: 16-bit parameter bytes gathered again before the loss's backward
             (FSDP2 with ``reshard_after_forward=True`` when the loss is the root's output).
+        root_reduction: bytes of gradients alive when FSDP2 reduces its root unit at the end of
+            backward (0: no such moment).
         config: engine knobs (``holds_outputs``, ``cublas_workspace_bytes``).
     """
     acts = activations(arch, batch, regime)
@@ -135,6 +138,8 @@ def step_memory(
         "loss_backward": end_of_forward + loss_grads + accumulated_gradients + gathered_for_loss,
         "optimizer_step": held + step_gradients + optimizer_temporary,
     }
+    if root_reduction:
+        moments["root_reduction"] = held + root_reduction + accumulated_gradients
     if acts.recompute:
         # backward of the last checkpointed block: the saved block inputs, the caller's logits,
         # the recomputed block and the gradient flowing in and out of it.
