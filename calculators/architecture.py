@@ -343,15 +343,28 @@ def tensor_counts(arch: Architecture) -> list[tuple[Tensor, int]]:
     equal sums over this list weighted by the counts.
     """
     one = replace(arch, layers=1, num_experts=1, experts_per_token=1)
+    own_mlp = {t.name for t in _mlp(one, "blocks.0.mlp", 0)}
+    layer: list[tuple[Tensor, int]] = []
+    for t in block_tensors(one, 0):
+        if t.name not in own_mlp:
+            layer.append((t, arch.layers))
+        elif arch.num_experts == 1:
+            layer.append((t, arch.layers))
+        elif not any(c != arch.layers for _, c in layer):
+            # the MLP's place in the block (Gemma-2/3's post-MLP norm comes after it): the
+            # router, every expert's MLP, then the shared expert
+            h, e = arch.hidden, arch.num_experts
+            layer.append((Tensor("blocks.0.router.weight", (e, h), 0, False, "layer"), arch.layers))
+            layer += [(x, arch.layers * e) for x in _mlp(arch, "blocks.0.experts.0", 0)]
+            m = arch.modelling
+            if m is not None and m.shared_expert_ffn:
+                shared = _mlp(arch, "blocks.0.shared_expert", 0, m.shared_expert_ffn)
+                shared.append(
+                    Tensor("blocks.0.shared_expert_gate.weight", (1, h), 0, False, "layer")
+                )
+                layer += [(x, arch.layers) for x in shared]
     outside = [t for t in _tensors(one) if t.layer is None]
-    expert0 = "blocks.0.experts.0."
-    counts = [(t, 1) for t in outside]
-    for t in block_tensors(arch, 0):
-        if not t.name.startswith("blocks.0.experts."):
-            counts.append((t, arch.layers))  # attention, norms, router, a shared expert
-        elif t.name.startswith(expert0):
-            counts.append((t, arch.layers * arch.num_experts))  # expert 0 stands for all
-    return counts
+    return [(t, 1) for t in outside] + layer
 
 
 def tensors(arch: Architecture) -> list[Tensor]:

@@ -3,6 +3,7 @@ the dense decoder a bare parameter count implies."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -109,16 +110,19 @@ def architecture_params(arch: Architecture) -> tuple[ParamTensor, ...]:
     first = [t for t, _ in counts if t.layer is None and t.stage_hint == "first"]
     last = [t for t, _ in counts if t.layer is None and t.stage_hint != "first"]
     moe = arch.num_experts > 1
-    shared = [t for t, c in counts if t.layer is not None and not (moe and c != arch.layers)]
-    expert = [t for t, c in counts if t.layer is not None and moe and c != arch.layers]
+    layer = [(t, moe and c != arch.layers) for t, c in counts if t.layer is not None]
     block0, expert0 = "blocks.0.", "blocks.0.experts.0."
     out = [_param(t.name, t.shape, ROOT_GROUP) for t in first]
     for i in range(arch.layers):
         group = f"blocks.{i}"
-        out += [_param(f"{group}.{t.name[len(block0) :]}", t.shape, group) for t in shared]
-        for e in range(arch.num_experts if moe else 0):
-            prefix = f"{group}.experts.{e}."
-            out += [_param(prefix + t.name[len(expert0) :], t.shape, group) for t in expert]
+        for k, (t, per_expert) in enumerate(layer):
+            if not per_expert:
+                out.append(_param(f"{group}.{t.name[len(block0) :]}", t.shape, group))
+            elif k == 0 or not layer[k - 1][1]:  # the first tensor of the experts' run
+                run = [x for x, _ in itertools.takewhile(lambda p: p[1], layer[k:])]
+                for e in range(arch.num_experts):
+                    prefix = f"{group}.experts.{e}."
+                    out += [_param(prefix + x.name[len(expert0) :], x.shape, group) for x in run]
     out += [_param(t.name, t.shape, ROOT_GROUP) for t in last]
     return tuple(out)
 

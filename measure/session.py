@@ -29,6 +29,17 @@ def runtime_warmup(device: torch.device, dtype: torch.dtype | None) -> None:
     torch.cuda.synchronize(device)
 
 
+def drop_cublas_workspaces(device: torch.device) -> None:
+    """Free the cuBLAS workspaces earlier runs of this process made (every handle's, main thread
+    and autograd's: ``at::cuda::clearCublasWorkspaces``), so that a run whose convention counts
+    the workspaces its first step makes allocates them again over its baseline, as the first run
+    of a process does. They are made again at the next matmul."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if device.type == "cuda" and clear is not None:
+        torch.cuda.synchronize(device)
+        clear()
+
+
 def release(device: torch.device, settle_s: float = 5.0) -> None:
     """Free what the last stage left and wait until the allocator stops shrinking.
 

@@ -37,7 +37,7 @@ from calculators.conventions import Optimizer, Stage
 from measure.comms import CommCounter
 from measure.engines.pytorch import make_optimizer_class
 from measure.memory import DeviceMemory, device_memory, storage_bytes
-from measure.session import Progress, release, sync
+from measure.session import Progress, drop_cublas_workspaces, release, sync
 from measure.spec import StepPlan
 from measure.workloads import Workload
 
@@ -117,6 +117,9 @@ def _measure(
     rank = dist.get_rank()
     torch.manual_seed(seed + rank)
     gen = torch.Generator().manual_seed(seed + rank)
+    # the convention counts the workspaces the first step makes: an earlier run of this process
+    # (every case of measure.validate_hf shares one) must not leave them in the baseline
+    drop_cublas_workspaces(device)
     release(device)
     baseline = mem.allocated()
     baseline_requested = mem.requested()

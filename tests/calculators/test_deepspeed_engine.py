@@ -339,3 +339,19 @@ def test_caching_allocator_split_rules() -> None:
     assert c.size == 3 * mib
     d = alloc.malloc(1000)  # small pool: 2 MiB segment, split down to one 1,024-byte block
     assert d.size == 1024
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_heads_gradient_is_the_first_one_whether_tied_or_not(tied: bool) -> None:
+    # a tied head's gradient waits in autograd's input buffer for the embedding's, so it
+    # exists from the head's backward on although the last parameter listed is the final norm
+    from dataclasses import replace
+
+    from calculators.engines.deepspeed.layouts import step_shape
+
+    arch = replace(GPT2_SMALL, tied_embeddings=tied)
+    s = replace(setup(), architecture=arch, params=count_params(arch))
+    numels = [t.numel for t in param_list(s)[0]]
+    shape = step_shape(s, parse_config(None))
+    assert shape.first_gradient(numels) == block(2 * arch.vocab_size * arch.hidden)
+    assert tied == (numels[-1] != arch.vocab_size * arch.hidden)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -124,3 +125,12 @@ def test_transformers_families_aggregate_to_their_tensor_lists() -> None:
             weighted[_key(t)] += count
         assert weighted == Counter(_key(t) for t in listed), family
         assert count_params(arch) == sum(t.numel for t in listed), family
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "qwen2_moe", "mixtral", "qwen3"])
+def test_counted_tensors_match_the_listed_ones_for_transformers_blocks(family: str) -> None:
+    # Gemma-2/3 put a norm after the MLP; Qwen2-MoE adds a shared expert after the experts
+    from calculators.hf_config import architecture_from_hf_config
+    from measure.hf_families import family_config
+
+    _check(architecture_from_hf_config(family_config(family, "small")))

@@ -167,3 +167,93 @@ def test_model_parallelism_is_refused(field: str) -> None:
     with pytest.raises(InputError) as err:
         MODEL.estimate(setup, Stage.GRADIENTS)
     assert err.value.field == field
+
+
+def _loss_backward(arch: Architecture, dp: int, stage: Stage) -> int:
+    from calculators.batch import Batch
+    from calculators.parameters import architecture_params
+
+    setup = TrainingSetup(
+        params=sum(t.numel for t in architecture_params(arch)),
+        dp=dp,
+        precision=Precision.MIXED_BF16,
+        optimizer=Optimizer.ADAMW,
+        engine=Engine.TORCH,
+        architecture=arch,
+        batch=Batch(micro_batch_size=2, seq_len=1024),
+    )
+    return estimate(setup, [stage]).stages[0].components["peak_candidate_loss_backward"]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_fsdp2_gathers_root_and_last_block_before_a_loss_the_root_returns(tied: bool) -> None:
+    # transformers computes the loss inside the root module: FSDP2's pre-backward hook on the
+    # loss gathers the root unit (embedding, final norm, head) and prefetches the last block
+    # before the loss's backward; a loop that computes the loss outside gathers them later.
+    import dataclasses
+
+    from calculators.hf_config import architecture_from_hf_config
+
+    hf = architecture_from_hf_config(
+        {
+            "model_type": "llama",
+            "tie_word_embeddings": tied,
+            "num_hidden_layers": 8,
+            "hidden_size": 768,
+            "num_attention_heads": 12,
+            "num_key_value_heads": 4,
+            "intermediate_size": 2048,
+            "vocab_size": 32000,
+        }
+    )
+    plain = dataclasses.replace(hf, modelling=None)
+    matrix = 32000 * 768
+    block = 768 * 768 * 2 + 2 * 768 * 256 + 3 * 768 * 2048 + 2 * 768
+    root = (1 if tied else 2) * matrix + 768
+    for dp in (2, 4):
+        gap = _loss_backward(hf, dp, Stage.PARAMETERS) - _loss_backward(plain, dp, Stage.PARAMETERS)
+        assert gap - _activation_gap(hf, plain) == 2 * (root + block)
+    # reshard_after_forward=False already holds everything gathered: nothing more
+    assert _loss_backward(hf, 2, Stage.GRADIENTS) - _loss_backward(
+        plain, 2, Stage.GRADIENTS
+    ) == _activation_gap(hf, plain)
+
+
+def _activation_gap(hf: Architecture, plain: Architecture) -> int:
+    from calculators.activations import Regime, activations
+    from calculators.batch import Batch
+
+    b = Batch(micro_batch_size=2, seq_len=1024)
+    return (
+        activations(hf, b, Regime.HALF).end_of_forward
+        - activations(plain, b, Regime.HALF).end_of_forward
+    )
+
+
+@pytest.mark.parametrize("stage", [Stage.GRADIENTS, Stage.PARAMETERS])
+def test_fsdp2_reduces_the_root_last_with_its_unsharded_gradients_alive(stage: Stage) -> None:
+    # the root's 16-bit unsharded gradients and the fp32 reduce-scatter input chunk_cat fills,
+    # beside the blocks' reduced fp32 shards and the loop's held outputs
+    from calculators.batch import Batch
+    from calculators.parameters import ROOT_GROUP, architecture_params, fsdp_shard_total
+
+    arch = Architecture(layers=2, hidden=256, heads=4, vocab_size=1000, max_seq_len=128)
+    ts = architecture_params(arch)
+    setup = TrainingSetup(
+        params=sum(t.numel for t in ts),
+        dp=4,
+        precision=Precision.MIXED_BF16,
+        optimizer=Optimizer.ADAMW,
+        engine=Engine.TORCH,
+        architecture=arch,
+        batch=Batch(micro_batch_size=1, seq_len=128),
+    )
+    c = estimate(setup, [stage]).stages[0].components
+    root = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], 4)
+    blocks = fsdp_shard_total(ts, 4) - root
+    expected = c["held_outputs"] + 4 * blocks + 4 * root * (2 + 4)
+    assert c["peak_candidate_root_reduction"] == expected
+    assert (
+        "peak_candidate_root_reduction"
+        not in estimate(setup, [Stage.OPTIMIZER]).stages[0].components
+    )

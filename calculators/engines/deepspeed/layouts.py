@@ -50,6 +50,14 @@ class StepShape:
     held: int  # logits, loss and the batch the loop keeps between steps
     loss_grads: int  # nll_loss and log_softmax fp32 gradients (tokens x vocab each)
     log_softmax_out: int  # the saved fp32 log-softmax output, freed in the loss backward
+    head_grad: int = 0  # the head's 16-bit weight gradient (tied or not), 0 when unknown
+
+    def first_gradient(self, numels: Sequence[int]) -> int:
+        """The gradient the head's backward makes first: its weight's, which exists even when
+        the head is tied to the embedding (autograd sums both uses' gradients in the shared
+        leaf's input buffer before AccumulateGrad runs); without an architecture the last
+        parameter's."""
+        return self.head_grad or block(HALF_BYTES * numels[-1])
 
     @property
     def end_of_forward(self) -> int:
@@ -71,7 +79,8 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         # logits (16-bit), the loss scalar, token ids and targets (int64)
         held = block(HALF_BYTES * t * v) + block(FP32_BYTES) + 2 * block(INDEX_BYTES * t)
     fp32_logits = block(FP32_BYTES * t * v)
-    return StepShape(acts, held, 2 * fp32_logits, fp32_logits)
+    head = block(HALF_BYTES * v * (arch.embed_proj_dim or arch.hidden))
+    return StepShape(acts, held, 2 * fp32_logits, fp32_logits, head)
 
 
 def forward_moments(
@@ -167,7 +176,7 @@ def stage0(
     # (MEMORY_OPT_ALLREDUCE_SIZE) and are flattened into a new 16-bit tensor (allreduce_bucket)
     largest = max(fallback_buckets(numels, MEMORY_OPT_ALLREDUCE_SIZE, whole_run=False), default=0)
     flat = block(HALF_BYTES * largest) if len(numels) > 1 else 0
-    moments = forward_moments(shape, block(HALF_BYTES * numels[-1]))
+    moments = forward_moments(shape, shape.first_gradient(numels))
     # autograd accumulates into param.grad; the all-reduce runs at the boundary only
     later_micro_steps(
         moments, accumulation, {"accumulated_gradients": g16}, ("loss_backward", "first_gradient")
@@ -301,7 +310,7 @@ def stage12(
         gip = 0  # offload copies each in-partition slice straight to the pinned fp32 buffer
     reduce_peak = max(reduce_peak, gip)
 
-    moments = forward_moments(shape, block(HALF_BYTES * numels[-1]), 0, ipg)
+    moments = forward_moments(shape, shape.first_gradient(numels), 0, ipg)
     if not in_hooks:
         # overlap_comm off: hooks only set up the bucket; autograd keeps every gradient until
         # engine.allreduce_gradients -> reduce_gradients walks them (engine.py:3088-3092)
@@ -458,7 +467,7 @@ def stage3(
     if not exact:
         notes.append("approximate: no architecture, Ψ taken as one tensor kept gathered")
     # the IPG bucket is persistent here; the head's gradient is copied into it and freed
-    moments = forward_moments(shape, block(HALF_BYTES * numels[-1]), gathered, 0)
+    moments = forward_moments(shape, shape.first_gradient(numels), gathered, 0)
     # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds a
     # padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor
     order = numels[::-1]

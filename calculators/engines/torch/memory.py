@@ -287,18 +287,37 @@ def _step(
         regime = Regime.HALF  # FSDP2 MixedPrecisionPolicy: bf16 parameters and activations
     else:
         regime = Regime.AUTOCAST  # DDP: fp32 parameters under torch.autocast
-    unsharded = 0
+    unsharded = gathered_for_loss = 0
     if stage is Stage.GRADIENTS:
         # reshard_after_forward=False: every unit stays gathered (N × padded shard) until its
         # backward ends (_fsdp_param_group.py post_forward).
         unsharded = setup.dp * share.params * d.compute
-    elif stage is Stage.PARAMETERS and not config.get("fsdp_root_reshard_after_forward", True):
-        ts = param_tensors(setup) or []
-        root = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
-        unsharded = setup.dp * root * d.compute
+    elif stage is Stage.PARAMETERS:
+        root, last_block = _root_and_last_block(setup, d.compute)
+        if not config.get("fsdp_root_reshard_after_forward", True):
+            unsharded = root
+        if arch.modelling is not None:
+            # transformers computes the loss inside the root module (``model(input_ids,
+            # labels=...)``), so FSDP2's pre-backward hook sits on the loss itself
+            # (_fsdp_state.py _register_pre_backward_hook on the root's outputs): before the
+            # loss's own backward the root unit is gathered again and the default backward
+            # prefetch gathers the last block (_fsdp_param_group.py pre_backward,
+            # _backward_prefetch). Both stay alive through the loss gradients.
+            gathered_for_loss = (0 if unsharded else root) + last_block
     # DDP: each param.grad is its own tensor besides the bucket (gradient_as_bucket_view=False);
     # FSDP2: the sharded fp32 gradients.
     step_grads = share.grads * d.gradient
+    root_reduction = 0
+    if stage >= Stage.GRADIENTS:
+        # FSDP2 reduces the root unit last, from the final callback of backward (its inputs are
+        # token ids, so no post-backward hook fires earlier): its unsharded 16-bit gradients
+        # are alive while chunk_cat writes them into the reduce_dtype reduce-scatter input
+        # (_fsdp_collectives.py foreach_reduce), beside every block's reduced shard.
+        ts = param_tensors(setup) or []
+        root_shard = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
+        root_reduction = (
+            step_grads - root_shard * d.gradient + setup.dp * root_shard * (d.compute + d.gradient)
+        )
     # foreach Adam/AdamW (the CUDA default): one temporary list the size of the local params
     # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach
     # updates in place.
@@ -311,8 +330,21 @@ def _step(
         step_gradients=step_grads,
         optimizer_temporary=temporary,
         accumulated_gradients=step_grads if batch.grad_accumulation_steps > 1 else 0,
+        gathered_for_loss=gathered_for_loss,
+        root_reduction=root_reduction,
         config=config,
     )
     # input ids and targets (int64) of every micro-batch the loop holds
     runtime = 2 * INDEX_BYTES * batch.tokens * batch.grad_accumulation_steps
     return memory, runtime
+
+
+def _root_and_last_block(setup: TrainingSetup, compute_bytes: int) -> tuple[int, int]:
+    """Bytes of the root unit and of the last block when FSDP2 gathers them (N × padded shard
+    in the compute dtype); the last block is the one forward ran last, which backward prefetches
+    first."""
+    ts = param_tensors(setup) or []
+    root = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
+    blocks = [t.group for t in ts if t.group != ROOT_GROUP]
+    last = fsdp_shard_total([t for t in ts if blocks and t.group == blocks[-1]], setup.dp)
+    return setup.dp * root * compute_bytes, setup.dp * last * compute_bytes

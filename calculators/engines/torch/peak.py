@@ -106,6 +106,8 @@ def step_memory(
     step_gradients: int,
     optimizer_temporary: int,
     accumulated_gradients: int = 0,
+    gathered_for_loss: int = 0,
+    root_reduction: int = 0,
     config: Mapping[str, Any],
 ) -> StepMemory:
     """The moments of one step, in bytes above the resident model states.
@@ -119,6 +121,10 @@ def step_memory(
         optimizer_temporary: bytes of the optimizer's temporaries during step.
         accumulated_gradients: gradients already held when a later micro-batch's loss runs
             backward (gradient accumulation).
+        gathered_for_loss: 16-bit parameter bytes gathered again before the loss's backward
+            (FSDP2 with ``reshard_after_forward=True`` when the loss is the root's output).
+        root_reduction: bytes of gradients alive when FSDP2 reduces its root unit at the end of
+            backward (0: no such moment).
         config: engine knobs (``holds_outputs``, ``cublas_workspace_bytes``).
     """
     acts = activations(arch, batch, regime)
@@ -129,9 +135,11 @@ def step_memory(
     end_of_forward = unsharded_after_forward + acts.end_of_forward
     moments = {
         "loss_forward": end_of_forward + acts.loss_transient,
-        "loss_backward": end_of_forward + loss_grads + accumulated_gradients,
+        "loss_backward": end_of_forward + loss_grads + accumulated_gradients + gathered_for_loss,
         "optimizer_step": held + step_gradients + optimizer_temporary,
     }
+    if root_reduction:
+        moments["root_reduction"] = held + root_reduction + accumulated_gradients
     if acts.recompute:
         # backward of the last checkpointed block: the saved block inputs, the caller's logits,
         # the recomputed block and the gradient flowing in and out of it.
