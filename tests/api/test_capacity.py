@@ -262,3 +262,26 @@ def test_an_hf_config_model_is_grown_and_named(client: TestClient) -> None:
     assert arch["tied_embeddings"] is True and arch["layers"] > 16
     assert row["min_dp"] == 1
     assert _memory_of(client, body, row)["stages"][0]["fits"] is True
+
+
+def test_a_deepspeed_config_decides_the_capacity_question(client: TestClient) -> None:
+    # the same question as LLAMA_OFFLOAD, its stage and offload said by a Trainer-style config
+    config = {
+        "bf16": {"enabled": "auto"},
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "zero_optimization": {
+            "stage": 2,
+            "reduce_bucket_size": "auto",
+            "offload_optimizer": {"device": "cpu"},
+        },
+    }
+    body = {k: v for k, v in LLAMA_OFFLOAD.items() if k not in ("stages", "offload")}
+    by_config = client.post("/v1/capacity", json={**body, "engine_config": config})
+    assert by_config.status_code == 200, by_config.text
+    (row,) = by_config.json()["stages"]
+    explicit = client.post("/v1/capacity", json=LLAMA_OFFLOAD).json()["stages"][0]
+    assert row["stage"] == 2
+    assert row["max_params"] == explicit["max_params"]
+    assert row["model"]["name"] == explicit["model"]["name"]
