@@ -6,10 +6,12 @@ from typing import Annotated, Any, Self
 
 from pydantic import (
     BaseModel,
+    Discriminator,
     Field,
     GetJsonSchemaHandler,
     StrictBool,
     StrictInt,
+    Tag,
     field_validator,
     model_validator,
 )
@@ -116,7 +118,12 @@ class PlanRequest(StrictModel):
     model: ModelSpec = Field(
         description="The model: architecture, preset or hf_config (a plan needs the shape)."
     )
-    gpu: GpuName | GpuIn = Field(description='A GPU preset name or {"memory", "peak_flops"}.')
+    gpu: Annotated[
+        Annotated[str, Field(max_length=32), Tag("name")] | Annotated[GpuIn, Tag("figures")],
+        # a string is a preset's name, anything else the figures: a refusal names one form
+        Discriminator(lambda v: "name" if isinstance(v, str) else "figures"),
+        Field(description='A GPU preset name (GET /v1/gpus) or {"memory", "peak_flops"}.'),
+    ]
     gpus: Annotated[Degree, Field(description="GPUs in all (the data-parallel degree).")]
     gpus_per_node: Annotated[
         StrictInt | None,
