@@ -12,8 +12,7 @@ from calculators.errors import InputError
 REFERENCE_MLP_LAYERS = 12
 REFERENCE_MLP_HIDDEN = 2048
 REFERENCE_MLP_BATCH = 32
-# "seeds-mlp": the name earlier releases gave ``mlp``, still accepted
-MLP_ALIASES = ("mlp", "seeds-mlp")
+MLP_ALIASES = ("mlp",)
 _MLP_PRESET = re.compile(r"^mlp-(\d+)x(\d+)$")
 
 

@@ -329,7 +329,7 @@ def test_api_key_guards_measure(service: Service) -> None:
     assert service.client.get("/v1/measurements", headers=service.headers).json()["count"] == 1
 
 
-@pytest.mark.parametrize("preset", ["mlp", "seeds-mlp", "mlp-4x256", "gpt2"])
+@pytest.mark.parametrize("preset", ["mlp", "mlp-12x2048", "mlp-4x256", "gpt2"])
 def test_presets_measure_builds_are_accepted(service: Service, preset: str) -> None:
     job = service.wait(service.submit({**BODY, "model": {"preset": preset}}))
     assert job["status"] == "succeeded"

