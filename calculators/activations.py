@@ -14,7 +14,7 @@ output head and a cross-entropy on ``logits.float()``. Three dtype regimes cover
 - ``fp32``: everything in fp32.
 
 Attention through ``scaled_dot_product_attention`` (flash / memory-efficient kernels) saves
-q, k, v, its output and a logsumexp; ``eager`` attention also keeps the s × s scores and softmax
+q, k, v, its output and a logsumexp; it never keeps the s × s scores and softmax
 (Korthikanti's 5·a·s/h term: scores, softmax output and a dropout mask).
 """
 
@@ -37,11 +37,6 @@ class Regime(StrEnum):
     AUTOCAST = "autocast"
     HALF = "half"
     FP32 = "fp32"
-
-
-class Attention(StrEnum):
-    SDPA = "sdpa"
-    EAGER = "eager"
 
 
 @dataclass(frozen=True)
@@ -120,7 +115,6 @@ def layer_activations(
     arch: Architecture,
     batch: Batch,
     regime: Regime,
-    attention: Attention = Attention.SDPA,
     tp: int = 1,
 ) -> LayerActivations:
     """What one block saves for backward (Korthikanti et al. 2022 §4, per saved tensor).
@@ -145,11 +139,6 @@ def layer_activations(
     attention_bytes = (
         lin * t * qkv // tp + lin * t * arch.q_dim // tp + FP32_BYTES * t * arch.heads // tp
     )
-    if attention is Attention.EAGER:
-        # scores and softmax output in the compute dtype, a 1-byte dropout mask (5·a·s/h),
-        # and the (b, heads, s, d) output re-laid out for the projection (a copy).
-        attention_bytes += 5 * batch.micro_batch_size * arch.heads * batch.seq_len**2 // tp
-        attention_bytes += lin * t * arch.q_dim // tp
     if arch.gated_mlp:
         # gate and up outputs (saved by the activation and the product), activation output,
         # product (saved by down).
@@ -187,7 +176,6 @@ def activations(
     arch: Architecture,
     batch: Batch,
     regime: Regime,
-    attention: Attention = Attention.SDPA,
     tp: int = 1,
     pp: int = 1,
 ) -> ActivationBreakdown:
@@ -198,10 +186,10 @@ def activations(
     quadratic scores SDPA never keeps, so with SDPA it saves just the logsumexp.
     """
     if arch.modelling is not None:
-        return _transformers_activations(arch, batch, regime, attention, tp, pp)
+        return _transformers_activations(arch, batch, regime, tp, pp)
     t = batch.tokens
     res, lin = _bytes(regime)
-    per_layer = layer_activations(arch, batch, regime, attention, tp)
+    per_layer = layer_activations(arch, batch, regime, tp)
     layers_here = arch.layers // pp
     lse = FP32_BYTES * t * arch.heads // tp  # SDPA's logsumexp, recomputed under selective
     block_weights = HALF_BYTES * (linear_weight_elements(arch, tp) - _head_elements(arch, tp))
@@ -214,10 +202,8 @@ def activations(
         )
     elif batch.activation_checkpointing is Checkpointing.SELECTIVE:
         # the attention core is recomputed: its input (qkv) and output stay saved by the
-        # linears around it; what goes is the logsumexp (SDPA) or the scores (eager).
+        # linears around it; what goes is SDPA's logsumexp.
         recomputed = lse
-        if attention is Attention.EAGER:
-            recomputed += 5 * batch.micro_batch_size * arch.heads * batch.seq_len**2 // tp
         layers = layers_here * (per_layer.total - recomputed)
         recompute = recomputed
     else:
@@ -251,7 +237,7 @@ def activations(
 
 
 def _transformers_activations(
-    arch: Architecture, batch: Batch, regime: Regime, attention: Attention, tp: int, pp: int
+    arch: Architecture, batch: Batch, regime: Regime, tp: int, pp: int
 ) -> ActivationBreakdown:
     """The same breakdown for a model trained with transformers' modelling code
     (``calculators/transformers_activations.py``)."""
@@ -259,8 +245,6 @@ def _transformers_activations(
 
     if tp != 1 or pp != 1:
         raise InputError("tp", "transformers' modelling code is modelled without tp/pp splits")
-    if attention is Attention.EAGER:
-        raise InputError("attention", "transformers' models are modelled with sdpa attention")
     terms = hf.model_terms(arch, batch, regime.value)
     full = batch.activation_checkpointing is Checkpointing.FULL
     traced = _traced(arch, batch, regime, full)

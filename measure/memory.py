@@ -100,11 +100,6 @@ class LiveStorages(TorchDispatchMode):
     def _forget(self, key: int, _ref: weakref.ref[torch.UntypedStorage]) -> None:
         self._refs.pop(key, None)
 
-    def watch(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Also count tensors created outside the mode (e.g. before it started)."""
-        for t in tensors:
-            self._watch(_local(t))
-
     def live_bytes(self) -> int:
         seen: dict[int, int] = {}
         for ref in list(self._refs.values()):
