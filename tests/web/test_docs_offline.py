@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+
+from tests.web.server import serve
 
 CHROMIUM = os.environ.get("ZEROCALC_CHROMIUM", "/usr/bin/chromium")
 OFFLINE_FLAGS = [
@@ -36,7 +33,6 @@ OFFLINE_FLAGS = [
     "--no-first-run",
     '--host-resolver-rules="MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"',
 ]
-ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 sync_api = pytest.importorskip(
@@ -48,45 +44,17 @@ if shutil.which(CHROMIUM) is None:
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """uvicorn on loopback, measure jobs sent to the stand-in runner."""
-    port = _free_port()
     env = {
         **os.environ,
         "ZEROCALC_DATA_DIR": str(tmp_path_factory.mktemp("data")),
         "ZEROCALC_MEASURE_RUNNER": "tests.api.fake_runner:succeed",
     }
     env.pop("ZEROCALC_API_KEY", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1"]
-        + ["--port", str(port), "--log-level", "warning"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            pytest.fail("uvicorn did not start")
+    with serve(env) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,14 @@ import json
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.web.server import serve
 
 CHROMIUM = os.environ.get("ZEROCALC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -33,7 +31,6 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-ROOT = Path(__file__).resolve().parents[2]
 SWEEP_ND = [2**i for i in range(11)]  # 1 .. 1024, as the page draws them
 BOTH_UNITS = re.compile(r"^[\d,]+\.\d\d GB \([\d,]+\.\d\d GiB\)$")
 
@@ -46,58 +43,11 @@ if shutil.which(CHROMIUM) is None:
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """uvicorn serving app.main:app on a free localhost port."""
-    port = _free_port()
-    env = {**os.environ, "ZEROCALC_DATA_DIR": str(tmp_path_factory.mktemp("data"))}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "app.main:app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                pytest.fail(f"uvicorn did not start: {out[-2000:]}")
-            time.sleep(0.1)
+    with serve({**os.environ, "ZEROCALC_DATA_DIR": str(tmp_path_factory.mktemp("data"))}) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
 
 
 @pytest.fixture(scope="module")
