@@ -160,7 +160,7 @@ def linear_weight_elements(arch: Architecture, tp: int = 1) -> int:
 
     total = 0
     for tensor, count in tensor_counts(arch):
-        if len(tensor.shape) == 2 and not tensor.name.startswith(("embed.", "pos.")):
+        if len(tensor.shape) >= 2 and not tensor.name.startswith(("embed.", "pos.")):
             total += count * (tensor.numel // tp if tensor.tp_split else tensor.numel)
     if arch.tied_embeddings:
         total += arch.vocab_size * (arch.embed_proj_dim or arch.hidden) // tp

@@ -61,6 +61,10 @@ class TransformersModelling:
         rope_kinds: distinct rotary embeddings in use (Gemma-3: local and global).
         final_logit_softcap: ``tanh`` soft-capping of the logits (Gemma-2).
         shared_expert_ffn: width of the always-on shared expert and its sigmoid gate (Qwen2-MoE).
+        fused_experts: the experts are two 3-D parameters, ``experts.gate_up_proj``
+            (E, 2·ffn, hidden) and ``experts.down_proj`` (E, hidden, ffn), as transformers ≥ 5
+            registers them (``MixtralExperts``, ``Qwen2MoeExperts``); FSDP2 then shards them on
+            the expert dimension.
         router_normalize: top-k routing weights renormalised in place.
         router_weights_fp32: routing weights stay fp32 (Mixtral) rather than the logits' dtype.
         use_cache: ``config.use_cache``: forward fills a ``DynamicCache`` unless checkpointing.
@@ -82,6 +86,7 @@ class TransformersModelling:
     rope_kinds: int = 1
     final_logit_softcap: bool = False
     shared_expert_ffn: int | None = None
+    fused_experts: bool = False
     router_normalize: bool = True
     router_weights_fp32: bool = True
     use_cache: bool = True
@@ -302,6 +307,22 @@ def _mlp(arch: Architecture, prefix: str, layer: int, width: int | None = None) 
     return [t for spec in specs for t in _linear(spec, layer, "layer")]
 
 
+def _fused_experts(arch: Architecture, prefix: str, layer: int) -> list[Tensor]:
+    """transformers ≥ 5's expert parameters: every expert's gate and up rows in one 3-D tensor,
+    every expert's down projection in another (``experts.gate_up_proj``, ``experts.down_proj``;
+    no biases)."""
+    e, h, f = arch.num_experts, arch.hidden, arch.ffn
+    return [
+        Tensor(f"{prefix}.gate_up_proj", (e, 2 * f, h), layer, True, "layer"),
+        Tensor(f"{prefix}.down_proj", (e, h, f), layer, True, "layer"),
+    ]
+
+
+def _fused(arch: Architecture) -> bool:
+    m = arch.modelling
+    return m is not None and m.fused_experts and arch.num_experts > 1
+
+
 def block_tensors(arch: Architecture, i: int) -> list[Tensor]:
     """The parameters of block ``i`` in registration order."""
     p = f"blocks.{i}"
@@ -325,8 +346,11 @@ def block_tensors(arch: Architecture, i: int) -> list[Tensor]:
         out += _mlp(arch, f"{p}.mlp", i)
     else:
         out.append(Tensor(f"{p}.router.weight", (arch.num_experts, h), i, False, "layer"))
-        for e in range(arch.num_experts):
-            out += _mlp(arch, f"{p}.experts.{e}", i)
+        if _fused(arch):
+            out += _fused_experts(arch, f"{p}.experts", i)
+        else:
+            for e in range(arch.num_experts):
+                out += _mlp(arch, f"{p}.experts.{e}", i)
         if m is not None and m.shared_expert_ffn:
             out += _mlp(arch, f"{p}.shared_expert", i, m.shared_expert_ffn)
             out.append(Tensor(f"{p}.shared_expert_gate.weight", (1, h), i, False, "layer"))
@@ -345,17 +369,22 @@ def tensor_counts(arch: Architecture) -> list[tuple[Tensor, int]]:
     one = replace(arch, layers=1, num_experts=1, experts_per_token=1)
     own_mlp = {t.name for t in _mlp(one, "blocks.0.mlp", 0)}
     layer: list[tuple[Tensor, int]] = []
+    moe_placed = False
     for t in block_tensors(one, 0):
         if t.name not in own_mlp:
             layer.append((t, arch.layers))
         elif arch.num_experts == 1:
             layer.append((t, arch.layers))
-        elif not any(c != arch.layers for _, c in layer):
+        elif not moe_placed:
+            moe_placed = True
             # the MLP's place in the block (Gemma-2/3's post-MLP norm comes after it): the
             # router, every expert's MLP, then the shared expert
             h, e = arch.hidden, arch.num_experts
             layer.append((Tensor("blocks.0.router.weight", (e, h), 0, False, "layer"), arch.layers))
-            layer += [(x, arch.layers * e) for x in _mlp(arch, "blocks.0.experts.0", 0)]
+            if _fused(arch):
+                layer += [(x, arch.layers) for x in _fused_experts(arch, "blocks.0.experts", 0)]
+            else:
+                layer += [(x, arch.layers * e) for x in _mlp(arch, "blocks.0.experts.0", 0)]
             m = arch.modelling
             if m is not None and m.shared_expert_ffn:
                 shared = _mlp(arch, "blocks.0.shared_expert", 0, m.shared_expert_ffn)

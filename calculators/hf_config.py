@@ -191,6 +191,7 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
         final_logit_softcap=model_type == "gemma2"
         and cfg.get("final_logit_softcapping", 30.0) is not None,
         shared_expert_ffn=shared,
+        fused_experts=model_type in _MOE,  # transformers ≥ 5: experts.gate_up_proj / down_proj
         router_normalize=model_type == "mixtral" or _flag(cfg, "norm_topk_prob", False),
         router_weights_fp32=model_type == "mixtral",
         use_cache=_flag(cfg, "use_cache", True),

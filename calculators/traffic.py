@@ -216,10 +216,23 @@ class CommunicationEstimate:
 def params_of(setup: TrainingSetup) -> tuple[ParamTensor, ...] | None:
     """The device's parameter tensors in ``named_parameters`` order.
 
-    An architecture's, or for a bare count those of the dense decoder Ψ implies
-    (``calculators.parameters.implied_decoder``); ``None`` with tensor or pipeline parallelism
-    (or Ψ below the smallest implied shape), where engines take Ψ as one run of elements.
+    ``engine_config["tensors"]`` where the caller knows the built module's own list (the
+    measure runner for a Hugging Face model), else an architecture's, or for a bare count those
+    of the dense decoder Ψ implies (``calculators.parameters.implied_decoder``); ``None`` with
+    tensor or pipeline parallelism (or Ψ below the smallest implied shape), where engines take
+    Ψ as one run of elements.
+
+    Raises:
+        InputError: ``engine_config.tensors`` is not a list of [name, shape, group] triples.
     """
+    given = (setup.engine_config or {}).get("tensors")
+    if given is not None:
+        try:
+            return tuple(ParamTensor(str(n), tuple(int(d) for d in s), str(g)) for n, s, g in given)
+        except (TypeError, ValueError):
+            raise InputError(
+                "engine_config.tensors", "must be a list of [name, shape, group] triples"
+            ) from None
     if setup.tp * setup.pp != 1:
         return None
     if setup.architecture is None:

@@ -44,6 +44,15 @@ _SHAPES: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": None,
         "shared_expert_intermediate_size": None,
     },
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "tie_word_embeddings": False,
+        "head_dim": None,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "moe_intermediate_size": None,
+    },
 }
 FAMILIES = tuple(_SHAPES)
 

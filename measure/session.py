@@ -46,11 +46,16 @@ def release(device: torch.device, settle_s: float = 5.0) -> None:
     ProcessGroupNCCL keeps each asynchronous collective's tensors (DDP's buckets among them)
     until its watchdog thread sees the work complete, so they die a little after the engine
     that owned them; reading the next stage's baseline before that would charge it to them.
+    Runs of one process group showed more: the last stage's DDP buckets stayed alive through
+    the next stage's baseline until another collective ran on the default group (every stage
+    after a DDP one started 170–470 MiB high). So a one-element all-reduce goes through the
+    default group first, and the allocator is then watched until it stops shrinking.
     """
     gc.collect()
     if device.type != "cuda":
         return
     torch.cuda.synchronize(device)
+    flush_default_group(device)
     last, stable, deadline = -1, 0, time.perf_counter() + settle_s
     while stable < 10 and time.perf_counter() < deadline:  # 1 s without change
         gc.collect()
@@ -59,6 +64,19 @@ def release(device: torch.device, settle_s: float = 5.0) -> None:
         last = now
         time.sleep(0.1)
     torch.cuda.empty_cache()
+
+
+def flush_default_group(device: torch.device) -> None:
+    """One tiny all-reduce on the default process group, waited for (no-op without one)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    one = torch.ones(1, device=device)
+    dist.all_reduce(one)
+    torch.cuda.synchronize(device)
+    del one
+    gc.collect()
 
 
 def sync(device: torch.device) -> None:

@@ -117,6 +117,9 @@ def test_a_new_results_file_is_read_through_its_spec(tmp_path: Path) -> None:
     assert (row.runs, row.lowest) == (1, low.errors[PEAK])
 
 
+FUSED_EXPERT_FAMILIES = {"mixtral", "qwen2_moe", "qwen3_moe"}
+
+
 def test_hf_requests_are_rebuilt_as_the_gpu_run_built_them() -> None:
     # each file also holds the prediction made on the GPU from the built module: the rebuilt
     # request (family config, batch, engine settings) must predict the same resident, up to
@@ -129,9 +132,15 @@ def test_hf_requests_are_rebuilt_as_the_gpu_run_built_them() -> None:
         stored = [r for case in data["cases"] for r in case["result"]["runs"]]
         runs = hf_runs(path)
         assert len(runs) == len(stored)
+        fused = {c["family"] for c in data["cases"] if c["family"] in FUSED_EXPERT_FAMILIES}
         for run, gpu in zip(runs, stored, strict=True):
             tolerance = 0.002 if run.stage == 1 and run.dp > 1 else 1e-9
             for metric in ("resident",):
+                if run.family in fused and run.engine.startswith("deepspeed"):
+                    # predicted on the GPU from per-expert matrices; transformers registers
+                    # two 3-D tensors per layer, which today's list follows: DeepSpeed's
+                    # stage-0 buckets split the tensors elsewhere
+                    tolerance = 0.002
                 assert run.errors[metric] == pytest.approx(
                     gpu["relative_error"][metric], abs=tolerance
                 ), (path.name, run.label, metric)

@@ -90,7 +90,7 @@ def _check(arch: Architecture) -> None:
     assert [vars(p) for p in built] == [vars(p) for p in direct]
     weights = 0
     for t in listed:
-        if len(t.shape) == 2 and not t.name.startswith(("embed.", "pos.")):
+        if len(t.shape) >= 2 and not t.name.startswith(("embed.", "pos.")):
             weights += t.numel // 2 if t.tp_split else t.numel
     if arch.tied_embeddings:
         weights += arch.vocab_size * (arch.embed_proj_dim or arch.hidden) // 2
@@ -134,3 +134,22 @@ def test_counted_tensors_match_the_listed_ones_for_transformers_blocks(family: s
     from measure.hf_families import family_config
 
     _check(architecture_from_hf_config(family_config(family, "small")))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_expert_tensors_are_the_ones_transformers_registers(family: str) -> None:
+    # transformers ≥ 5 keeps every expert of a layer in two 3-D parameters; FSDP2 shards them
+    # on the expert dimension, so their shapes decide each rank's shard and padding
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    body = family_config(family, "small")
+    config = transformers.AutoConfig.for_model(**body)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    built = Counter(tuple(p.shape) for p in model.parameters() if p.dim() >= 3)
+    arch = architecture_from_hf_config(body)
+    listed = Counter(p.shape for p in architecture_params(arch) if len(p.shape) >= 3)
+    assert built and listed == built
+    assert sum(p.numel for p in architecture_params(arch)) == sum(
+        p.numel() for p in model.parameters()
+    )

@@ -45,11 +45,10 @@ from calculators.model_states import Placement, TrainingSetup, ceil_div
 from calculators.parameters import (
     ROOT_GROUP,
     ParamTensor,
-    architecture_params,
     fsdp_shard_total,
     implied_note,
-    implied_params,
 )
+from calculators.traffic import params_of
 
 CONVENTION = (
     "torch: what PyTorch's engines allocate on rank 0 (stage 0 DDP, stage 1 DDP + "
@@ -96,20 +95,8 @@ def dtypes(precision: Precision) -> Dtypes:
 
 def param_tensors(setup: TrainingSetup) -> Sequence[ParamTensor] | None:
     """The tensor list: ``engine_config["tensors"]``, the architecture's, or for a bare count
-    the implied decoder's (``calculators.parameters.implied_decoder``)."""
-    given = (setup.engine_config or {}).get("tensors")
-    if given is not None:
-        try:
-            return [ParamTensor(str(n), tuple(int(d) for d in s), str(g)) for n, s, g in given]
-        except (TypeError, ValueError):
-            raise InputError(
-                "engine_config.tensors", "must be a list of [name, shape, group] triples"
-            ) from None
-    if setup.tp != 1 or setup.pp != 1:
-        return None
-    if setup.architecture is None:
-        return implied_params(setup.params)
-    return architecture_params(setup.architecture)
+    the implied decoder's (``calculators.traffic.params_of``)."""
+    return params_of(setup)
 
 
 def _greedy(numels: Sequence[int], world: int) -> Iterator[tuple[int, int]]:
@@ -318,6 +305,20 @@ def _step(
         root_reduction = (
             step_grads - root_shard * d.gradient + setup.dp * root_shard * (d.compute + d.gradient)
         )
+    reductions = (
+        _backward_reductions(setup, stage, d, unsharded) if stage >= Stage.GRADIENTS else ()
+    )
+    last_gather = forward_gathered = 0
+    if stage >= Stage.GRADIENTS:
+        root, block = _root_and_last_block(setup, d.compute)
+        # FSDP2 in forward keeps each all-gather's flat output (N × padded shard) until the
+        # next unit's copy-out is done, and the last one until the root's post-forward
+        # (_fsdp_param_group.py wait_for_unshard, _fsdp_state.py _post_forward): at the last
+        # block's copy-out two flat outputs live beside the gathered parameters, and a loss
+        # computed inside the root (transformers) still sees the last block's.
+        gathered = unsharded if stage is Stage.GRADIENTS else root + block
+        forward_gathered = gathered + 2 * block
+        last_gather = block if arch.modelling is not None else 0
     # foreach Adam/AdamW (the CUDA default): one temporary list the size of the local params
     # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach
     # updates in place.
@@ -332,11 +333,59 @@ def _step(
         accumulated_gradients=step_grads if batch.grad_accumulation_steps > 1 else 0,
         gathered_for_loss=gathered_for_loss,
         root_reduction=root_reduction,
+        reductions=reductions,
+        forward_gathered=forward_gathered,
+        last_gather=last_gather,
         config=config,
     )
     # input ids and targets (int64) of every micro-batch the loop holds
     runtime = 2 * INDEX_BYTES * batch.tokens * batch.grad_accumulation_steps
     return memory, runtime
+
+
+def _backward_reductions(
+    setup: TrainingSetup, stage: Stage, d: Dtypes, unsharded: int
+) -> tuple[tuple[int, int], ...]:
+    """FSDP2's two heaviest moments of gradient reduction, as (blocks in backward after the
+    last one, bytes beyond the end of forward's gathered parameters and the activations still
+    alive). The last block's own activations are gone at both moments; the block in backward
+    keeps its own (and, under checkpointing, its recomputed ones).
+
+    Backward reduces the last block first (``_fsdp_param_group.py`` post_backward): its
+    unsharded 16-bit gradients are taken off the parameters, the block is resharded, and
+    ``foreach_reduce`` (``_fsdp_collectives.py``) allocates the reduce-scatter input — every
+    gradient's dim 0 padded to a multiple of N, in the reduce dtype, N × the padded shard —
+    copies the gradients in, frees them and allocates the shard-sized output. That input stays
+    referenced (``comm_ctx.reduce_scatter_states``, one buffer) until the next block's
+    post_backward, so it is still alive when the next block's own gradients are complete.
+    Where dim 0 is short (a 3-D expert tensor with fewer experts than ranks) the padding
+    multiplies the input. Gathered meanwhile: with ``reshard_after_forward=False`` every block
+    not yet reduced; with ``True`` the block in backward, the one prefetched next and the root
+    unit, gathered again for the head's backward (unless it was never resharded).
+    """
+    ts = param_tensors(setup) or []
+    blocks = [t.group for t in ts if t.group != ROOT_GROUP]
+    if not blocks:
+        return ()
+    last = [t for t in ts if t.group == blocks[-1]]
+    shard = fsdp_shard_total(last, setup.dp)
+    grads = sum(t.numel for t in last) * d.compute
+    scatter_in, scatter_out = setup.dp * shard * d.gradient, shard * d.gradient
+    block = setup.dp * shard * d.compute
+    if stage is Stage.GRADIENTS:
+        gathered_first, gathered_next = -block, -block
+    else:
+        root = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
+        root_gathered = 0 if unsharded else setup.dp * root * d.compute
+        gathered_first, gathered_next = root_gathered + block, root_gathered + 2 * block
+    return (
+        # the last block's reduction: its gradients copied into the padded input
+        (0, gathered_first + scatter_in + max(grads, scatter_out)),
+        # the next block's backward beside the last block's input and output: its gradients
+        # grow while its activations (recomputed under checkpointing) are consumed; both
+        # are counted whole
+        (1, gathered_next + scatter_in + scatter_out + grads),
+    )
 
 
 def _root_and_last_block(setup: TrainingSetup, compute_bytes: int) -> tuple[int, int]:

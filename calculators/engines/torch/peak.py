@@ -108,6 +108,9 @@ def step_memory(
     accumulated_gradients: int = 0,
     gathered_for_loss: int = 0,
     root_reduction: int = 0,
+    reductions: tuple[tuple[int, int], ...] = (),
+    forward_gathered: int = 0,
+    last_gather: int = 0,
     config: Mapping[str, Any],
 ) -> StepMemory:
     """The moments of one step, in bytes above the resident model states.
@@ -125,6 +128,13 @@ def step_memory(
             (FSDP2 with ``reshard_after_forward=True`` when the loss is the root's output).
         root_reduction: bytes of gradients alive when FSDP2 reduces its root unit at the end of
             backward (0: no such moment).
+        reductions: FSDP2's gradient-reduction moments in backward, each (blocks in backward
+            after the last one, bytes of gathered-parameter change, reduction buffers and
+            gradients beyond the end of forward).
+        forward_gathered: FSDP2's gathered parameter bytes at the last block's all-gather in
+            forward, its flat all-gather output and the previous block's included (0: none).
+        last_gather: the flat all-gather output still alive while a loss inside the root
+            module runs (0: none).
         config: engine knobs (``holds_outputs``, ``cublas_workspace_bytes``).
     """
     acts = activations(arch, batch, regime)
@@ -134,12 +144,30 @@ def step_memory(
     loss_grads = 2 * FP32_BYTES * batch.tokens * arch.vocab_size
     end_of_forward = unsharded_after_forward + acts.end_of_forward
     moments = {
-        "loss_forward": end_of_forward + acts.loss_transient,
+        "loss_forward": end_of_forward + acts.loss_transient + last_gather,
         "loss_backward": end_of_forward + loss_grads + accumulated_gradients + gathered_for_loss,
         "optimizer_step": held + step_gradients + optimizer_temporary,
     }
     if root_reduction:
         moments["root_reduction"] = held + root_reduction + accumulated_gradients
+    if forward_gathered:
+        moments["last_block_gather"] = (
+            forward_gathered + acts.layers - acts.layers // arch.layers + acts.embedding
+        )
+    # a reduction moment: the last block's activations, the head's and the loss's are freed;
+    # a block in backward after it holds its own (recomputed under checkpointing) and the
+    # gradient of its output flows in
+    res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
+    for later, extra in reductions:
+        alive = acts.end_of_forward - acts.layers // arch.layers - acts.head - acts.loss
+        moments[f"block_reduction_{later + 1}"] = (
+            unsharded_after_forward
+            + alive
+            + later * acts.recompute
+            + res * batch.tokens * arch.hidden
+            + extra
+            + accumulated_gradients
+        )
     if acts.recompute:
         # backward of the last checkpointed block: the saved block inputs, the caller's logits,
         # the recomputed block and the gradient flowing in and out of it.
