@@ -259,7 +259,9 @@ def _short(name: str, width: int = 90) -> str:
 
 
 def _region_name(name: str) -> str:
-    return re.sub(r"\s*\(.*\)$", "", name)
+    """One name per kind of region: ``FSDP::pre_forward (blocks.3)`` and
+    ``FSDP::backward_prefetch for blocks.0`` lose the module."""
+    return re.sub(r"(\s*\(.*\)| for \S+)$", "", name)
 
 
 class _Enclosing:
