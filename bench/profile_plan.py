@@ -188,7 +188,7 @@ def timeline_from_kineto(events: Iterable[Any]) -> Timeline:
     kinds: dict[str, int] = defaultdict(int)
     sources: dict[str, int] = defaultdict(int)
     for e in events:
-        kind = str(e.activity_type())
+        kind = _kind(e)
         kinds[kind] += 1
         if str(e.device_type()).endswith("CPU"):
             if kind == "user_annotation" or (kind == "cpu_op" and e.is_user_annotation()):
@@ -226,6 +226,19 @@ def timeline_from_kineto(events: Iterable[Any]) -> Timeline:
         )
     tl.kinds, tl.sources = dict(kinds), dict(sources)
     return tl
+
+
+def _kind(e: Any) -> str:
+    """Kineto's activity type (``kernel``, ``cpu_op``, ``cuda_runtime``, …); from the device
+    and the name where this torch's events do not say."""
+    if hasattr(e, "activity_type"):
+        return str(e.activity_type())
+    if not str(e.device_type()).endswith("CPU"):
+        low = e.name().lower()
+        return "gpu_memcpy" if "memcpy" in low else "gpu_memset" if "memset" in low else "kernel"
+    if e.is_user_annotation():
+        return "user_annotation"
+    return "cuda_runtime" if e.name().startswith(("cuda", "cu")) else "cpu_op"
 
 
 def category(name: str, op: str, phase: str) -> str:
