@@ -45,6 +45,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,8 @@ COPY_OPS = frozenset(
     }
 )
 DEVICE_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# a rank that fails leaves the others in a collective: they give up after this, not after 10 min
+COLLECTIVE_TIMEOUT = timedelta(minutes=3)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -107,7 +110,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=2, help="warm-up steps (the last is counted)")
     ap.add_argument("--steps", type=int, default=3, help="timed steps without the profiler")
     ap.add_argument("--profile-steps", type=int, default=2, help="steps under torch.profiler")
-    ap.add_argument("--budget-s", type=float, default=60.0, help="start no candidate after this")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=60.0,
+        help="start no candidate after this many seconds since the script started",
+    )
     ap.add_argument("--top", type=int, default=15, help="costliest kernels kept per candidate")
     ap.add_argument("--out", default="bench/results/plan_profile")
     args = ap.parse_args(argv)
@@ -619,10 +627,10 @@ def init_distributed(device_kind: str) -> Any:
             raise SystemExit("no CUDA device is visible: give --device cpu for a CPU check")
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=COLLECTIVE_TIMEOUT)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=COLLECTIVE_TIMEOUT)
     return device
 
 
@@ -696,9 +704,13 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 print(_progress(row, report["wall_s"]), flush=True)
                 write(stem, report)  # after each candidate: a later crash keeps these
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+    except BaseException:
+        # no barrier: the other ranks wait in a collective this rank left; torchrun ends them
+        if rank == 0:
+            write(stem, report)
+        raise
+    dist.barrier()
+    dist.destroy_process_group()
     if rank == 0:
         report["wall_s"] = time.perf_counter() - start
         write(stem, report)
