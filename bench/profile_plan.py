@@ -758,21 +758,24 @@ def markdown(r: dict[str, Any]) -> str:
         f"{r['environment']['device_name']} (torch {r['environment']['torch']}, "
         f"seq {r['seq_len']})",
         "",
-        f"Step time over {r['steps']} unprofiled steps after {r['warmup']} warm-ups; the rest over "
-        f"{r['profile_steps']} steps under torch.profiler (rank 0), per optimizer step in ms. "
+        f"Measured: step time over {r['steps']} unprofiled steps after {r['warmup']} warm-ups "
+        "(phase times from the same steps); profiled: the mean step under torch.profiler, over "
+        f"{r['profile_steps']} steps whose kernels give the rest (rank 0), per optimizer step "
+        "in ms. "
         "GPU phase times are CUDA events on the compute stream; idle = the step's GPU window "
         "minus the union of all kernels; NCCL exposed = kernel union minus the union without "
         "NCCL. GEMM rate = the model's linear-layer FLOPs / GEMM kernel time"
         + (f" (fraction of the {peak / 1e12:.0f} TFLOP/s dense peak)." if peak else "."),
         "",
-        "| configuration | predicted s | measured s | fwd GPU/CPU | bwd GPU/CPU | opt GPU/CPU "
+        "| configuration | predicted s | measured s | profiled s | fwd GPU/CPU | bwd GPU/CPU "
+        "| opt GPU/CPU "
         "| GEMM (TFLOP/s, peak) | attention | elementwise | copy/cast | NCCL (exposed) "
         "| optimizer | GPU idle | launches / micro | sent MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in r["runs"]:
         if "profile" not in run:
-            lines.append(f"| {run['config']} | {run.get('error', '')} |" + " |" * 13)
+            lines.append(f"| {run['config']} | {run.get('error', '')} |" + " |" * 14)
             continue
         p, k = run["profile"], run["profile"]["kernel_ms"]
         gpu = run["timed"].get("gpu", {})
@@ -782,13 +785,15 @@ def markdown(r: dict[str, Any]) -> str:
             g = gpu.get(name)
             return f"{_f(None if g is None else g * 1e3)} / {cpu.get(name, 0) * 1e3:.1f}"
 
+        prof_s = run["profiled"].get("gpu", run["profiled"]["cpu"])["wall"]
         frac = run.get("gemm_fraction_of_peak")
         gemm = f"{k['gemm']:.1f} ({_f(run.get('gemm_tflops'), '.0f')}" + (
             f", {frac:.0%})" if frac is not None else ")"
         )
         lines.append(
             f"| {run['config']} | {_f(run.get('predicted', {}).get('total'), '.4f')} "
-            f"| {run['step_s']:.4f} | {ph('forward')} | {ph('backward')} | {ph('optimizer')} "
+            f"| {run['step_s']:.4f} | {prof_s:.4f} "
+            f"| {ph('forward')} | {ph('backward')} | {ph('optimizer')} "
             f"| {gemm} | {k['attention']:.1f} | {k['elementwise_reduction']:.1f} "
             f"| {k['copy_cast']:.1f} | {k['nccl']:.1f} ({p['nccl_exposed_ms']:.1f}) "
             f"| {k['optimizer']:.1f} | {p['gpu_idle_ms']:.1f} of {p['gpu_window_ms']:.1f} "
