@@ -155,23 +155,10 @@ def config_label(c: Config) -> str:
     return ", ".join(parts)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    count, device_name = visible_gpus(args.device)
-    nd = args.gpus or count
-    if nd < 1:
-        print("no GPU visible: give --device cpu --gpus N --gpu PRESET for a CPU check")
-        return 2
-    if args.device == "cuda" and nd != count:
-        print(f"distributed mode runs one process per GPU: --gpus must be {count} here")
-        return 2
-    gpu: Gpu | None = get_gpu(args.gpu) if args.gpu else gpu_for_device_name(device_name)
-    if gpu is None:
-        print(f"no GPU preset matches {device_name!r}: give --gpu")
-        return 2
-    arch, model = architecture(args)
+def plan_setup(args: argparse.Namespace, arch: Architecture, gpu: Gpu, nd: int) -> PlanSetup:
+    """The planner's view of the runs: ``args.per_gpu_batch`` sequences per GPU per step."""
     engine = Engine(args.engine)
-    setup = PlanSetup(
+    return PlanSetup(
         architecture=arch,
         params=count_params(arch),
         gpu=gpu,
@@ -197,6 +184,25 @@ def main(argv: list[str] | None = None) -> int:
         # measure's loop calls backward on every micro-batch without no_sync
         grad_sync=GradSync.PER_MICRO_STEP,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    count, device_name = visible_gpus(args.device)
+    nd = args.gpus or count
+    if nd < 1:
+        print("no GPU visible: give --device cpu --gpus N --gpu PRESET for a CPU check")
+        return 2
+    if args.device == "cuda" and nd != count:
+        print(f"distributed mode runs one process per GPU: --gpus must be {count} here")
+        return 2
+    gpu: Gpu | None = get_gpu(args.gpu) if args.gpu else gpu_for_device_name(device_name)
+    if gpu is None:
+        print(f"no GPU preset matches {device_name!r}: give --gpu")
+        return 2
+    arch, model = architecture(args)
+    engine = Engine(args.engine)
+    setup = plan_setup(args, arch, gpu, nd)
     planned = plan(setup)
     print(
         f"{count_params(arch):,} params, Nd = {nd} × {gpu.name}: {planned.evaluated} "
