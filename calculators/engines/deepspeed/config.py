@@ -517,7 +517,8 @@ class _Reader:
         if self.body.get(mb_key) == "auto" and req.micro_batch is not None:
             got[mb_key] = req.micro_batch
             sources[mb_key] = (
-                f"auto: batch.micro_batch_size ({_TRAINER}: per_device_train_batch_size)"
+                f"auto: batch.micro_batch_size{self.request_default('batch.micro_batch_size')} "
+                f"({_TRAINER}: per_device_train_batch_size)"
             )
         if self.body.get(ga_key) == "auto":
             got[ga_key] = req.grad_accumulation
@@ -534,11 +535,8 @@ class _Reader:
                 f"({_TRAINER})"
             )
         # explicit request values must agree with the config; they fill what it leaves out
-        if (
-            got[mb_key] is not None
-            and req.micro_batch is not None
-            and got[mb_key] != req.micro_batch
-        ):
+        explicit_mb = req.given("batch.micro_batch_size")
+        if got[mb_key] is not None and explicit_mb and got[mb_key] != req.micro_batch:
             raise contradiction(
                 "batch.micro_batch_size",
                 mb_key,
@@ -546,7 +544,9 @@ class _Reader:
             )
         if got[mb_key] is None and req.micro_batch is not None:
             got[mb_key] = req.micro_batch
-            sources[mb_key] = "request: batch.micro_batch_size"
+            sources[mb_key] = "request: batch.micro_batch_size" + self.request_default(
+                "batch.micro_batch_size"
+            )
         explicit_ga = req.given(req.grad_accumulation_field)
         if got[ga_key] is not None and explicit_ga and got[ga_key] != req.grad_accumulation:
             raise contradiction(
