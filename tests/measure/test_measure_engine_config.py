@@ -26,61 +26,21 @@ HIDDEN = 64
 TINY_GPT = {"layers": 2, "hidden": HIDDEN, "heads": 2, "vocab_size": 128, "max_seq_len": 32}
 
 
+CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "ds_configs"
+
+
 def trainer_config(stage: int) -> dict[str, Any]:
-    """A ds_config.json as the transformers DeepSpeed docs write them: "auto" wherever the
-    Trainer fills a value."""
-    zero: dict[str, Any] = {
-        "stage": stage,
-        "offload_optimizer": {"device": "none", "pin_memory": True},
-        "overlap_comm": True,
-        "contiguous_gradients": True,
-        "reduce_bucket_size": "auto",
-    }
-    if stage == 3:
-        zero.update(
-            {
-                "offload_param": {"device": "none", "pin_memory": True},
-                "sub_group_size": 1e9,
-                "stage3_prefetch_bucket_size": "auto",
-                "stage3_param_persistence_threshold": "auto",
-                "stage3_max_live_parameters": 1e9,
-                "stage3_max_reuse_distance": 1e9,
-                "stage3_gather_16bit_weights_on_model_save": True,
-            }
-        )
-    else:
-        zero.update({"allgather_partitions": True, "allgather_bucket_size": 2e8})
-    return {
-        "fp16": {
-            "enabled": "auto",
-            "loss_scale": 0,
-            "loss_scale_window": 1000,
-            "initial_scale_power": 16,
-            "hysteresis": 2,
-            "min_loss_scale": 1,
-        },
-        "bf16": {"enabled": "auto"},
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
-        },
-        "scheduler": {
-            "type": "WarmupDecayLR",
-            "params": {
-                "warmup_min_lr": "auto",
-                "warmup_max_lr": "auto",
-                "warmup_num_steps": "auto",
-                "total_num_steps": "auto",
-            },
-        },
-        "zero_optimization": zero,
-        "gradient_accumulation_steps": "auto",
-        "gradient_clipping": "auto",
-        "steps_per_print": 2000,
-        "train_batch_size": "auto",
-        "train_micro_batch_size_per_gpu": "auto",
-        "wall_clock_breakdown": False,
-    }
+    """A ds_config.json as the transformers DeepSpeed docs write them, "auto" wherever the
+    Trainer fills a value (the files the GPU round runs: bench/gpu/trainer_config_round.sh)."""
+    config: dict[str, Any] = json.loads((CONFIGS / f"trainer_auto_zero{stage}.json").read_text())
+    return config
+
+
+def test_the_example_configs_are_full_of_auto() -> None:
+    for stage in (2, 3):
+        config = trainer_config(stage)
+        assert config["zero_optimization"]["stage"] == stage
+        assert len(autos(config)) >= 12
 
 
 def body(**extra: Any) -> dict[str, Any]:
