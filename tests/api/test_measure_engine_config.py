@@ -5,6 +5,7 @@ contradiction; the result states what was resolved (``resolved_config``)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,3 +137,35 @@ def test_fsdp2_settings_run_on_the_cpu(tmp_path: Path) -> None:
     assert result["precision"] == "mixed_bf16"
     assert memory.status_code == 200, memory.text
     assert result["resolved_config"] == memory.json()["resolved_config"]
+
+
+def test_a_calibration_reads_what_the_config_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A measurement of a Trainer config ("auto" buckets, fp16 from the config, no precision
+    sent) calibrates the plan with the precision and the concrete config the run used."""
+    from app.jobs.store import JobStatus
+    from measure import spec as measure_spec
+
+    monkeypatch.setattr(measure_spec, "deepspeed_available", lambda: True)
+    config = {**trainer_config(2), "fp16": {"enabled": True}}
+    request = deepspeed_body(dp=2, engine_config=config, device="cuda")
+    ms = measure_spec.parse_spec(request)
+    assert ms.resolved is not None
+    result = {
+        "precision": ms.precision.value,
+        "optimizer": ms.optimizer.value,
+        "environment": {"device_type": "cuda", "device_name": "NVIDIA L4"},
+        "runs": [{"stage": 2, "step_time_s": 0.5, "world_size": 2, "mode": "distributed"}],
+        "resolved_config": measure_spec.resolved_config_body(ms.engine, ms.resolved),
+    }
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: Settings(data_dir=tmp_path)
+    with TestClient(app) as client:
+        store = client.app.state.jobs.store  # type: ignore[attr-defined]
+        job = store.create("job-ds", request, "runner", 60.0)
+        store.start(job.id)
+        store.finish(job.id, JobStatus.SUCCEEDED, result=json.dumps(result))
+        answer = client.post("/v1/calibrations", json={"measurement_id": job.id})
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["precision"] == "mixed_fp16"

@@ -123,6 +123,18 @@ def test_the_config_decides_what_the_request_leaves_out(section: str, precision:
     assert ms.ds_config(Stage.PARAMETERS)[section] == {"enabled": True}
 
 
+def test_an_auto_section_follows_the_other_sections_explicit_precision() -> None:
+    """fp16 on in the config, bf16 "auto", no precision sent: as the Trainer leaves args.bf16
+    off, bf16 stays off (the request's default precision does not turn it on)."""
+    ms = parse_spec(body(engine_config={**trainer_config(2), "fp16": {"enabled": True}}))
+    assert ms.precision is Precision.MIXED_FP16
+    cfg = ms.ds_config(Stage.GRADIENTS)
+    assert (cfg["fp16"]["enabled"], cfg["bf16"]["enabled"]) == (True, False)
+    assert refused(
+        body(precision="mixed_bf16", engine_config={"fp16": {"enabled": True}, "bf16": {}})
+    ) == ("precision", "engine_config.fp16.enabled")
+
+
 def test_a_config_batch_replaces_the_default_one() -> None:
     config = {
         "bf16": {"enabled": True},

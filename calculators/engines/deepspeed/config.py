@@ -346,6 +346,17 @@ class _Reader:
     def precision(self) -> Precision:
         enabled: dict[str, bool] = {}
         autos = False
+        # an "auto" section follows the precision: the request's, or, where the request leaves
+        # it out, the one the other section enables explicitly
+        follows, how = self.req.precision, f"the request's precision {self.req.precision.value}"
+        if not self.req.given("precision"):
+            for name, precision in _SECTIONS.items():
+                on = _section(self.body, name, f"{CONFIG}.{name}").get("enabled")
+                if on is True:
+                    follows, how = precision, f"the config's {name} section ({precision.value})"
+                    break
+            else:
+                how += " (its default)"
         for name, precision in _SECTIONS.items():
             section = _section(self.body, name, f"{CONFIG}.{name}")
             if "enabled" not in section:
@@ -353,14 +364,9 @@ class _Reader:
             key = f"{name}.enabled"
             if section["enabled"] == "auto":
                 autos = True
-                on = self.req.precision is precision
+                on = follows is precision
                 self.set(key, on)
-                self.note(
-                    key,
-                    on,
-                    f"auto: the request's precision {self.req.precision.value}"
-                    f"{self.request_default('precision')} ({_TRAINER}: args.{name})",
-                )
+                self.note(key, on, f"auto: {how} ({_TRAINER}: args.{name})")
             else:
                 on = _flag(section["enabled"], f"{CONFIG}.{key}")
                 self.note(key, on, "config")
