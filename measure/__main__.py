@@ -7,6 +7,11 @@ Examples::
     python -m measure --architecture '{"layers": 2, "hidden": 256, "heads": 4,
         "vocab_size": 1024, "max_seq_len": 128}' --dp 4 --precision fp32 --device cpu
     torchrun --nproc-per-node 8 -m measure --preset gpt2 --dp 8   # one rank per GPU, any nodes
+    python -m measure --preset gpt2 --dp 2 --engine deepspeed --engine-config ds_config.json \
+        --micro-batch-size 4 --seq-len 512   # the config you train with, "auto" values included
+
+With --engine-config, the fields it decides (stages, precision, optimizer, offload, accumulation,
+checkpointing) come from it unless given here too; a flag given here must agree with it.
 """
 
 from __future__ import annotations
@@ -28,16 +33,23 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     model.add_argument("--hf-config", help="path to a Hugging Face config.json")
     model.add_argument("--spec", help="path to a whole POST /v1/measure body (JSON)")
     p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--stages", default="0,1,2,3")
+    p.add_argument("--stages", help="comma-separated ZeRO stages (default 0,1,2,3)")
     p.add_argument("--engine", default="torch", choices=["torch", "deepspeed"])
-    p.add_argument("--precision", default="mixed_bf16")
-    p.add_argument("--optimizer", default="adam")
+    p.add_argument(
+        "--engine-config",
+        help="path to the JSON config you train with: a DeepSpeed config (engine deepspeed, "
+        '"auto" values as transformers\' Trainer fills them) or FSDP2 settings (engine torch)',
+    )
+    p.add_argument("--precision", help="training precision (default mixed_bf16)")
+    p.add_argument("--optimizer", help="optimizer (default adam)")
+    p.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"])
+    p.add_argument("--offload-params", choices=["none", "cpu", "nvme"])
     p.add_argument("--mode", default="auto", choices=["simulated", "distributed", "auto"])
     p.add_argument("--device", default="auto", choices=["cuda", "cpu", "auto"])
     p.add_argument("--micro-batch-size", type=int)
     p.add_argument("--seq-len", type=int)
-    p.add_argument("--activation-checkpointing", default="none")
-    p.add_argument("--grad-accumulation-steps", type=int, default=1)
+    p.add_argument("--activation-checkpointing", help="none, full or selective (default none)")
+    p.add_argument("--grad-accumulation-steps", type=int, help="default 1")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument(
@@ -59,9 +71,6 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": model_spec,
         "dp": a.dp,
-        "stages": [int(s) for s in a.stages.split(",") if s.strip()],
-        "precision": a.precision,
-        "optimizer": a.optimizer,
         "engine": a.engine,
         "allow_slow_cpu": a.allow_slow_cpu,
         "mode": a.mode,
@@ -69,15 +78,31 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         "steps": a.steps,
         "warmup_steps": a.warmup_steps,
     }
+    # a flag left out is a field left out: the spec's default, or what --engine-config decides
+    if a.stages is not None:
+        spec["stages"] = [int(s) for s in a.stages.split(",") if s.strip()]
+    for key in ("precision", "optimizer"):
+        if getattr(a, key) is not None:
+            spec[key] = getattr(a, key)
+    offload = {
+        key: value
+        for key, value in (("optimizer", a.offload_optimizer), ("params", a.offload_params))
+        if value is not None
+    }
+    if offload:
+        spec["offload"] = offload
+    if a.engine_config:
+        with open(a.engine_config) as f:
+            spec["engine_config"] = json.load(f)
     if a.micro_batch_size or a.seq_len:
         if not (a.micro_batch_size and a.seq_len):
             p.error("--micro-batch-size and --seq-len go together")
-        spec["batch"] = {
-            "micro_batch_size": a.micro_batch_size,
-            "seq_len": a.seq_len,
-            "activation_checkpointing": a.activation_checkpointing,
-            "grad_accumulation_steps": a.grad_accumulation_steps,
-        }
+        spec["batch"] = {"micro_batch_size": a.micro_batch_size, "seq_len": a.seq_len}
+        for key in ("activation_checkpointing", "grad_accumulation_steps"):
+            if getattr(a, key) is not None:
+                spec["batch"][key] = getattr(a, key)
+    elif a.activation_checkpointing is not None or a.grad_accumulation_steps is not None:
+        p.error("--activation-checkpointing and --grad-accumulation-steps need a batch")
     return spec
 
 

@@ -29,7 +29,14 @@ from calculators.model_states import TrainingSetup
 from measure.compare import compare_run
 from measure.engines.pytorch import half_dtype, root_reshards_after_forward
 from measure.session import runtime_warmup
-from measure.spec import MeasureSpec, ModelKind, check_cpu_cost, model_params, parse_spec
+from measure.spec import (
+    MeasureSpec,
+    ModelKind,
+    check_cpu_cost,
+    model_params,
+    parse_spec,
+    resolved_config_body,
+)
 from measure.workloads import Workload, build_workload
 
 Progress = Callable[[float, str], None]
@@ -262,6 +269,8 @@ def _result(
         "environment": env,
         "runs": runs,
     }
+    if ms.resolved is not None:
+        result["resolved_config"] = resolved_config_body(ms.engine, ms.resolved)
     if device.type == "cpu":
         from measure.engines.pytorch import CPU_PHASES_NOTE
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -25,7 +25,10 @@ from calculators.architecture import (
 )
 from calculators.batch import Batch, Checkpointing
 from calculators.capacity import MAX_PARAMS
+from calculators.config_resolution import CONFIG, Decided, Requested
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
+from calculators.engines.deepspeed.config import resolve_config
+from calculators.engines.torch.config import ENGINE_KEYS, resolve_fsdp_config
 from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import Offload
@@ -119,6 +122,8 @@ class MeasureSpec:
     offload: Offload = field(default_factory=Offload)
     engine_config: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
     allow_slow_cpu: bool = False
+    resolved: Decided | None = field(default=None, hash=False, compare=False)
+    """What the request's ``engine_config`` decided (None: the request carries none)."""
 
     @property
     def micro_batch_size(self) -> int:
@@ -126,13 +131,7 @@ class MeasureSpec:
 
     @property
     def seq_len(self) -> int:
-        if self.batch:
-            return self.batch.seq_len
-        arch = self.model.architecture
-        limit = arch.max_seq_len if arch is not None and arch.max_seq_len else DEFAULT_SEQ_LEN
-        if self.model.hf_config is not None:
-            limit = int(self.model.hf_config.get("max_position_embeddings") or limit)
-        return min(DEFAULT_SEQ_LEN, limit)
+        return self.batch.seq_len if self.batch else default_seq_len(self.model)
 
     @property
     def checkpointing(self) -> Checkpointing:
@@ -148,6 +147,16 @@ class MeasureSpec:
             {"optimizer": self.offload.optimizer.value, "params": self.offload.params.value},
             self.engine_config,
         )
+
+
+def default_seq_len(model: ModelChoice) -> int:
+    """The sequence length a run without a batch trains on: :data:`DEFAULT_SEQ_LEN`, or the
+    model's position table where it is shorter."""
+    arch = model.architecture
+    limit = arch.max_seq_len if arch is not None and arch.max_seq_len else DEFAULT_SEQ_LEN
+    if model.hf_config is not None:
+        limit = int(model.hf_config.get("max_position_embeddings") or limit)
+    return min(DEFAULT_SEQ_LEN, limit)
 
 
 def _enum(kind: type[Any], value: Any, name: str) -> Any:
@@ -344,6 +353,171 @@ def _offload(body: Mapping[str, Any], engine: Engine) -> Offload:
     return Offload(optimizer=out["optimizer"], params=out["params"])
 
 
+# --- what engine_config decides -----------------------------------------------------------------
+
+# The request fields an engine_config may decide. A body that leaves one out lets the config
+# decide it; one it carries must agree with the config (route, CLI and every rank read the same).
+CONFIG_DECIDES = (
+    "stages",
+    "precision",
+    "optimizer",
+    "offload",
+    "batch.grad_accumulation_steps",
+    "batch.activation_checkpointing",
+)
+_RUN_SECTIONS = {
+    "optimizer": "the config's optimizer section is left out of the measured run: the client "
+    "torch optimizer of the same kind runs (DeepSpeed keeps a client optimizer over its own, "
+    "engine.py _configure_optimizer), and the prediction models that one",
+    "scheduler": "the config's scheduler section is left out of the measured run: a "
+    "learning-rate schedule allocates nothing on the device",
+}
+
+
+def sent_fields(body: Mapping[str, Any]) -> frozenset[str]:
+    """The dotted request fields ``body`` carries (a null value is not sent)."""
+    sent = {k for k, v in body.items() if v is not None}
+    for part in ("offload", "batch"):
+        value = body.get(part)
+        if isinstance(value, Mapping):
+            sent |= {f"{part}.{k}" for k, v in value.items() if v is not None}
+    return frozenset(sent)
+
+
+def hidden_size(model: ModelChoice) -> int | None:
+    """The hidden size transformers' Trainer reads for the "auto" bucket sizes
+    (``HfTrainerDeepSpeedConfig.trainer_config_finalize``: ``config.hidden_size``, else the
+    largest of ``hidden_sizes``, else the same of ``text_config``); an MLP's width."""
+    if model.architecture is not None:
+        return model.architecture.hidden
+    if model.mlp is not None:
+        return model.mlp.hidden
+    if model.hf_config is None:
+        return None
+    from transformers import AutoConfig
+
+    cfg = dict(model.hf_config)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    for source in (config, getattr(config, "text_config", None)):
+        if source is None:
+            continue
+        if getattr(source, "hidden_size", None) is not None:
+            return int(source.hidden_size)
+        if getattr(source, "hidden_sizes", None):
+            return int(max(source.hidden_sizes))
+    return None
+
+
+def resolve_engine_config(
+    engine: Engine, config: Mapping[str, Any], requested: Requested
+) -> Decided:
+    """What ``engine_config`` decides for a measurement, as ``/v1/memory`` reads it.
+
+    deepspeed: a DeepSpeed config body, "auto" values filled as transformers' Trainer fills them
+    (:func:`calculators.engines.deepspeed.config.resolve_config`); the body the engine runs has
+    no "auto" left, and no optimizer or scheduler section (see :data:`_RUN_SECTIONS`).
+    torch: FSDP2 settings (:func:`calculators.engines.torch.config.resolve_fsdp_config`).
+
+    Raises:
+        InputError: a value the engine cannot run or model, or a request field sent explicitly
+            that contradicts the config (naming both).
+    """
+    if engine is Engine.TORCH:
+        for key in ENGINE_KEYS:
+            if key in config:
+                raise InputError(
+                    f"{CONFIG}.{key}",
+                    "a fact of the measured run, not a setting: the run reports it itself",
+                )
+        return resolve_fsdp_config(config, requested)
+    decided = resolve_config(config, requested)
+    body = dict(decided.config)
+    notes = list(decided.notes)
+    for key, why in _RUN_SECTIONS.items():
+        if key in body:
+            del body[key]
+            notes.append(why)
+    return replace(decided, config=body, notes=tuple(notes))
+
+
+def _decide(
+    body: Mapping[str, Any],
+    engine: Engine,
+    model: ModelChoice,
+    batch: Batch | None,
+    stages: tuple[Stage, ...],
+    precision: Precision,
+    optimizer: Optimizer,
+    offload: Offload,
+    dp: int,
+) -> Decided:
+    """:func:`resolve_engine_config` for the request ``body``."""
+    config = body.get("engine_config")
+    if not isinstance(config, Mapping):
+        raise InputError(CONFIG, "must be an object")
+    sent = sent_fields(body)
+    requested = Requested(
+        stages=stages,
+        precision=precision,
+        offload=offload,
+        optimizer=optimizer,
+        dp=dp,
+        # no batch: the run's default micro-batch, which the config may replace
+        micro_batch=batch.micro_batch_size if batch else DEFAULT_MICRO_BATCH,
+        grad_accumulation=batch.grad_accumulation_steps if batch else 1,
+        checkpointing_full=(
+            batch.activation_checkpointing is Checkpointing.FULL if batch else False
+        ),
+        hidden=hidden_size(model),
+        explicit=sent,
+    )
+    return resolve_engine_config(engine, config, requested)
+
+
+def _decided_batch(batch: Batch | None, decided: Decided, model: ModelChoice) -> Batch | None:
+    """The batch the run trains on once the config decided micro-batch, accumulation and
+    checkpointing (a run without a batch gets one when the config changes its defaults)."""
+    micro = decided.micro_batch or (batch.micro_batch_size if batch else DEFAULT_MICRO_BATCH)
+    steps = decided.grad_accumulation
+    checkpointing = batch.activation_checkpointing if batch else Checkpointing.NONE
+    if decided.checkpointing_full:
+        checkpointing = Checkpointing.FULL
+    elif decided.checkpointing_full is False and checkpointing is Checkpointing.FULL:
+        checkpointing = Checkpointing.NONE
+    if batch is None and (micro, steps, checkpointing) == (
+        DEFAULT_MICRO_BATCH,
+        1,
+        Checkpointing.NONE,
+    ):
+        return None
+    return Batch(
+        micro_batch_size=micro,
+        seq_len=batch.seq_len if batch else default_seq_len(model),
+        activation_checkpointing=checkpointing,
+        grad_accumulation_steps=steps,
+    )
+
+
+def resolved_config_body(engine: Engine, decided: Decided) -> dict[str, Any]:
+    """``resolved_config`` as ``/v1/memory`` answers it (``app.schemas.memory.ResolvedConfig``,
+    by alias)."""
+    return {
+        "engine": engine.value,
+        "stage": None if decided.stage is None else int(decided.stage),
+        "stages": [int(s) for s in decided.stages],
+        "precision": decided.precision.value,
+        "offload": {
+            "optimizer": decided.offload.optimizer.value,
+            "params": decided.offload.params.value,
+        },
+        "micro_batch_size": decided.micro_batch,
+        "gradient_accumulation_steps": decided.grad_accumulation,
+        "train_batch_size": decided.train_batch,
+        "values": [{"key": v.key, "value": v.value, "from": v.source} for v in decided.values],
+        "notes": list(decided.notes),
+    }
+
+
 def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
     """The checked request.
 
@@ -385,12 +559,21 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
             raise InputError(
                 "batch.seq_len", f"{batch.seq_len} exceeds the architecture's max_seq_len {limit}"
             )
+    dp = _int(body, "dp", 1, (1, MAX_DP))
+    optimizer = _enum(Optimizer, body.get("optimizer") or "adam", "optimizer")
+    decided = None
+    if body.get("engine_config") is not None:
+        decided = _decide(body, engine, model, batch, stages, precision, optimizer, offload, dp)
+        stages, precision, optimizer = decided.stages, decided.precision, decided.optimizer
+        offload = decided.offload
+        batch = _decided_batch(batch, decided, model)
+        engine_config = dict(decided.config)
     spec = MeasureSpec(
         model=model,
-        dp=_int(body, "dp", 1, (1, MAX_DP)),
+        dp=dp,
         stages=stages,
         precision=precision,
-        optimizer=_enum(Optimizer, body.get("optimizer") or "adam", "optimizer"),
+        optimizer=optimizer,
         mode=mode,
         device=device,
         plan=StepPlan(
@@ -405,6 +588,7 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
         offload=offload,
         engine_config=engine_config,
         allow_slow_cpu=_flag(body, "allow_slow_cpu", False),
+        resolved=decided,
     )
     if engine is Engine.DEEPSPEED:
         check_precision(precision)

@@ -47,6 +47,25 @@ def _offload(body: Any) -> OffloadChoice:
     return OffloadChoice.OPTIMIZER if optimizer == "cpu" else OffloadChoice.NONE
 
 
+def _engine_config(req: dict[str, Any], decided: dict[str, Any]) -> dict[str, Any] | None:
+    """The config the measured run used: a DeepSpeed config as the run resolved it (every
+    "auto" replaced; its ``resolved_config.values``), else the request's."""
+    values = decided.get("values")
+    if decided.get("engine") != Engine.DEEPSPEED.value or not isinstance(values, list):
+        config: dict[str, Any] | None = req.get("engine_config")
+        return config
+    out: dict[str, Any] = {}
+    for item in values:
+        if not isinstance(item, dict) or item.get("value") is None:
+            continue
+        *parents, leaf = str(item["key"]).split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = item["value"]
+    return out
+
+
 def measured_run(job: Job, stage: int | None) -> MeasuredRun:
     """The calibration a succeeded measure job implies for one of its runs."""
     if job.status is not JobStatus.SUCCEEDED or not job.result:
@@ -73,13 +92,19 @@ def measured_run(job: Job, stage: int | None) -> MeasuredRun:
     if arch is None:
         raise InputError(FIELD, "the measured model is not a decoder the planner can count")
     batch = req.get("batch") or {}
-    micro = int(batch.get("micro_batch_size") or DEFAULT_MICRO_BATCH)
+    # what an engine_config decided, where the request left it to the config
+    decided = result.get("resolved_config") or {}
+    micro = int(
+        batch.get("micro_batch_size") or decided.get("micro_batch_size") or DEFAULT_MICRO_BATCH
+    )
     seq = int(batch.get("seq_len") or min(DEFAULT_SEQ_LEN, arch.max_seq_len or DEFAULT_SEQ_LEN))
-    ga = int(batch.get("grad_accumulation_steps") or 1)
+    ga = int(
+        batch.get("grad_accumulation_steps") or decided.get("gradient_accumulation_steps") or 1
+    )
     ckpt = Checkpointing(batch.get("activation_checkpointing") or "none")
     world = int(run.get("world_size") or req.get("dp") or 1)
     engine = Engine(req.get("engine") or "torch")
-    precision = Precision(req.get("precision") or "mixed_bf16")
+    precision = Precision(result.get("precision") or req.get("precision") or "mixed_bf16")
     setup = PlanSetup(
         architecture=arch,
         params=params,
@@ -93,10 +118,12 @@ def measured_run(job: Job, stage: int | None) -> MeasuredRun:
         global_batch_size=micro * ga * world,
         seq_len=seq,
         engine=engine,
-        engine_config=req.get("engine_config"),
+        engine_config=_engine_config(req, decided),
         precision=precision,
-        optimizer=Optimizer(req.get("optimizer") or "adam"),
+        optimizer=Optimizer(result.get("optimizer") or req.get("optimizer") or "adam"),
     )
-    config = Config(Stage(run["stage"]), micro, ga, ckpt, _offload(req.get("offload")))
+    config = Config(
+        Stage(run["stage"]), micro, ga, ckpt, _offload(decided.get("offload") or req.get("offload"))
+    )
     cal = calibrate(setup, config, float(seconds), communicated=run.get("mode") != "simulated")
     return MeasuredRun(gpu, device_name, precision, engine, config.stage, float(seconds), cal)

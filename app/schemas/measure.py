@@ -84,7 +84,10 @@ class JobPublic(BaseModel):
     result: dict[str, Any] | None = Field(
         description="The runner's answer (``runs[]``) once succeeded."
     )
-    request: dict[str, Any] = Field(description="The request, defaults filled in.")
+    request: dict[str, Any] = Field(
+        description="The request, defaults filled in; with engine_config, the fields the config "
+        "decides are as sent (result.resolved_config gives the values the run used)."
+    )
     time_limit_s: float = Field(description="Wall-clock limit the job runs under.")
     created_at: datetime
     started_at: datetime | None

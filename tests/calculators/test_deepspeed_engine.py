@@ -356,3 +356,40 @@ def test_the_heads_gradient_is_the_first_one_whether_tied_or_not(tied: bool) -> 
     shape = step_shape(s, parse_config(None))
     assert shape.first_gradient(numels) == block(2 * arch.vocab_size * arch.hidden)
     assert tied == (numels[-1] != arch.vocab_size * arch.hidden)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_first_block_backward_counts_the_gradients_made_before_it(tied: bool) -> None:
+    """Stage 1 without overlap_comm keeps every gradient through backward: under full
+    checkpointing the first block is recomputed last, with all gradients alive but its own and
+    the input-side ones (a tied head's is alive: it sits in the shared weight's buffer)."""
+    from calculators.batch import Checkpointing
+    from calculators.engines.deepspeed.layouts import Moment, stage12, step_shape
+
+    arch = Architecture(
+        layers=4, hidden=256, heads=4, vocab_size=5000, max_seq_len=128, tied_embeddings=tied
+    )
+
+    def layout(stage: Stage, accumulation: int = 1) -> dict[str, Moment]:
+        s = TrainingSetup(
+            params=count_params(arch),
+            dp=2,
+            precision=Precision.MIXED_BF16,
+            engine=Engine.DEEPSPEED,
+            architecture=arch,
+            batch=Batch(2, 128, activation_checkpointing=Checkpointing.FULL),
+        )
+        knobs = parse_config(s.engine_config)
+        params, _ = param_list(s)
+        shape = step_shape(s, knobs)
+        return dict(stage12(params, 2, stage, knobs, 2, shape, True, accumulation).moments)
+
+    params, _ = param_list(TrainingSetup(params=1, dp=2, architecture=arch))
+    made_after = [p for p in params if p.group == "blocks.0"]
+    made_after += [p for p in params[:2] if p.group == "root" and not (tied and p is params[0])]
+    every = sum(block(2 * p.numel) for p in params)
+    moment = layout(Stage.OPTIMIZER)["first_block_backward"]
+    assert moment.buffers["gradients"] == every - sum(block(2 * p.numel) for p in made_after)
+    assert "first_block_backward" not in layout(Stage.GRADIENTS)  # hooks move gradients away
+    later = layout(Stage.OPTIMIZER, accumulation=2)["first_block_backward"]
+    assert later.buffers["gradients"] == every

@@ -76,15 +76,10 @@ def test_simulated_mode_is_refused() -> None:
     [
         ({"precision": "fp32"}, "precision"),
         ({"precision": "bf16"}, "precision"),
-        ({"engine_config": {"bf16": {"enabled": True}}}, "engine_config.bf16"),
-        (
-            {"engine_config": {"train_micro_batch_size_per_gpu": 4}},
-            "engine_config.train_micro_batch_size_per_gpu",
-        ),
-        (
-            {"engine_config": {"zero_optimization": {"stage": 2}}},
-            "engine_config.zero_optimization.stage",
-        ),
+        # a field the request sends that the config contradicts: the request's field first
+        ({"engine_config": {"fp16": {"enabled": True}}}, "precision"),
+        ({"engine_config": {"train_micro_batch_size_per_gpu": 4}}, "batch.micro_batch_size"),
+        ({"stages": [3], "engine_config": {"zero_optimization": {"stage": 2}}}, "stages"),
         (
             {"engine_config": {"zero_optimization": {"reduce_bucket_size": 0}}},
             "engine_config.zero_optimization.reduce_bucket_size",

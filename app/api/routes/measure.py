@@ -11,7 +11,7 @@ from app.api.deps import ApiKeyDep, JobsDep, SettingsDep, check_measure_limits
 from app.jobs.runner import QueueFull
 from app.jobs.store import JobStatus
 from app.schemas.measure import JobAccepted, JobPublic, JobsPublic, MeasureRequest
-from measure.spec import parse_spec
+from measure.spec import CONFIG_DECIDES, parse_spec
 
 router = APIRouter(prefix="/v1", tags=["measure"], dependencies=[ApiKeyDep])
 
@@ -30,11 +30,31 @@ def _not_found(job_id: str) -> HTTPException:
 DEFAULT_RUNNER = "measure.runner:run"
 
 
-def check_measurable(request: MeasureRequest, runner: str) -> None:
+def job_body(request: MeasureRequest) -> dict[str, Any]:
+    """The body the job runs and stores: the request with defaults filled in, except, with an
+    ``engine_config``, the fields the config decides that the request left out (the config
+    decides them, ``result.resolved_config`` says how; a field present must agree with it)."""
+    body = request.model_dump(mode="json")
+    if request.engine_config is None:
+        return body
+    sent = request.model_dump(mode="json", exclude_unset=True)
+    for name in CONFIG_DECIDES:
+        part, _, key = name.partition(".")
+        if not key:
+            if part not in sent:
+                del body[part]
+            elif isinstance(sent[part], dict):
+                body[part] = sent[part]  # offload: only the devices the request names
+        elif isinstance(body.get(part), dict) and key not in sent.get(part, {}):
+            del body[part][key]
+    return body
+
+
+def check_measurable(body: dict[str, Any], runner: str) -> None:
     """Refuse up front (422) what no child could run, under the rules every rank reads it by
     (``measure.spec.parse_spec``); with the shipped runner, also a long run on this host's CPU
     that the request did not ask for."""
-    spec = parse_spec(request.model_dump(mode="json"))
+    spec = parse_spec(body)
     if runner in (DEFAULT_RUNNER, DEFAULT_RUNNER.replace(":", ".")):
         # the shipped runner's module imports torch: loaded only where it is the runner
         importlib.import_module("measure.runner").check_cpu_run(spec)
@@ -53,12 +73,11 @@ def submit_measure(
     request: MeasureRequest, settings: SettingsDep, jobs: JobsDep, response: Response
 ) -> JobAccepted:
     """Queue a measurement of the real ZeRO engines; poll the Location it answers."""
-    check_measurable(request, settings.measure_runner)
+    body = job_body(request)
+    check_measurable(body, settings.measure_runner)
     check_measure_limits(request, settings)
     try:
-        job = jobs.submit(
-            request.model_dump(mode="json"), settings.measure_runner, settings.job_time_limit_s
-        )
+        job = jobs.submit(body, settings.measure_runner, settings.job_time_limit_s)
     except QueueFull as full:
         raise HTTPException(
             status_code=status.HTTP_429_TOO_MANY_REQUESTS,

@@ -346,6 +346,17 @@ class _Reader:
     def precision(self) -> Precision:
         enabled: dict[str, bool] = {}
         autos = False
+        # an "auto" section follows the precision: the request's, or, where the request leaves
+        # it out, the one the other section enables explicitly
+        follows, how = self.req.precision, f"the request's precision {self.req.precision.value}"
+        if not self.req.given("precision"):
+            for name, precision in _SECTIONS.items():
+                on = _section(self.body, name, f"{CONFIG}.{name}").get("enabled")
+                if on is True:
+                    follows, how = precision, f"the config's {name} section ({precision.value})"
+                    break
+            else:
+                how += " (its default)"
         for name, precision in _SECTIONS.items():
             section = _section(self.body, name, f"{CONFIG}.{name}")
             if "enabled" not in section:
@@ -353,14 +364,9 @@ class _Reader:
             key = f"{name}.enabled"
             if section["enabled"] == "auto":
                 autos = True
-                on = self.req.precision is precision
+                on = follows is precision
                 self.set(key, on)
-                self.note(
-                    key,
-                    on,
-                    f"auto: the request's precision {self.req.precision.value}"
-                    f"{self.request_default('precision')} ({_TRAINER}: args.{name})",
-                )
+                self.note(key, on, f"auto: {how} ({_TRAINER}: args.{name})")
             else:
                 on = _flag(section["enabled"], f"{CONFIG}.{key}")
                 self.note(key, on, "config")
@@ -517,7 +523,8 @@ class _Reader:
         if self.body.get(mb_key) == "auto" and req.micro_batch is not None:
             got[mb_key] = req.micro_batch
             sources[mb_key] = (
-                f"auto: batch.micro_batch_size ({_TRAINER}: per_device_train_batch_size)"
+                f"auto: batch.micro_batch_size{self.request_default('batch.micro_batch_size')} "
+                f"({_TRAINER}: per_device_train_batch_size)"
             )
         if self.body.get(ga_key) == "auto":
             got[ga_key] = req.grad_accumulation
@@ -534,11 +541,8 @@ class _Reader:
                 f"({_TRAINER})"
             )
         # explicit request values must agree with the config; they fill what it leaves out
-        if (
-            got[mb_key] is not None
-            and req.micro_batch is not None
-            and got[mb_key] != req.micro_batch
-        ):
+        explicit_mb = req.given("batch.micro_batch_size")
+        if got[mb_key] is not None and explicit_mb and got[mb_key] != req.micro_batch:
             raise contradiction(
                 "batch.micro_batch_size",
                 mb_key,
@@ -546,7 +550,9 @@ class _Reader:
             )
         if got[mb_key] is None and req.micro_batch is not None:
             got[mb_key] = req.micro_batch
-            sources[mb_key] = "request: batch.micro_batch_size"
+            sources[mb_key] = "request: batch.micro_batch_size" + self.request_default(
+                "batch.micro_batch_size"
+            )
         explicit_ga = req.given(req.grad_accumulation_field)
         if got[ga_key] is not None and explicit_ga and got[ga_key] != req.grad_accumulation:
             raise contradiction(

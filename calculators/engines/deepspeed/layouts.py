@@ -22,7 +22,7 @@ from calculators.engines.deepspeed.config import Knobs, whole
 from calculators.engines.deepspeed.stage3 import Stage3Trace, stage3_trace
 from calculators.engines.torch.peak import holds_outputs
 from calculators.model_states import Placement, TrainingSetup
-from calculators.parameters import ParamTensor, tally
+from calculators.parameters import ROOT_GROUP, ParamTensor, tally
 
 FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
 
@@ -51,6 +51,9 @@ class StepShape:
     loss_grads: int  # nll_loss and log_softmax fp32 gradients (tokens x vocab each)
     log_softmax_out: int  # the saved fp32 log-softmax output, freed in the loss backward
     head_grad: int = 0  # the head's 16-bit weight gradient (tied or not), 0 when unknown
+    block_input: int = 0  # one block's 16-bit input (hidden_states), what checkpointing keeps
+    blocks: int = 0
+    tied: bool = False  # the head reuses the token embedding
 
     def first_gradient(self, numels: Sequence[int]) -> int:
         """The gradient the head's backward makes first: its weight's, which exists even when
@@ -80,7 +83,16 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         held = block(HALF_BYTES * t * v) + block(FP32_BYTES) + 2 * block(INDEX_BYTES * t)
     fp32_logits = block(FP32_BYTES * t * v)
     head = block(HALF_BYTES * v * (arch.embed_proj_dim or arch.hidden))
-    return StepShape(acts, held, 2 * fp32_logits, fp32_logits, head)
+    return StepShape(
+        acts,
+        held,
+        2 * fp32_logits,
+        fp32_logits,
+        head,
+        HALF_BYTES * t * arch.hidden,
+        arch.layers,
+        arch.tied_embeddings,
+    )
 
 
 def forward_moments(
@@ -123,6 +135,51 @@ def forward_moments(
             },
         )
     return out
+
+
+def first_block_backward(
+    shape: StepShape,
+    params: Sequence[ParamTensor],
+    accumulation: int,
+    buffers: Mapping[str, int],
+) -> dict[str, Moment]:
+    """Full checkpointing where autograd keeps every gradient until the boundary (stage 0, and
+    stage 1 without overlap_comm: no hook moves a gradient away during backward).
+
+    torch.utils.checkpoint recomputes the blocks from the last to the first, so the first block
+    is recomputed and run backward with every gradient made before it alive: all but the first
+    block's own and those of the input-side parameters (token embedding, position table) that
+    the last backward ops make; a tied head's gradient already sits in the shared weight's
+    input buffer (see :meth:`StepShape.first_gradient`). Of the saved block inputs only the first
+    block's is left (plus what all blocks share), the head's saved tensors are gone, and the
+    gradients flowing into and out of the block are alive. On later micro-steps every
+    gradient is alive (autograd accumulates into ``param.grad`` in place).
+    """
+    if not shape.known or shape.blocks < 1:
+        return {}
+    acts = shape.acts
+    assert acts is not None  # shape.known
+    if not acts.recompute:
+        return {}
+    first_block = next((i for i, p in enumerate(params) if p.group != ROOT_GROUP), len(params))
+    late = {i for i, p in enumerate(params) if p.group == "blocks.0"}
+    late |= {i for i in range(first_block) if not (shape.tied and i == 0)}
+    grads = sum(
+        block(HALF_BYTES * p.numel)
+        for i, p in enumerate(params)
+        if accumulation > 1 or i not in late
+    )
+    alive = (
+        acts.layers
+        - (shape.blocks - 1) * shape.block_input
+        + acts.embedding
+        + acts.logits
+        + acts.loss
+        - shape.log_softmax_out
+        + acts.recompute
+        + 2 * shape.block_input
+    )
+    return {"first_block_backward": Moment(alive, {"gradients": grads, **buffers})}
 
 
 def later_micro_steps(
@@ -177,6 +234,7 @@ def stage0(
     largest = max(fallback_buckets(numels, MEMORY_OPT_ALLREDUCE_SIZE, whole_run=False), default=0)
     flat = block(HALF_BYTES * largest) if len(numels) > 1 else 0
     moments = forward_moments(shape, shape.first_gradient(numels))
+    moments.update(first_block_backward(shape, params, accumulation, {}))
     # autograd accumulates into param.grad; the all-reduce runs at the boundary only
     later_micro_steps(
         moments, accumulation, {"accumulated_gradients": g16}, ("loss_backward", "first_gradient")
@@ -314,6 +372,7 @@ def stage12(
     if not in_hooks:
         # overlap_comm off: hooks only set up the bucket; autograd keeps every gradient until
         # engine.allreduce_gradients -> reduce_gradients walks them (engine.py:3088-3092)
+        moments.update(first_block_backward(shape, params, accumulation, {"ipg_buckets": ipg}))
         moments["end_of_backward"] = Moment(
             0,
             {
