@@ -69,7 +69,8 @@ class ActivationBreakdown:
         loss: the fp32 logits copy and the log-softmax output the cross-entropy saves.
         loss_transient: bytes alive only inside the loss call (the fp32 copy of the logits
             before log-softmax frees it).
-        autocast_weights: bf16 copies of linear weights held by autocast for backward.
+        autocast_weights: bf16 copies of linear weights held by autocast for backward (and
+            the fp32 copies of DeepSeek's router weights its code makes from 16-bit ones).
         cache: bytes of the key/value cache transformers' models fill during a training forward
             (``use_cache``), held by the model output for as long as the loop keeps it.
         cache_only: the part of ``cache`` that nothing saved for backward shares (alive at the
@@ -260,13 +261,10 @@ def _transformers_activations(
         lse = FP32_BYTES * batch.tokens * arch.heads
         layers -= arch.layers * lse
         recompute = lse
-    autocast_weights = 0
-    if regime is Regime.AUTOCAST:
-        autocast_weights = HALF_BYTES * hf.autocast_weight_elements(arch, checkpointed=full)
-        if full:
-            # backward re-casts the recomputed layer's weights
-            layer_weights = hf.autocast_weight_elements(arch, checkpointed=False)
-            recompute += HALF_BYTES * (layer_weights - arch.vocab_size * arch.hidden) // arch.layers
+    autocast_weights = hf.weight_copies(arch, regime.value, checkpointed=full)
+    if full:
+        # backward casts the recomputed layer's weights again
+        recompute += hf.layer_weight_copies(arch, regime.value)
     if traced is not None:
         # the trace's totals in place of the formulas: the layers carry whatever the trace
         # saved beyond the embedding, head and loss terms (the recomputed layer stays analytical)

@@ -43,6 +43,34 @@ class Activation(StrEnum):
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """DeepSeek's multi-head latent attention (``DeepseekV3Attention``).
+
+    Queries go through a low-rank ``q_a_proj`` → RMSNorm → ``q_b_proj`` (or one ``q_proj`` when
+    ``q_lora_rank`` is ``None``); keys and values through ``kv_a_proj_with_mqa`` (a
+    ``kv_lora_rank`` latent plus one shared ``qk_rope_head_dim`` rotary key) → RMSNorm on the
+    latent → ``kv_b_proj`` (per-head non-rotary keys and values); ``o_proj`` reads the values.
+
+    Attributes:
+        q_lora_rank: width of the query latent; ``None``: a full-rank ``q_proj``.
+        kv_lora_rank: width of the key/value latent.
+        qk_nope_head_dim: per-head query/key width without rotary embedding.
+        qk_rope_head_dim: per-head query/key width with rotary embedding (the key's is shared).
+        v_head_dim: per-head value width.
+    """
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
 class TransformersModelling:
     """How a Hugging Face family's transformers modelling code differs from the canonical module.
 
@@ -60,11 +88,19 @@ class TransformersModelling:
         rotary_dim: dimensions rotated per head; ``None`` means ``head_dim``.
         rope_kinds: distinct rotary embeddings in use (Gemma-3: local and global).
         final_logit_softcap: ``tanh`` soft-capping of the logits (Gemma-2).
-        shared_expert_ffn: width of the always-on shared expert and its sigmoid gate (Qwen2-MoE).
+        shared_expert_ffn: width of the always-on shared expert (Qwen2-MoE, DeepSeek-V3).
         fused_experts: the experts are two 3-D parameters, ``experts.gate_up_proj``
             (E, 2·ffn, hidden) and ``experts.down_proj`` (E, hidden, ffn), as transformers ≥ 5
-            registers them (``MixtralExperts``, ``Qwen2MoeExperts``); FSDP2 then shards them on
-            the expert dimension.
+            registers them (``MixtralExperts``, ``Qwen2MoeExperts``, DeepSeek-V3's); FSDP2
+            then shards them on the expert dimension.
+        shared_expert_gate: the shared expert's output passes a sigmoid gate (Qwen2-MoE's
+            ``shared_expert_gate``; DeepSeek-V3 adds its shared experts ungated).
+        router_fp32: the router casts its input and weight to fp32 itself and scores with a
+            sigmoid (``DeepseekV3TopkRouter``).
+        latent_attention: multi-head latent attention in place of q/k/v projections (DeepSeek).
+        dense_layers: the first this many layers keep a dense MLP of ``dense_ffn`` in an MoE
+            model (DeepSeek's ``first_k_dense_replace``).
+        dense_ffn: the dense layers' MLP width.
         router_normalize: top-k routing weights renormalised in place.
         router_weights_fp32: routing weights stay fp32 (Mixtral) rather than the logits' dtype.
         use_cache: ``config.use_cache``: forward fills a ``DynamicCache`` unless checkpointing.
@@ -87,6 +123,11 @@ class TransformersModelling:
     final_logit_softcap: bool = False
     shared_expert_ffn: int | None = None
     fused_experts: bool = False
+    shared_expert_gate: bool = True
+    router_fp32: bool = False
+    latent_attention: LatentAttention | None = None
+    dense_layers: int = 0
+    dense_ffn: int | None = None
     router_normalize: bool = True
     router_weights_fp32: bool = True
     use_cache: bool = True
@@ -307,6 +348,57 @@ def _mlp(arch: Architecture, prefix: str, layer: int, width: int | None = None) 
     return [t for spec in specs for t in _linear(spec, layer, "layer")]
 
 
+def dense_layers(arch: Architecture) -> int:
+    """Blocks with a dense MLP: all of a dense model, DeepSeek's first ``dense_layers`` of an
+    MoE model, none of the other MoE models."""
+    if arch.num_experts == 1:
+        return arch.layers
+    m = arch.modelling
+    return min(m.dense_layers, arch.layers) if m is not None else 0
+
+
+def block_kinds(arch: Architecture) -> list[tuple[int, int]]:
+    """``(first block, blocks)`` of each kind of block, in order: the dense blocks, then the
+    MoE blocks (one kind when all blocks are alike)."""
+    dense = dense_layers(arch)
+    if 0 < dense < arch.layers:
+        return [(0, dense), (dense, arch.layers - dense)]
+    return [(0, arch.layers)]
+
+
+def _replicated(tensors: list[Tensor]) -> list[Tensor]:
+    return [replace(t, tp_split=False) for t in tensors]
+
+
+def _latent_attention(arch: Architecture, p: str, i: int) -> list[Tensor]:
+    """``DeepseekV3Attention``'s parameters in registration order (``attention_bias`` on the
+    two down projections and ``o_proj``); the down projections are replicated under tensor
+    parallelism (Megatron-LM's MLA), the up projections column- and ``o_proj`` row-parallel."""
+    m = arch.modelling
+    assert m is not None and m.latent_attention is not None
+    mla, h, heads, b = m.latent_attention, arch.hidden, arch.heads, arch.has_qkv_bias
+    q_width = heads * mla.qk_head_dim
+    out: list[Tensor] = []
+    if mla.q_lora_rank is None:
+        out += _linear(_Linear(f"{p}.attn.q", q_width, h, False, True), i, "layer")
+    else:
+        out += _replicated(
+            _linear(_Linear(f"{p}.attn.q_a", mla.q_lora_rank, h, b, False), i, "layer")
+        )
+        out += _norm(arch, f"{p}.attn.q_a_norm", mla.q_lora_rank, i, "layer")
+        out += _linear(_Linear(f"{p}.attn.q_b", q_width, mla.q_lora_rank, False, True), i, "layer")
+    kv_a = _Linear(f"{p}.attn.kv_a", mla.kv_lora_rank + mla.qk_rope_head_dim, h, b, False)
+    out += _replicated(_linear(kv_a, i, "layer"))
+    out += _norm(arch, f"{p}.attn.kv_a_norm", mla.kv_lora_rank, i, "layer")
+    kv_b = heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    out += _linear(_Linear(f"{p}.attn.kv_b", kv_b, mla.kv_lora_rank, False, True), i, "layer")
+    out_bias = bool(m.out_bias)
+    out += _linear(
+        _Linear(f"{p}.attn.proj", h, heads * mla.v_head_dim, out_bias, False), i, "layer"
+    )
+    return out
+
+
 def _fused_experts(arch: Architecture, prefix: str, layer: int) -> list[Tensor]:
     """transformers ≥ 5's expert parameters: every expert's gate and up rows in one 3-D tensor,
     every expert's down projection in another (``experts.gate_up_proj``, ``experts.down_proj``;
@@ -318,80 +410,74 @@ def _fused_experts(arch: Architecture, prefix: str, layer: int) -> list[Tensor]:
     ]
 
 
-def _fused(arch: Architecture) -> bool:
+def _block(arch: Architecture, i: int, experts: int) -> list[tuple[Tensor, bool]]:
+    """Block ``i``'s parameters in registration order with only the first ``experts`` experts,
+    each with whether it belongs to an expert."""
+    p = f"blocks.{i}"
+    h = arch.hidden
     m = arch.modelling
-    return m is not None and m.fused_experts and arch.num_experts > 1
+    out = _norm(arch, f"{p}.ln1", h, i, "layer")
+    if m is not None and m.latent_attention is not None:
+        out += _latent_attention(arch, p, i)
+    else:
+        out += _linear(
+            _Linear(f"{p}.attn.qkv", arch.q_dim + 2 * arch.kv_dim, h, arch.has_qkv_bias, True),
+            i,
+            "layer",
+        )
+        if m is not None and m.qk_norm:
+            out += _norm(arch, f"{p}.attn.q_norm", arch.d_head, i, "layer")
+            out += _norm(arch, f"{p}.attn.k_norm", arch.d_head, i, "layer")
+        out_bias = arch.bias if m is None or m.out_bias is None else m.out_bias
+        out += _linear(_Linear(f"{p}.attn.proj", h, arch.q_dim, out_bias, False), i, "layer")
+    if m is not None and m.sandwich_norms:
+        out += _norm(arch, f"{p}.post_attn_norm", h, i, "layer")
+    out += _norm(arch, f"{p}.ln2", h, i, "layer")
+    tagged = [(t, False) for t in out]
+    if i < dense_layers(arch):
+        width = m.dense_ffn if m is not None and arch.num_experts > 1 else None
+        tagged += [(t, False) for t in _mlp(arch, f"{p}.mlp", i, width)]
+    else:
+        router = Tensor(f"{p}.router.weight", (arch.num_experts, h), i, False, "layer")
+        tagged.append((router, False))
+        if m is not None and m.fused_experts:
+            tagged += [(t, False) for t in _fused_experts(arch, f"{p}.experts", i)]
+        else:
+            for e in range(experts):
+                tagged += [(t, True) for t in _mlp(arch, f"{p}.experts.{e}", i)]
+        if m is not None and m.shared_expert_ffn:
+            tagged += [(t, False) for t in _mlp(arch, f"{p}.shared_expert", i, m.shared_expert_ffn)]
+            if m.shared_expert_gate:
+                gate = Tensor(f"{p}.shared_expert_gate.weight", (1, h), i, False, "layer")
+                tagged.append((gate, False))
+    if m is not None and m.sandwich_norms:
+        tagged += [(t, False) for t in _norm(arch, f"{p}.post_mlp_norm", h, i, "layer")]
+    return tagged
+
+
+def block_template(arch: Architecture, i: int) -> list[tuple[Tensor, bool]]:
+    """Block ``i``'s parameters with its first expert only, each with whether it belongs to
+    an expert (repeated ``num_experts`` times in the block)."""
+    return _block(arch, i, 1)
 
 
 def block_tensors(arch: Architecture, i: int) -> list[Tensor]:
     """The parameters of block ``i`` in registration order."""
-    p = f"blocks.{i}"
-    h = arch.hidden
-    out = _norm(arch, f"{p}.ln1", h, i, "layer")
-    out += _linear(
-        _Linear(f"{p}.attn.qkv", arch.q_dim + 2 * arch.kv_dim, h, arch.has_qkv_bias, True),
-        i,
-        "layer",
-    )
-    m = arch.modelling
-    if m is not None and m.qk_norm:
-        out += _norm(arch, f"{p}.attn.q_norm", arch.d_head, i, "layer")
-        out += _norm(arch, f"{p}.attn.k_norm", arch.d_head, i, "layer")
-    out_bias = arch.bias if m is None or m.out_bias is None else m.out_bias
-    out += _linear(_Linear(f"{p}.attn.proj", h, arch.q_dim, out_bias, False), i, "layer")
-    if m is not None and m.sandwich_norms:
-        out += _norm(arch, f"{p}.post_attn_norm", h, i, "layer")
-    out += _norm(arch, f"{p}.ln2", h, i, "layer")
-    if arch.num_experts == 1:
-        out += _mlp(arch, f"{p}.mlp", i)
-    else:
-        out.append(Tensor(f"{p}.router.weight", (arch.num_experts, h), i, False, "layer"))
-        if _fused(arch):
-            out += _fused_experts(arch, f"{p}.experts", i)
-        else:
-            for e in range(arch.num_experts):
-                out += _mlp(arch, f"{p}.experts.{e}", i)
-        if m is not None and m.shared_expert_ffn:
-            out += _mlp(arch, f"{p}.shared_expert", i, m.shared_expert_ffn)
-            out.append(Tensor(f"{p}.shared_expert_gate.weight", (1, h), i, False, "layer"))
-    if m is not None and m.sandwich_norms:
-        out += _norm(arch, f"{p}.post_mlp_norm", h, i, "layer")
-    return out
+    return [t for t, _ in _block(arch, i, arch.num_experts)]
 
 
 def tensor_counts(arch: Architecture) -> list[tuple[Tensor, int]]:
     """Every distinct parameter tensor with how often it occurs, without naming each copy.
 
-    Blocks repeat the same tensors and experts the same MLP, so block 0 (its expert 0) stands
-    for all of them; the tensors outside the blocks occur once. Sums over ``tensors(arch)``
-    equal sums over this list weighted by the counts.
+    Blocks of one kind repeat the same tensors and experts the same MLP, so the first block of
+    each kind (its expert 0) stands for all of them; the tensors outside the blocks occur once.
+    Sums over ``tensors(arch)`` equal sums over this list weighted by the counts.
     """
     one = replace(arch, layers=1, num_experts=1, experts_per_token=1)
-    own_mlp = {t.name for t in _mlp(one, "blocks.0.mlp", 0)}
     layer: list[tuple[Tensor, int]] = []
-    moe_placed = False
-    for t in block_tensors(one, 0):
-        if t.name not in own_mlp:
-            layer.append((t, arch.layers))
-        elif arch.num_experts == 1:
-            layer.append((t, arch.layers))
-        elif not moe_placed:
-            moe_placed = True
-            # the MLP's place in the block (Gemma-2/3's post-MLP norm comes after it): the
-            # router, every expert's MLP, then the shared expert
-            h, e = arch.hidden, arch.num_experts
-            layer.append((Tensor("blocks.0.router.weight", (e, h), 0, False, "layer"), arch.layers))
-            if _fused(arch):
-                layer += [(x, arch.layers) for x in _fused_experts(arch, "blocks.0.experts", 0)]
-            else:
-                layer += [(x, arch.layers * e) for x in _mlp(arch, "blocks.0.experts.0", 0)]
-            m = arch.modelling
-            if m is not None and m.shared_expert_ffn:
-                shared = _mlp(arch, "blocks.0.shared_expert", 0, m.shared_expert_ffn)
-                shared.append(
-                    Tensor("blocks.0.shared_expert_gate.weight", (1, h), 0, False, "layer")
-                )
-                layer += [(x, arch.layers) for x in shared]
+    for first, blocks in block_kinds(arch):
+        for t, per_expert in block_template(arch, first):
+            layer.append((t, blocks * arch.num_experts if per_expert else blocks))
     outside = [t for t in _tensors(one) if t.layer is None]
     return [(t, 1) for t in outside] + layer
 
@@ -437,7 +523,8 @@ def count_active_params(arch: Architecture) -> int:
     if arch.num_experts == 1:
         return count_params(arch)
     per_expert = sum(t.numel for t in _mlp(arch, "x", 0))
-    inactive = arch.layers * (arch.num_experts - arch.experts_per_token) * per_expert
+    moe_layers = arch.layers - dense_layers(arch)
+    inactive = moe_layers * (arch.num_experts - arch.experts_per_token) * per_expert
     return count_params(arch) - inactive
 
 

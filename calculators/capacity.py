@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from calculators.architecture import MAX_DIM, Architecture, block_tensors, count_params
+from calculators.architecture import MAX_DIM, Architecture, count_params
 from calculators.conventions import Stage
 from calculators.errors import InputError
 from calculators.memory import StageEstimate, estimate
@@ -76,9 +76,9 @@ def max_params(setup: TrainingSetup, stage: Stage, device_memory: int) -> int | 
 
 
 def grown_params(arch: Architecture) -> int:
-    """``count_params`` without listing every block: the blocks of a decoder are alike."""
-    one_block = sum(t.numel for t in block_tensors(arch, 0))
-    return count_params(replace(arch, layers=1)) + (arch.layers - 1) * one_block
+    """``count_params``, which lists one block of each kind (DeepSeek's dense blocks differ
+    from its MoE blocks), not every block."""
+    return count_params(arch)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from calculators.architecture import (
     MAX_DIM,
     Activation,
     Architecture,
+    LatentAttention,
     Norm,
     PositionEmbedding,
     TransformersModelling,
@@ -226,6 +227,107 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     )
 
 
+def _positive(cfg: Mapping[str, Any], key: str, default: int) -> int:
+    value: int = _get(cfg, key, default=default, required=False)
+    if not 1 <= value <= MAX_DIM:
+        raise InputError(f"{_FIELD}.{key}", f"must be between 1 and {MAX_DIM}")
+    return value
+
+
+def _deepseek_v3(cfg: Mapping[str, Any]) -> Architecture:
+    """``DeepseekV3ForCausalLM`` (``models/deepseek_v3/modeling_deepseek_v3.py``).
+
+    Multi-head latent attention (``LatentAttention``); the first ``first_k_dense_replace``
+    layers keep a dense SwiGLU MLP of ``intermediate_size``, the others route each token to
+    ``num_experts_per_tok`` of ``n_routed_experts`` SwiGLU experts of ``moe_intermediate_size``
+    (a sigmoid-scored fp32 router; ``e_score_correction_bias`` is a buffer, not a parameter)
+    and add ``n_shared_experts`` shared experts as one ungated MLP. Defaults are
+    ``DeepseekV3Config``'s (DeepSeek-V3's own sizes).
+    """
+    hidden = _positive(cfg, "hidden_size", 7168)
+    heads = _positive(cfg, "num_attention_heads", 128)
+    kv_heads = _get(cfg, "num_key_value_heads", default=heads, required=False)
+    if kv_heads != heads:
+        # DeepseekV3Attention expands the latent to every head; with fewer key/value heads
+        # transformers' SDPA path would repeat those keys and values once more
+        raise InputError(
+            f"{_FIELD}.num_key_value_heads",
+            f"must equal num_attention_heads ({heads}): latent attention gives every head its "
+            "own keys and values",
+        )
+    q_lora: int | None = None
+    if "q_lora_rank" not in cfg or cfg["q_lora_rank"] is not None:
+        q_lora = _positive(cfg, "q_lora_rank", 1536)
+    mla = LatentAttention(
+        q_lora_rank=q_lora,
+        kv_lora_rank=_positive(cfg, "kv_lora_rank", 512),
+        qk_nope_head_dim=_get(cfg, "qk_nope_head_dim", default=128, required=False),
+        qk_rope_head_dim=_positive(cfg, "qk_rope_head_dim", 64),
+        v_head_dim=_positive(cfg, "v_head_dim", 128),
+    )
+    if mla.qk_nope_head_dim < 0 or mla.qk_rope_head_dim % 2:
+        field = "qk_nope_head_dim" if mla.qk_nope_head_dim < 0 else "qk_rope_head_dim"
+        raise InputError(f"{_FIELD}.{field}", "must be >= 0 (qk_rope_head_dim: even)")
+    layers = _positive(cfg, "num_hidden_layers", 61)
+    experts = _positive(cfg, "n_routed_experts", 256)
+    top_k = _positive(cfg, "num_experts_per_tok", 8)
+    groups = _positive(cfg, "n_group", 8)
+    if experts % groups or experts // groups < 2:
+        # DeepseekV3TopkRouter views the scores as (n_group, experts / n_group) and takes the
+        # top 2 of each group
+        raise InputError(
+            f"{_FIELD}.n_group", f"must divide n_routed_experts ({experts}) into groups of >= 2"
+        )
+    if _positive(cfg, "topk_group", 4) > groups:
+        raise InputError(f"{_FIELD}.topk_group", f"must be <= n_group ({groups})")
+    if top_k > experts:
+        raise InputError(
+            f"{_FIELD}.num_experts_per_tok", f"must be <= n_routed_experts ({experts})"
+        )
+    moe_ffn = _positive(cfg, "moe_intermediate_size", 2048)
+    # 0 builds zero-width shared experts whose linears still save their input: not modelled
+    shared = _positive(cfg, "n_shared_experts", 1)
+    dense = _get(cfg, "first_k_dense_replace", default=3, required=False)
+    if dense < 0:
+        raise InputError(f"{_FIELD}.first_k_dense_replace", "must be >= 0")
+    attention_bias = _flag(cfg, "attention_bias", False)
+    modelling = TransformersModelling(
+        family="deepseek_v3",
+        fused_experts=True,  # DeepseekV3NaiveMoe: experts.gate_up_proj / down_proj (3-D)
+        latent_attention=mla,
+        rotary_dim=mla.qk_rope_head_dim,
+        shared_expert_ffn=moe_ffn * shared,
+        shared_expert_gate=False,
+        router_fp32=True,
+        router_normalize=_flag(cfg, "norm_topk_prob", True),
+        router_weights_fp32=True,
+        dense_layers=min(dense, layers),
+        dense_ffn=_positive(cfg, "intermediate_size", 18432),
+        use_cache=_flag(cfg, "use_cache", True),
+        out_bias=attention_bias,
+    )
+    return Architecture(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=heads,
+        head_dim=mla.qk_head_dim,
+        vocab_size=_positive(cfg, "vocab_size", 129280),
+        ffn_hidden=moe_ffn,
+        max_seq_len=_positive(cfg, "max_position_embeddings", 4096),
+        tied_embeddings=_flag(cfg, "tie_word_embeddings", False),
+        bias=False,
+        qkv_bias=attention_bias,
+        norm=Norm.RMSNORM,
+        position_embedding=PositionEmbedding.ROPE,
+        gated_mlp=True,
+        activation=_activation(cfg, "hidden_act", Activation.SILU),
+        num_experts=experts,
+        experts_per_token=top_k,
+        modelling=modelling,
+    )
+
+
 def _gpt2(cfg: Mapping[str, Any]) -> Architecture:
     # transformers/models/gpt2/modeling_gpt2.py: Conv1D c_attn (3h), c_proj, c_fc, c_proj.
     hidden = _get(cfg, "n_embd", "hidden_size")
@@ -305,6 +407,7 @@ _FAMILIES: dict[str, Callable[[Mapping[str, Any]], Architecture]] = {
     "phi3": _llama_like,
     "qwen2_moe": _llama_like,
     "qwen3_moe": _llama_like,
+    "deepseek_v3": _deepseek_v3,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,

@@ -86,6 +86,14 @@ def inference_memory(setup: InferenceSetup) -> InferenceMemory:
     weight_bytes = ceil_div(DTYPE_BYTES[setup.weights] * params)
     if arch is None:
         return InferenceMemory(weight_bytes, None)
+    m = arch.modelling
+    if m is not None and m.latent_attention is not None:
+        # DeepseekV3Attention caches the normed latent and the rotary key, one of each per token
+        # and layer, shared by all heads (every tensor-parallel rank holds it whole)
+        mla = m.latent_attention
+        width = mla.kv_lora_rank + mla.qk_rope_head_dim
+        elements = (arch.layers // setup.pp) * setup.batch_size * setup.context * width
+        return InferenceMemory(weight_bytes, ceil_div(DTYPE_BYTES[setup.kv_cache] * elements))
     if arch.n_kv_heads % setup.tp and setup.tp % arch.n_kv_heads:
         raise InputError("tp", f"{setup.tp} does not split {arch.n_kv_heads} kv heads")
     kv_heads_here = max(1, arch.n_kv_heads // setup.tp)  # replicated when tp > kv heads

@@ -16,6 +16,8 @@ from calculators.architecture import (
     Architecture,
     Norm,
     PositionEmbedding,
+    block_kinds,
+    block_template,
     tensor_counts,
 )
 
@@ -103,26 +105,28 @@ def architecture_params(arch: Architecture) -> tuple[ParamTensor, ...]:
     """Every parameter of ``arch`` in ``named_parameters`` order, once per architecture (a sweep
     asks for the same list per Nd and stage).
 
-    Built from ``tensor_counts``: block 0 (and its expert 0) named again for every block and
-    expert, the same list ``tensors(arch)`` gives.
+    Built from ``block_template``: the first block of each kind (and its expert 0) named again
+    for every block and expert, the same list ``tensors(arch)`` gives.
     """
     counts = tensor_counts(arch)
     first = [t for t, _ in counts if t.layer is None and t.stage_hint == "first"]
     last = [t for t, _ in counts if t.layer is None and t.stage_hint != "first"]
-    moe = arch.num_experts > 1
-    layer = [(t, moe and c != arch.layers) for t, c in counts if t.layer is not None]
-    block0, expert0 = "blocks.0.", "blocks.0.experts.0."
     out = [_param(t.name, t.shape, ROOT_GROUP) for t in first]
-    for i in range(arch.layers):
-        group = f"blocks.{i}"
-        for k, (t, per_expert) in enumerate(layer):
-            if not per_expert:
-                out.append(_param(f"{group}.{t.name[len(block0) :]}", t.shape, group))
-            elif k == 0 or not layer[k - 1][1]:  # the first tensor of the experts' run
-                run = [x for x, _ in itertools.takewhile(lambda p: p[1], layer[k:])]
-                for e in range(arch.num_experts):
-                    prefix = f"{group}.experts.{e}."
-                    out += [_param(prefix + x.name[len(expert0) :], x.shape, group) for x in run]
+    for start, blocks in block_kinds(arch):
+        layer = block_template(arch, start)
+        block0, expert0 = f"blocks.{start}.", f"blocks.{start}.experts.0."
+        for i in range(start, start + blocks):
+            group = f"blocks.{i}"
+            for k, (t, per_expert) in enumerate(layer):
+                if not per_expert:
+                    out.append(_param(f"{group}.{t.name[len(block0) :]}", t.shape, group))
+                elif k == 0 or not layer[k - 1][1]:  # the first tensor of the experts' run
+                    run = [x for x, _ in itertools.takewhile(lambda p: p[1], layer[k:])]
+                    for e in range(arch.num_experts):
+                        prefix = f"{group}.experts.{e}."
+                        out += [
+                            _param(prefix + x.name[len(expert0) :], x.shape, group) for x in run
+                        ]
     out += [_param(t.name, t.shape, ROOT_GROUP) for t in last]
     return tuple(out)
 

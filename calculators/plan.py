@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from calculators.architecture import Architecture, block_tensors
+from calculators.architecture import Architecture, block_kinds, block_tensors
 from calculators.architecture import tensors as architecture_tensors
 from calculators.batch import Batch, Checkpointing
 from calculators.communication import (
@@ -461,7 +461,8 @@ def configs(setup: PlanSetup) -> list[Config]:
 
 def tensor_count(arch: Architecture) -> int:
     """Parameter tensors of the model (embeddings, every block, head): what each engine walks."""
-    return arch.layers * len(block_tensors(arch, 0)) + len(tensors_outside_blocks(arch))
+    in_blocks = sum(n * len(block_tensors(arch, first)) for first, n in block_kinds(arch))
+    return in_blocks + len(tensors_outside_blocks(arch))
 
 
 def tensors_outside_blocks(arch: Architecture) -> list[str]:

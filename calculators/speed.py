@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calculators.architecture import Architecture
+from calculators.architecture import Architecture, block_kinds, dense_layers
 from calculators.batch import Checkpointing
 from calculators.conventions import FP32_BYTES, PRECISION_BYTES, Precision
 from calculators.errors import InputError
@@ -58,29 +58,34 @@ def token_flops(arch: Architecture, seq_len: int, checkpointing: Checkpointing) 
     """FLOPs per token: 2 per multiply-add of every matmul a token passes through.
 
     Per block: qkv 2·h·(q + 2kv), output projection 2·q·h, MLP 2·h·f per matrix (2 matrices, 3
-    when gated) for each of ``experts_per_token`` experts, a router 2·h·E; attention QKᵀ and AV
-    2·s·q each, halved by causality. Head 2·h·V. Embedding look-ups, norms, softmax and
+    when gated) for each of ``experts_per_token`` experts, a router 2·h·E and any shared
+    expert; attention QKᵀ and AV 2·s·q each, halved by causality. DeepSeek: its latent
+    attention's five projections, QKᵀ over the 192-wide q/k heads and AV over the 128-wide v
+    heads, dense blocks before the MoE blocks. Head 2·h·V. Embedding look-ups, norms, softmax and
     element-wise work are not matmuls and are not counted (the efficiency absorbs them).
     Full checkpointing recomputes every block's forward; selective recomputes the attention
     core (QKᵀ, softmax, AV) as ``measure.workloads`` checkpoints it.
     """
-    h, q, kv = arch.hidden, arch.q_dim, arch.kv_dim
-    mlp_matrices = 3 if arch.gated_mlp else 2
-    linear = 2 * h * (q + 2 * kv) + 2 * q * h
-    linear += 2 * h * arch.ffn * mlp_matrices * arch.experts_per_token
-    if arch.num_experts > 1:
-        linear += 2 * h * arch.num_experts
-    attention = 2 * (2 * seq_len * q) * CAUSAL_FRACTION
-    emb = arch.embed_proj_dim or h
+    dense = dense_layers(arch)
+    # all blocks' (DeepSeek's dense blocks, then its MoE blocks)
+    linear = sum(n * _block_linear(arch, first < dense) for first, n in block_kinds(arch))
+    m = arch.modelling
+    if m is not None and m.latent_attention is not None:
+        # latent attention: QKᵀ over the q/k heads' width, AV over the value heads'
+        mla = m.latent_attention
+        widths = arch.heads * (mla.qk_head_dim + mla.v_head_dim)
+    else:
+        widths = 2 * arch.q_dim
+    attention = 2 * seq_len * widths * CAUSAL_FRACTION
+    emb = arch.embed_proj_dim or arch.hidden
     head = 2 * emb * arch.vocab_size
     layers = arch.layers
-    forward = layers * (linear + attention) + head
+    forward = linear + layers * attention + head
     backward = (
-        LINEAR_BACKWARD_FACTOR * (layers * linear + head)
-        + ATTENTION_BACKWARD_FACTOR * layers * attention
+        LINEAR_BACKWARD_FACTOR * (linear + head) + ATTENTION_BACKWARD_FACTOR * layers * attention
     )
     if checkpointing is Checkpointing.FULL:
-        recompute = layers * (linear + attention)
+        recompute = linear + layers * attention
     elif checkpointing is Checkpointing.SELECTIVE:
         recompute = layers * attention
     else:
@@ -91,6 +96,30 @@ def token_flops(arch: Architecture, seq_len: int, checkpointing: Checkpointing) 
         recompute=float(recompute),
         attention_forward=float(layers * attention),
     )
+
+
+def _block_linear(arch: Architecture, dense: bool) -> int:
+    """Linear FLOPs per token of one block (a dense-MLP block, or an MoE block)."""
+    h, q, kv = arch.hidden, arch.q_dim, arch.kv_dim
+    m = arch.modelling
+    mla = m.latent_attention if m is not None else None
+    if mla is not None:
+        q_width = arch.heads * mla.qk_head_dim
+        rank = mla.q_lora_rank
+        macs = h * q_width if rank is None else h * rank + rank * q_width
+        macs += h * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+        macs += mla.kv_lora_rank * arch.heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        macs += arch.heads * mla.v_head_dim * h
+    else:
+        macs = h * (q + 2 * kv) + q * h
+    mlp_matrices = 3 if arch.gated_mlp else 2
+    if dense:
+        f = m.dense_ffn if m is not None and m.dense_ffn and arch.num_experts > 1 else arch.ffn
+        return 2 * (macs + h * f * mlp_matrices)
+    macs += h * arch.ffn * mlp_matrices * arch.experts_per_token + h * arch.num_experts
+    if m is not None and m.shared_expert_ffn:
+        macs += h * m.shared_expert_ffn * mlp_matrices + (h if m.shared_expert_gate else 0)
+    return 2 * macs
 
 
 def peak_flops_for(precision: Precision, peak_16bit: float, peak_fp32: float) -> float:

@@ -47,7 +47,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calculators.architecture import Architecture, TransformersModelling
+from calculators.architecture import (
+    Architecture,
+    LatentAttention,
+    TransformersModelling,
+    block_kinds,
+    dense_layers,
+)
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 
@@ -56,6 +62,7 @@ BOOL_BYTES = 1
 INT32_BYTES = 4
 EFFICIENT_LSE_ROWS = 32  # mem-efficient attention pads logsumexp rows to a multiple of 32
 MASK_ALIGNMENT = 16  # mem-efficient attention pads the bias's last dim (attention.cu pad_bias)
+FLASH_MAX_HEAD_DIM = 256  # sdp_utils.cpp check_head_dim_size_flash
 
 
 def _m(arch: Architecture) -> TransformersModelling:
@@ -114,15 +121,34 @@ def _attention_consumers(arch: Architecture) -> int:
     return 1 if _m(arch).fused_projections else 3
 
 
-def _mlp_consumers(arch: Architecture) -> int:
-    if arch.num_experts == 1:
+def _mlp_consumers(arch: Architecture, dense: bool) -> int:
+    if dense:
         return 1 if _m(arch).fused_projections else 2
     # the router's linear, and the shared expert's gate, up and its sigmoid gate
-    return 1 + (3 if _m(arch).shared_expert_ffn else 0)
+    m = _m(arch)
+    return 1 + (2 + int(m.shared_expert_gate) if m.shared_expert_ffn else 0)
+
+
+def _mlp_inputs(arch: Architecture, d: Dtypes, t: int, dense: bool) -> int:
+    """What the MLP's linears save of the post-attention norm's output."""
+    h = arch.hidden
+    m = _m(arch)
+    if dense or not m.router_fp32 or d.autocast:
+        return _norm_output(d, t, h, _mlp_consumers(arch, dense))
+    # DeepseekV3TopkRouter: F.linear(x.type(float32), weight.type(float32)) saves an fp32
+    # copy of x unless x is fp32 already; the shared experts save x itself
+    if d.lin == FP32_BYTES:
+        return FP32_BYTES * t * h
+    return FP32_BYTES * t * h + (d.lin * t * h if m.shared_expert_ffn else 0)
 
 
 def layer_terms(
-    arch: Architecture, batch: Batch, regime: str, use_cache: bool, masked: bool = False
+    arch: Architecture,
+    batch: Batch,
+    regime: str,
+    use_cache: bool,
+    masked: bool = False,
+    dense: bool | None = None,
 ) -> LayerTerms:
     """Bytes one decoder layer saves for backward, without checkpointing.
 
@@ -131,7 +157,12 @@ def layer_terms(
     shortcut), ``sdpa_attention_forward`` expands k/v with ``repeat_kv`` (no GQA with a mask),
     and SDPA runs the memory-efficient kernel, which saves the mask converted to a float bias
     in q's dtype (last dim padded to a multiple of 16) and a logsumexp padded to 32 rows.
+
+    ``dense``: a layer with a dense MLP (every layer of a dense model, DeepSeek's first
+    ``dense_layers``); by default the model's own kind.
     """
+    if dense is None:
+        dense = arch.num_experts == 1
     d = dtypes(regime)
     t, b, s = batch.tokens, batch.micro_batch_size, batch.seq_len
     h, q, kv = arch.hidden, arch.q_dim, arch.kv_dim
@@ -142,8 +173,14 @@ def layer_terms(
     if _m(arch).sandwich_norms:
         norms += (n_norms - 2) * _norm_internal(arch, t, h, d.lin)
     # (MoE experts gather rows of the norm output and save only the index)
-    linear_inputs = _norm_output(d, t, h, _attention_consumers(arch))
-    linear_inputs += _norm_output(d, t, h, _mlp_consumers(arch))
+    linear_inputs = _mlp_inputs(arch, d, t, dense)
+    f = (_m(arch).dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
+    mlp = 4 * d.lin * t * f if dense else _moe_terms(arch, t, d)
+    mla = _m(arch).latent_attention
+    if mla is not None:
+        a_norms, a_inputs, attention = _latent_attention_terms(arch, mla, batch, d)
+        return LayerTerms(norms + a_norms, linear_inputs + a_inputs, attention, mlp)
+    linear_inputs += _norm_output(d, t, h, _attention_consumers(arch))
 
     attention = 0
     if _m(arch).qk_norm:
@@ -165,28 +202,84 @@ def layer_terms(
     if masked:
         aligned = -(-s // MASK_ALIGNMENT) * MASK_ALIGNMENT
         attention += sdpa * b * s * aligned  # the float bias made from the boolean mask
-    if efficient:
-        rows = -(-s // EFFICIENT_LSE_ROWS) * EFFICIENT_LSE_ROWS
-        attention += FP32_BYTES * b * arch.heads * rows
-    else:
-        attention += FP32_BYTES * b * arch.heads * s
-
-    f = arch.ffn
-    if arch.num_experts == 1:
-        mlp = 4 * d.lin * t * f  # gate (or gate_up) output, up, act(gate), act * up
-    else:
-        mlp = _moe_terms(arch, t, d)
+    attention += _logsumexp(arch, batch, efficient)
     return LayerTerms(norms, linear_inputs, attention, mlp)
 
 
+def _logsumexp(arch: Architecture, batch: Batch, efficient: bool) -> int:
+    """SDPA's fp32 logsumexp: (b, heads, s), rows padded to 32 by the memory-efficient kernel."""
+    s = batch.seq_len
+    rows = -(-s // EFFICIENT_LSE_ROWS) * EFFICIENT_LSE_ROWS if efficient else s
+    return FP32_BYTES * batch.micro_batch_size * arch.heads * rows
+
+
+def _latent_flash(mla: LatentAttention, d: Dtypes) -> bool:
+    """Flash attention takes 16-bit q, k and v of one width (at most 256): DeepSeek's 192-wide
+    q/k and 128-wide v go to the memory-efficient kernel (``sdp_utils.cpp``)."""
+    return d.lin == HALF_BYTES and mla.qk_head_dim == mla.v_head_dim <= FLASH_MAX_HEAD_DIM
+
+
+def _latent_attention_terms(
+    arch: Architecture, mla: LatentAttention, batch: Batch, d: Dtypes
+) -> tuple[int, int, int]:
+    """(norms, linear inputs, attention) of ``DeepseekV3Attention`` through SDPA.
+
+    q: ``q_b_proj(q_a_layernorm(q_a_proj(x)))`` (or ``q_proj(x)``) split into a non-rotary and
+    a rotary part; k/v: ``kv_a_proj_with_mqa(x)`` split into the latent (normed, then
+    ``kv_b_proj`` to per-head non-rotary keys and values) and one rotary key for all heads.
+    The rotation saves only cos/sin; ``torch.cat`` builds q (fp32 under autocast: the rotated
+    part promotes, so SDPA saves a bf16 cast), ``expand_kv`` copies k into a new tensor in
+    ``kv_b_proj``'s dtype, and v is a view of ``kv_b_proj``'s output, which SDPA keeps whole.
+    """
+    t, heads = batch.tokens, arch.heads
+    h, r, rope = arch.hidden, mla.kv_lora_rank, mla.qk_rope_head_dim
+    q_lora = mla.q_lora_rank
+    norms = 0
+    if q_lora is not None:
+        norms += _norm_internal(arch, t, q_lora, d.lin)
+    # kv_a_layernorm reads the latent slice of kv_a's output: to(float32) copies it, or when
+    # it is fp32 already, pow saves the slice, a view of the whole output (latent + rotary key)
+    latent_in = FP32_BYTES * t * (r + rope) if d.lin == FP32_BYTES else FP32_BYTES * t * r
+    norms += latent_in + FP32_BYTES * t + d.lin * t * r  # input, rsqrt, x_normed.to(dtype)
+    # q_a_proj (or q_proj) and kv_a_proj_with_mqa read the input norm's output; q_b_proj and
+    # kv_b_proj each a latent norm's (with use_cache, kv_b_proj reads the cache's copy of it:
+    # the same bytes)
+    inputs = _norm_output(d, t, h, 2)
+    if q_lora is not None:
+        inputs += _norm_output(d, t, q_lora, 1)
+    inputs += _norm_output(d, t, r, 1)
+    sdpa = HALF_BYTES if d.lin == HALF_BYTES else FP32_BYTES
+    qk, v = mla.qk_head_dim, mla.v_head_dim
+    attention = sdpa * t * heads * qk  # q: torch.cat (its bf16 cast under autocast)
+    attention += d.lin * t * heads * qk  # k: expand_kv's new tensor
+    attention += d.lin * t * heads * (mla.qk_nope_head_dim + v)  # kv_b output, v a view of it
+    attention += sdpa * t * heads * v  # output (o_proj's input)
+    flash = _latent_flash(mla, d)
+    if flash:
+        # q from torch.cat is laid out (b, heads, s, d): flash's output follows it, and
+        # transpose(1, 2).contiguous() copies it for o_proj
+        attention += sdpa * t * heads * v
+    attention += _logsumexp(arch, batch, efficient=not flash)
+    return norms, inputs, attention
+
+
 def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
-    """``MixtralSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock`` through ``grouped_mm``."""
+    """``MixtralSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock`` / ``DeepseekV3MoE`` through
+    ``grouped_mm``.
+
+    DeepSeek's router scores with a sigmoid of its fp32 linear (bf16 under autocast, which
+    casts F.linear's inputs whatever their dtype); its group-limited choice (top-2 sums per
+    group, then ``topk_group`` groups) ends in indices, so what it saved along the way dies
+    before the layer ends; ``scores.gather(1, indices)`` keeps the indices.
+    """
     e, k, f, h = arch.num_experts, arch.experts_per_token, arch.ffn, arch.hidden
+    m = _m(arch)
     n = t * k  # token-expert assignments
-    saved = FP32_BYTES * t * e  # softmax(router_logits.float())
+    router = HALF_BYTES if m.router_fp32 and d.autocast else FP32_BYTES
+    saved = router * t * e  # softmax(router_logits.float()) / sigmoid(router_logits)
     saved += INDEX_BYTES * t * k  # top-k indices
-    if _m(arch).router_normalize:
-        saved += FP32_BYTES * t + FP32_BYTES * t * k  # sum and the clone the in-place div saves
+    if m.router_normalize:
+        saved += router * t + router * t * k  # sum and the clone the in-place div saves
     saved += 3 * INDEX_BYTES * n  # sort permutation, gather index (perm // k), inverse perm
     saved += BOOL_BYTES * n  # sentinel mask
     if d.experts == HALF_BYTES:
@@ -195,13 +288,17 @@ def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
     saved += x * n * h  # gathered input (masked_fill), saved by the up grouped_mm
     saved += x * n * 2 * f  # gate_up output (masked), saved by act and the product
     saved += 2 * x * n * f  # act(gate), act * up (down's input)
-    weight_bytes = FP32_BYTES if _m(arch).router_weights_fp32 else d.lin
+    if m.router_fp32:
+        weight_bytes = router
+    else:
+        weight_bytes = FP32_BYTES if m.router_weights_fp32 else d.lin
     saved += weight_bytes * n  # routing weights, saved by the weighted product
     saved += x * n * h  # down output (masked), saved by the weighted product
-    fs = _m(arch).shared_expert_ffn
+    fs = m.shared_expert_ffn
     if fs:
         saved += 4 * d.lin * t * fs  # the shared expert's SwiGLU
-        saved += d.lin * t + d.lin * t * h  # sigmoid(shared_expert_gate) and shared output
+        if m.shared_expert_gate:
+            saved += d.lin * t + d.lin * t * h  # sigmoid(shared_expert_gate) and shared output
     return saved
 
 
@@ -235,9 +332,11 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     m = _m(arch)
     window = m.sliding_window
     masked = m.sliding_layers if window is not None and s >= window else 0
-    per_layer = layer_terms(arch, batch, regime, use_cache)
+    dense = dense_layers(arch)
+    # (dense?, layers) of each kind: DeepSeek's dense layers, then its MoE layers
+    kinds = [(start < dense, n) for start, n in block_kinds(arch)]
+    per_layer = layer_terms(arch, batch, regime, use_cache, dense=kinds[-1][0])
     total = _total(per_layer)
-    masked_total = _total(layer_terms(arch, batch, regime, use_cache, masked=True))
     # cos and sin (batch dim 1: position_ids is arange(s)[None]), once per rotary embedding
     rotary = 2 * d.res * s * (m.rotary_dim or arch.d_head) * m.rope_kinds
     embedding = INDEX_BYTES * t + rotary
@@ -246,11 +345,16 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
         layers = arch.layers * d.res * t * h
         embedding += INDEX_BYTES * s
         recompute_total = max(
-            _total(layer_terms(arch, batch, regime, use_cache=False, masked=bool(masked))),
-            _total(layer_terms(arch, batch, regime, use_cache=False)),
+            _total(layer_terms(arch, batch, regime, False, masked=windowed, dense=kind))
+            for kind, _ in kinds
+            for windowed in {bool(masked), False}
         )
     else:
-        layers = (arch.layers - masked) * total + masked * masked_total
+        # sliding-window layers exist only in families whose layers are all of one kind
+        masked_total = _total(layer_terms(arch, batch, regime, use_cache, masked=True))
+        layers = masked * masked_total - masked * total
+        for kind, n in kinds:
+            layers += n * _total(layer_terms(arch, batch, regime, use_cache, dense=kind))
         recompute_total = 0
     head = _norm_internal(arch, t, h, d.res) + _norm_output(d, t, h, 1)
     logits = d.lin * t * v
@@ -259,19 +363,7 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     labels = INDEX_BYTES * (s + 1) if b == 1 else INDEX_BYTES * t
     loss = FP32_BYTES * t * v + labels + FP32_BYTES  # log_softmax output, targets, total_weight
     loss_transient = FP32_BYTES * t * v if d.lin != FP32_BYTES else 0
-    # DynamicCache (cache_utils.py DynamicLayer.update): torch.cat copies of the rotated k and
-    # of v per layer, held by the output's past_key_values. SDPA saves the same copies, except
-    # under autocast: the rotated k is fp32, the cache allocates v in k's dtype (cat promotes),
-    # and SDPA saves bf16 casts of both; in fp32 with GQA SDPA saves expanded copies instead.
-    cache = cache_only = 0
-    if use_cache:
-        per_layer_cache = 2 * d.res * t * arch.kv_dim
-        cache = arch.layers * per_layer_cache
-        expanded = arch.n_kv_heads != arch.heads  # SDPA saves repeat_kv copies instead
-        if d.autocast or (regime == "fp32" and expanded):
-            cache_only = cache
-        elif expanded:
-            cache_only = masked * per_layer_cache
+    cache, cache_only = _cache(arch, t, d, regime, masked) if use_cache else (0, 0)
     return ModelTerms(
         per_layer=per_layer,
         per_layer_total=total,
@@ -287,6 +379,57 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     )
 
 
+def _cache(arch: Architecture, t: int, d: Dtypes, regime: str, masked: int) -> tuple[int, int]:
+    """(the ``DynamicCache``'s bytes, the part nothing saved for backward shares).
+
+    ``cache_utils.py`` ``DynamicLayer.update``: torch.cat copies of the rotated k and of v per
+    layer, held by the output's past_key_values. SDPA saves the same copies, except under
+    autocast: the rotated k is fp32, the cache allocates v in k's dtype (cat promotes), and
+    SDPA saves bf16 casts of both; in fp32 with GQA SDPA saves expanded copies instead.
+    DeepSeek caches the normed latent (which ``kv_b_proj`` then reads, saving the cache's
+    copy; under autocast a bf16 cast of it) and the rotary key (copied into every head's k).
+    """
+    mla = _m(arch).latent_attention
+    if mla is not None:
+        cache = arch.layers * d.res * t * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+        if d.autocast:
+            return cache, cache
+        return cache, arch.layers * d.res * t * mla.qk_rope_head_dim
+    per_layer_cache = 2 * d.res * t * arch.kv_dim
+    cache = arch.layers * per_layer_cache
+    expanded = arch.n_kv_heads != arch.heads  # SDPA saves repeat_kv copies instead
+    if d.autocast or (regime == "fp32" and expanded):
+        return cache, cache
+    if expanded:
+        return cache, masked * per_layer_cache
+    return cache, 0
+
+
+def _layer_weight_elements(arch: Architecture, dense: bool) -> int:
+    """Elements of one layer's ``nn.Linear`` / ``F.linear`` weights (the experts' 3-D weights
+    go through ``grouped_mm`` instead)."""
+    h, q, kv = arch.hidden, arch.q_dim, arch.kv_dim
+    m = _m(arch)
+    mla = m.latent_attention
+    if mla is not None:
+        heads, q_lora = arch.heads, mla.q_lora_rank
+        q_width = heads * mla.qk_head_dim
+        elements = q_width * h if q_lora is None else q_lora * h + q_width * q_lora
+        elements += (mla.kv_lora_rank + mla.qk_rope_head_dim) * h
+        elements += heads * (mla.qk_nope_head_dim + mla.v_head_dim) * mla.kv_lora_rank
+        elements += h * heads * mla.v_head_dim
+    else:
+        elements = h * (q + 2 * kv) + q * h
+    if dense:
+        f = (m.dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
+        return elements + 3 * h * f
+    elements += arch.num_experts * h  # router
+    shared = m.shared_expert_ffn
+    if shared:
+        elements += 3 * h * shared + (h if m.shared_expert_gate else 0)
+    return elements
+
+
 def autocast_weight_elements(arch: Architecture, checkpointed: bool) -> int:
     """Elements of the bf16 weight copies autocast makes and autograd saves: every
     ``nn.Linear`` / ``F.linear`` weight (the experts' 3-D weights go through ``grouped_mm``,
@@ -294,13 +437,32 @@ def autocast_weight_elements(arch: Architecture, checkpointed: bool) -> int:
     head = arch.vocab_size * arch.hidden
     if checkpointed:
         return head
-    h, q, kv, f = arch.hidden, arch.q_dim, arch.kv_dim, arch.ffn
-    per_layer = h * (q + 2 * kv) + q * h
-    if arch.num_experts == 1:
-        per_layer += 3 * h * f
-    else:
-        per_layer += arch.num_experts * h  # router
-        shared = _m(arch).shared_expert_ffn
-        if shared:
-            per_layer += 3 * h * shared + h
-    return arch.layers * per_layer + head
+    dense = dense_layers(arch)
+    return head + sum(
+        n * _layer_weight_elements(arch, start < dense) for start, n in block_kinds(arch)
+    )
+
+
+def weight_copies(arch: Architecture, regime: str, checkpointed: bool) -> int:
+    """Bytes of weight copies autograd saves at the end of forward: autocast's bf16 copies, or
+    with 16-bit parameters DeepSeek's router weights cast to fp32 (``weight.type(float32)``);
+    none from checkpointed layers."""
+    if regime == "autocast":
+        return HALF_BYTES * autocast_weight_elements(arch, checkpointed)
+    if regime == "half" and _m(arch).router_fp32 and not checkpointed:
+        return FP32_BYTES * (arch.layers - dense_layers(arch)) * arch.num_experts * arch.hidden
+    return 0
+
+
+def layer_weight_copies(arch: Architecture, regime: str) -> int:
+    """``weight_copies`` of the heaviest single layer: what backward makes again for the layer
+    it recomputes under checkpointing."""
+    dense = dense_layers(arch)
+    if regime == "autocast":
+        return max(
+            HALF_BYTES * _layer_weight_elements(arch, start < dense)
+            for start, _ in block_kinds(arch)
+        )
+    if regime == "half" and _m(arch).router_fp32 and dense < arch.layers:
+        return FP32_BYTES * arch.num_experts * arch.hidden
+    return 0

@@ -53,6 +53,14 @@ _SHAPES: dict[str, dict[str, Any]] = {
         "norm_topk_prob": True,
         "moe_intermediate_size": None,
     },
+    # multi-head latent attention, one dense layer, then sigmoid-routed experts in groups
+    # plus a shared expert (the latent widths and experts follow the size: see family_config)
+    "deepseek_v3": {
+        "model_type": "deepseek_v3",
+        "tie_word_embeddings": False,
+        "first_k_dense_replace": 1,
+        "n_shared_experts": 1,
+    },
 }
 FAMILIES = tuple(_SHAPES)
 
@@ -61,6 +69,9 @@ SIZES = {
     "tiny": (2, 64, 4, 2, 128, 256, 128),
     "small": (8, 768, 12, 4, 2048, 32000, 2048),
 }
+
+# DeepSeek's routing: (experts, experts per token, expert groups, groups chosen per token)
+_DEEPSEEK_ROUTING = {"tiny": (4, 2, 2, 1), "small": (16, 4, 4, 2)}
 
 
 def family_config(family: str, size: str = "tiny") -> dict[str, Any]:
@@ -88,4 +99,20 @@ def family_config(family: str, size: str = "tiny") -> dict[str, Any]:
             body[key] = positions // 2  # local layers see half the context
         else:  # the experts' widths
             body[key] = ffn // 2
+    if family == "deepseek_v3":
+        head = hidden // heads
+        experts, top_k, groups, top_groups = _DEEPSEEK_ROUTING[size]
+        body.update(
+            num_key_value_heads=heads,  # latent attention: every head its own keys and values
+            q_lora_rank=hidden // 4,
+            kv_lora_rank=hidden // 8,
+            qk_nope_head_dim=head,
+            qk_rope_head_dim=head // 2,  # q/k heads 1.5 × the value heads, as in DeepSeek-V3
+            v_head_dim=head,
+            moe_intermediate_size=ffn // 4,
+            n_routed_experts=experts,
+            num_experts_per_tok=top_k,
+            n_group=groups,
+            topk_group=top_groups,
+        )
     return body

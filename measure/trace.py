@@ -14,10 +14,12 @@ What the trace substitutes for the GPU, and why:
 
 - Attention: ``scaled_dot_product_attention`` has no flash kernel on CPU, so the trace calls the
   op the CUDA dispatcher picks on an H100/H200 (``sdp_utils.cpp``): with 16-bit q/k/v and no
-  mask, ``aten::_scaled_dot_product_flash_attention`` (grouped-query heads natively); in fp32 or
-  with a mask, ``aten::_scaled_dot_product_efficient_attention``. Their autograd formulas
-  (``derivatives.yaml``) decide what is saved, exactly as on the GPU. Under autocast the
-  q/k/v are cast to bf16 first (SDPA is on CUDA autocast's lower-precision list).
+  mask, ``aten::_scaled_dot_product_flash_attention`` (grouped-query heads natively); in fp32,
+  with a mask, or with heads of different widths (flash wants q, k and v equally wide:
+  DeepSeek's 192-wide q/k and 128-wide v), ``aten::_scaled_dot_product_efficient_attention``.
+  Their autograd formulas (``derivatives.yaml``) decide what is saved, exactly as on the GPU.
+  Under autocast the q/k/v are cast to bf16 first (SDPA is on CUDA autocast's lower-precision
+  list).
 - Mixture of experts: routing is data-dependent, but transformers' default experts kernel on
   Hopper (``grouped_mm``, ``integrations/moe.py``) sorts the ``tokens × top_k`` assignments and
   runs one grouped matmul over all of them, so every shape it saves is ``tokens × top_k`` rows
@@ -39,6 +41,7 @@ import contextlib
 import functools
 import json
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
 
 REGIMES = ("half", "autocast", "fp32")
 MEM_EFFICIENT_ALIGNMENT = 16
+# sdp_utils.cpp check_head_dim_size_flash: q, k and v heads of one width, at most 256
+FLASH_MAX_HEAD_DIM = 256
 HALF = torch.bfloat16
 
 
@@ -138,7 +143,8 @@ def _gpu_sdpa(
         dt = torch.get_autocast_dtype("cpu")
         query, key, value = query.to(dt), key.to(dt), value.to(dt)
     with torch.autocast("cpu", enabled=False):
-        if attn_mask is None and query.dtype in (torch.bfloat16, torch.float16):
+        same_dims = query.shape[-1] == key.shape[-1] == value.shape[-1] <= FLASH_MAX_HEAD_DIM
+        if attn_mask is None and query.dtype in (torch.bfloat16, torch.float16) and same_dims:
             # flash attention: grouped-query heads without expanding k/v
             flash: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale
@@ -227,29 +233,17 @@ def trace(
         raise ValueError(f"regime must be one of {REGIMES}, got {regime!r}")
     param_dtype = HALF if regime == "half" else torch.float32
     result = TraceResult()
-    seen: set[int] = set()
     current_layer = [-1]
+    # (tensor, layer, grad_fn name) as packed: counted at the end of forward only if the tensor
+    # is still alive. A graph branch that dies during forward (DeepSeek's group routing ends in
+    # top-k indices, so the tensors its top-k and masked_fill saved die with it) frees what it
+    # saved, and the allocator may reuse its storage for a tensor saved later.
+    packed: list[tuple[weakref.ref[torch.Tensor], int, str]] = []
 
     def record(t: torch.Tensor) -> None:
         if not isinstance(t, torch.Tensor) or t.device.type == "meta" and t.numel() == 0:
             return
-        key = _key(t)
-        if key in seen or key in param_keys:
-            return
-        seen.add(key)
-        nbytes = t.untyped_storage().nbytes()
-        if t.dtype == torch.uint64 or (t.dim() == 0 and t.dtype == torch.int64):
-            result.rng_state += nbytes
-            return
-        if _is_weight_copy(t):
-            result.autocast_weights += nbytes
-            return
-        result.activations += nbytes
-        layer = current_layer[0]
-        result.by_layer[layer] = result.by_layer.get(layer, 0) + nbytes
-        result.tensors.append(
-            (layer, tuple(t.shape), str(t.dtype), nbytes, type(t.grad_fn).__name__)
-        )
+        packed.append((weakref.ref(t), current_layer[0], type(t.grad_fn).__name__))
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         record(t)
@@ -279,6 +273,7 @@ def trace(
         ):
             out = model(input_ids=ids, labels=ids)
         result.logits = out.logits.untyped_storage().nbytes()
+        seen = _count_alive(packed, param_keys, result)
         cached: set[int] = set()
         for layer_cache in getattr(out.past_key_values, "layers", None) or []:
             for t in (layer_cache.keys, layer_cache.values):
@@ -292,6 +287,34 @@ def trace(
             if _key(t) != logits_key and _key(t) not in seen:
                 result.loss_transient += t.untyped_storage().nbytes()
     return result
+
+
+def _count_alive(
+    packed: list[tuple[weakref.ref[torch.Tensor], int, str]],
+    param_keys: set[int],
+    result: TraceResult,
+) -> set[int]:
+    """Add the saved storages still alive to ``result``, once each; their keys."""
+    seen: set[int] = set()
+    for ref, layer, grad_fn in packed:
+        t = ref()
+        if t is None:
+            continue
+        key = _key(t)
+        if key in seen or key in param_keys:
+            continue
+        seen.add(key)
+        nbytes = t.untyped_storage().nbytes()
+        if t.dtype == torch.uint64 or (t.dim() == 0 and t.dtype == torch.int64):
+            result.rng_state += nbytes
+            continue
+        if _is_weight_copy(t):
+            result.autocast_weights += nbytes
+            continue
+        result.activations += nbytes
+        result.by_layer[layer] = result.by_layer.get(layer, 0) + nbytes
+        result.tensors.append((layer, tuple(t.shape), str(t.dtype), nbytes, grad_fn))
+    return seen
 
 
 def traced_activations(

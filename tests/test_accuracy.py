@@ -117,7 +117,7 @@ def test_a_new_results_file_is_read_through_its_spec(tmp_path: Path) -> None:
     assert (row.runs, row.lowest) == (1, low.errors[PEAK])
 
 
-FUSED_EXPERT_FAMILIES = {"mixtral", "qwen2_moe", "qwen3_moe"}
+FUSED_EXPERT_FAMILIES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"}
 
 
 def test_hf_requests_are_rebuilt_as_the_gpu_run_built_them() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,6 +81,41 @@ def test_architecture_preset_and_hf_config_agree(client: TestClient) -> None:
         for m in ({"architecture": arch}, {"preset": "llama2-7b"}, {"hf_config": hf})
     }
     assert counts == {6_738_415_616}
+
+
+HF_CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "hf_configs"
+
+
+@pytest.mark.parametrize(
+    ("config", "params"),
+    # transformers 5.17 builds these counts (measure.trace.count_parameters, on the meta device)
+    [("deepseek_v3-small.json", 418_103_296), ("deepseek-v3.json", 671_026_404_352)],
+)
+@pytest.mark.parametrize("engine", ["paper", "torch", "deepspeed"])
+def test_deepseek_v3_config_is_answered_by_every_engine(
+    client: TestClient, config: str, params: int, engine: str
+) -> None:
+    hf = json.loads((HF_CONFIGS / config).read_text())
+    peaks = {}
+    for checkpointing in ("none", "full"):
+        batch = {"micro_batch_size": 1, "seq_len": 2048, "activation_checkpointing": checkpointing}
+        body = post(
+            client,
+            {
+                "model": {"hf_config": hf},
+                "dp": 8,
+                "engine": engine,
+                "precision": "mixed_bf16",
+                "batch": batch,
+            },
+        )
+        assert body["params"] == params
+        peaks[checkpointing] = [s["per_device"]["peak"] for s in body["stages"]]
+    assert all(p is not None and p > 0 for p in peaks["full"]), peaks
+    # checkpointing lowers the peak wherever activations set it (not where the optimizer
+    # step of a 671B model does)
+    pairs = list(zip(peaks["full"], peaks["none"], strict=True))
+    assert all(f <= n for f, n in pairs) and any(f < n for f, n in pairs), peaks
 
 
 def test_fp32_gradient_convention_is_18_bytes(client: TestClient) -> None:

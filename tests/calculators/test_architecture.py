@@ -43,6 +43,13 @@ def test_mixtral_experts_and_active_params() -> None:
     assert count_active_params(arch) == 12_879_925_248  # "12.9B active" (Mistral AI)
 
 
+def test_deepseek_v3_active_params() -> None:
+    # 3 dense layers, 58 MoE layers running 8 of 256 experts plus the shared one: "37B
+    # activated" (DeepSeek-V3 technical report)
+    arch = architecture_from_hf_config(HF_CONFIGS["deepseek-v3"])
+    assert count_active_params(arch) == 37_552_282_624
+
+
 def test_unknown_preset_names_field() -> None:
     with pytest.raises(InputError) as err:
         get_preset("gpt5")
@@ -258,6 +265,34 @@ HF_CASES: list[tuple[str, dict[str, Any], int]] = [
         },
         30_532_122_624,
     ),
+    # deepseek-ai/DeepSeek-V3 config.json (bench/hf_configs/deepseek-v3.json, without the
+    # multi-token-prediction layer, which DeepseekV3ForCausalLM does not build); transformers
+    # 5.17 builds 671,026,404,352 parameters, 37.6B active per token
+    (
+        "deepseek-v3",
+        {
+            "model_type": "deepseek_v3",
+            "hidden_size": 7168,
+            "intermediate_size": 18432,
+            "moe_intermediate_size": 2048,
+            "num_hidden_layers": 61,
+            "first_k_dense_replace": 3,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 128,
+            "q_lora_rank": 1536,
+            "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "n_routed_experts": 256,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 8,
+            "n_group": 8,
+            "topk_group": 4,
+            "vocab_size": 129280,
+        },
+        671_026_404_352,
+    ),
 ]
 
 
@@ -280,7 +315,15 @@ def test_hf_config_counts(
         ({"model_type": "t5"}, "model.hf_config.model_type"),
         ({"model_type": "llama", "hidden_size": 64}, "model.hf_config.num_attention_heads"),
         ({"model_type": "gpt2", "n_embd": "768"}, "model.hf_config.n_embd"),
-        ({"model_type": "deepseek_v3"}, "model.hf_config.model_type"),
+        ({"model_type": "deepseek_v2"}, "model.hf_config.model_type"),
+        (
+            {**HF_CONFIGS["deepseek-v3"], "num_key_value_heads": 8},
+            "model.hf_config.num_key_value_heads",
+        ),
+        ({**HF_CONFIGS["deepseek-v3"], "n_group": 3}, "model.hf_config.n_group"),
+        ({**HF_CONFIGS["deepseek-v3"], "topk_group": 9}, "model.hf_config.topk_group"),
+        ({**HF_CONFIGS["deepseek-v3"], "n_shared_experts": 0}, "model.hf_config.n_shared_experts"),
+        ({**HF_CONFIGS["deepseek-v3"], "q_lora_rank": 0}, "model.hf_config.q_lora_rank"),
         (
             {**HF_CONFIGS["qwen1.5-moe-a2.7b"], "mlp_only_layers": [0, 3]},
             "model.hf_config.mlp_only_layers",

@@ -26,6 +26,19 @@ def test_gqa_and_tensor_parallel_shrink_the_cache() -> None:
     assert two.kv_cache == one.kv_cache // 2
 
 
+def test_deepseek_v3_caches_its_latent() -> None:
+    # transformers' DynamicCache for DeepseekV3Attention: the 512-wide latent and the 64-wide
+    # rotary key per token and layer (61 × 576 × 2 bytes = 70,272 bytes per token), whole on
+    # every tensor-parallel rank
+    from calculators.hf_config import architecture_from_hf_config
+    from tests.calculators.test_architecture import HF_CONFIGS
+
+    arch = architecture_from_hf_config(HF_CONFIGS["deepseek-v3"])
+    one = inference_memory(InferenceSetup(params=0, architecture=arch, context=4096))
+    eight = inference_memory(InferenceSetup(params=0, architecture=arch, context=4096, tp=8))
+    assert one.kv_cache == eight.kv_cache == 4096 * 70_272
+
+
 @pytest.mark.parametrize(
     ("dtype", "expected"),
     [(WeightDtype.FP32, 40 * 10**9), (WeightDtype.FP16, 20 * 10**9), (WeightDtype.INT4, 5 * 10**9)],

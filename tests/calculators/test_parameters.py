@@ -127,16 +127,19 @@ def test_transformers_families_aggregate_to_their_tensor_lists() -> None:
         assert count_params(arch) == sum(t.numel for t in listed), family
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "qwen2_moe", "mixtral", "qwen3"])
+@pytest.mark.parametrize(
+    "family", ["gemma2", "gemma3_text", "qwen2_moe", "mixtral", "qwen3", "deepseek_v3"]
+)
 def test_counted_tensors_match_the_listed_ones_for_transformers_blocks(family: str) -> None:
-    # Gemma-2/3 put a norm after the MLP; Qwen2-MoE adds a shared expert after the experts
+    # Gemma-2/3 put a norm after the MLP; Qwen2-MoE adds a shared expert after the experts;
+    # DeepSeek-V3 has latent attention and dense blocks before its MoE blocks
     from calculators.hf_config import architecture_from_hf_config
     from measure.hf_families import family_config
 
     _check(architecture_from_hf_config(family_config(family, "small")))
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"])
 def test_expert_tensors_are_the_ones_transformers_registers(family: str) -> None:
     # transformers ≥ 5 keeps every expert of a layer in two 3-D parameters; FSDP2 shards them
     # on the expert dimension, so their shapes decide each rank's shard and padding

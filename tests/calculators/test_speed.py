@@ -171,3 +171,22 @@ def test_achieved_efficiency_refuses_a_step_without_compute(measured: float, oth
     with pytest.raises(InputError) as err:
         achieved_efficiency(1e12, 1e15, measured, other)
     assert err.value.field == "step_time_s"
+
+
+def test_deepseek_linear_flops_are_twice_its_active_block_weights() -> None:
+    # every 2-D weight in the blocks (latent attention's five projections, dense MLPs, router,
+    # shared expert) once per token, of the routed experts only the chosen 8 of 256
+    from calculators.architecture import count_active_params, count_params, tensor_counts
+    from calculators.hf_config import architecture_from_hf_config
+    from tests.calculators.test_architecture import HF_CONFIGS
+
+    arch = architecture_from_hf_config(HF_CONFIGS["deepseek-v3"])
+    in_blocks = sum(
+        c * t.numel for t, c in tensor_counts(arch) if len(t.shape) >= 2 and t.layer is not None
+    )
+    active = in_blocks - (count_params(arch) - count_active_params(arch))
+    flops = token_flops(arch, 4096, Checkpointing.NONE)
+    head = 2 * arch.hidden * arch.vocab_size
+    assert flops.forward - flops.attention_forward - head == 2 * active
+    # QKᵀ over 128 heads × 192, AV over 128 heads × 128, causal half
+    assert flops.attention_forward == 61 * 2 * 4096 * 128 * (192 + 128) * 0.5

@@ -56,6 +56,24 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
     "qwen2_moe": {"model_type": "qwen2_moe", **_MOE, "shared_expert_intermediate_size": 48},
     "qwen3_moe": {"model_type": "qwen3_moe", "head_dim": 16, "norm_topk_prob": True, **_MOE},
+    # latent attention with q/k heads wider than v (the memory-efficient kernel), a dense
+    # layer then an MoE layer, eight experts in four groups, a shared expert
+    "deepseek_v3": {
+        "model_type": "deepseek_v3",
+        "num_key_value_heads": 4,
+        "q_lora_rank": 24,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_group": 4,
+        "topk_group": 2,
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 1,
+    },
 }
 
 
@@ -107,10 +125,37 @@ def test_checkpointed_saved_activations_equal_the_trace(family: str) -> None:
 
 
 @pytest.mark.parametrize("regime", [Regime.HALF, Regime.FP32])
+def test_checkpointed_deepseek_in_every_regime_equals_the_trace(regime: Regime) -> None:
+    # with 16-bit parameters the router's fp32 weight copies go with the checkpointed layers
+    _check("deepseek_v3", Batch(2, 24, Checkpointing.FULL), regime)
+
+
+@pytest.mark.parametrize("regime", [Regime.HALF, Regime.FP32])
 def test_single_sequence_and_checkpointing_equal_the_trace(regime: Regime) -> None:
     # b = 1: the shifted labels stay a view of the padded (1, s + 1) tensor
     _check("qwen3", Batch(1, 40), regime)
     _check("phi3", Batch(1, 40, Checkpointing.FULL), regime)
+
+
+# DeepSeek's variants: a full-rank q_proj; q/k as wide as v (flash attention, whose output
+# follows torch.cat's layout and is copied for o_proj); biased down projections and o_proj;
+# every layer MoE; un-normalised routing weights; rotate_half rotary; no cache; tied head
+DEEPSEEK_VARIANTS: list[dict[str, Any]] = [
+    {"q_lora_rank": None},
+    {"v_head_dim": 24},
+    {"attention_bias": True, "first_k_dense_replace": 0},
+    {"norm_topk_prob": False, "rope_interleave": False},
+    {"use_cache": False, "tie_word_embeddings": True, "n_shared_experts": 2},
+]
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("variant", range(len(DEEPSEEK_VARIANTS)))
+def test_deepseek_variants_equal_the_trace(variant: int, regime: Regime) -> None:
+    cfg = {**_config("deepseek_v3"), **DEEPSEEK_VARIANTS[variant]}
+    assert count_params(architecture_from_hf_config(cfg)) == trace_module.count_parameters(cfg)
+    _check(cfg, Batch(2, 24), regime)
+    _check(cfg, Batch(1, 40, Checkpointing.FULL), regime)  # 40: logsumexp rows padded to 64
 
 
 # sliding-window layers whose window the sequence reaches: masked SDPA (memory-efficient kernel)

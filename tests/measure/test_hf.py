@@ -20,7 +20,7 @@ from measure.runner import run  # noqa: E402
 from measure.spec import parse_spec  # noqa: E402
 
 # families the calculator reads from config.json today (the others are predicted from Ψ)
-READ_BY_CALCULATOR = ("llama", "mistral", "qwen2", "mixtral")
+READ_BY_CALCULATOR = ("llama", "mistral", "qwen2", "mixtral", "deepseek_v3")
 
 
 def _body(family: str, **extra: Any) -> dict[str, Any]:
