@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from calculators.activations import INDEX_BYTES, Regime
+from calculators.architecture import tensor_counts
 from calculators.conventions import (
     FP32_BYTES,
     HALF_BYTES,
@@ -38,7 +39,7 @@ from calculators.conventions import (
     Precision,
     Stage,
 )
-from calculators.engines.torch.peak import StepMemory, step_memory
+from calculators.engines.torch.peak import FsdpBackward, StepMemory, step_memory
 from calculators.errors import InputError
 from calculators.estimates import StageEstimate
 from calculators.model_states import Placement, TrainingSetup, ceil_div
@@ -308,16 +309,24 @@ def _step(
     # FSDP2: the sharded fp32 gradients.
     step_grads = share.grads * d.gradient
     root_reduction = 0
+    fsdp_backward = None
     if stage >= Stage.GRADIENTS:
         # FSDP2 reduces the root unit last, from the final callback of backward (its inputs are
         # token ids, so no post-backward hook fires earlier): its unsharded 16-bit gradients
-        # are alive while chunk_cat writes them into the reduce_dtype reduce-scatter input
-        # (_fsdp_collectives.py foreach_reduce), beside every block's reduced shard.
+        # are alive while chunk_cat writes them into the reduce_dtype reduce-scatter input,
+        # then freed before the (smaller) output is allocated (_fsdp_collectives.py
+        # foreach_reduce: unsharded_grads.clear()), beside every block's reduced shard. With
+        # gradient accumulation a later micro-batch also finds every shard of the earlier ones,
+        # the root's own included (step_memory adds them as accumulated_gradients).
         ts = param_tensors(setup) or []
-        root_shard = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
+        root_tensors = [t for t in ts if t.group == ROOT_GROUP]
+        root_shard = fsdp_shard_total(root_tensors, setup.dp)
         root_reduction = (
-            step_grads - root_shard * d.gradient + setup.dp * root_shard * (d.compute + d.gradient)
+            sum(t.numel for t in root_tensors) * d.compute + setup.dp * root_shard * d.gradient
         )
+        if batch.grad_accumulation_steps == 1:
+            root_reduction += step_grads - root_shard * d.gradient
+        fsdp_backward = _fsdp_backward(setup, stage, d)
     # foreach Adam/AdamW (the CUDA default): one temporary list the size of the local params
     # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach
     # updates in place.
@@ -332,6 +341,7 @@ def _step(
         accumulated_gradients=step_grads if batch.grad_accumulation_steps > 1 else 0,
         gathered_for_loss=gathered_for_loss,
         root_reduction=root_reduction,
+        fsdp_backward=fsdp_backward,
         config=config,
     )
     # input ids and targets (int64) of every micro-batch the loop holds
@@ -348,3 +358,31 @@ def _root_and_last_block(setup: TrainingSetup, compute_bytes: int) -> tuple[int,
     blocks = [t.group for t in ts if t.group != ROOT_GROUP]
     last = fsdp_shard_total([t for t in ts if blocks and t.group == blocks[-1]], setup.dp)
     return setup.dp * root * compute_bytes, setup.dp * last * compute_bytes
+
+
+def _fsdp_backward(setup: TrainingSetup, stage: Stage, d: Dtypes) -> FsdpBackward:
+    """What FSDP2 holds during the blocks' backward (``peak.FsdpBackward``), from the padded
+    shards of the root and the last block and the parameters after the blocks."""
+    arch = setup.architecture
+    assert arch is not None  # _step has an architecture
+    n = setup.dp
+    ts = param_tensors(setup) or []
+    blocks = [t.group for t in ts if t.group != ROOT_GROUP]
+    last = [t for t in ts if blocks and t.group == blocks[-1]]
+    block_shard = fsdp_shard_total(last, n)
+    root_shard = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], n)
+    # the final norm and head (the embedding's gradient, when the head is tied to it), whose
+    # backward runs before the blocks'
+    after_blocks = sum(t.numel * c for t, c in tensor_counts(arch) if t.stage_hint == "last")
+    if arch.tied_embeddings:
+        after_blocks += arch.vocab_size * (arch.embed_proj_dim or arch.hidden)
+    return FsdpBackward(
+        layers=len(set(blocks)),
+        root_gathered=n * root_shard * d.compute,
+        root_grads=after_blocks * d.compute,
+        block_gathered=n * block_shard * d.compute,
+        block_grads=sum(t.numel for t in last) * d.compute,
+        reduce_input=n * block_shard * d.gradient,
+        block_shard_grad=block_shard * d.gradient,
+        prefetch=stage is Stage.PARAMETERS,
+    )
