@@ -326,7 +326,7 @@ def _step(
         )
         if batch.grad_accumulation_steps == 1:
             root_reduction += step_grads - root_shard * d.gradient
-        fsdp_backward = _fsdp_backward(setup, stage, d)
+        fsdp_backward = _fsdp_backward(setup, stage, d, ts)
     # foreach Adam/AdamW (the CUDA default): one temporary list the size of the local params
     # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach
     # updates in place.
@@ -360,13 +360,14 @@ def _root_and_last_block(setup: TrainingSetup, compute_bytes: int) -> tuple[int,
     return setup.dp * root * compute_bytes, setup.dp * last * compute_bytes
 
 
-def _fsdp_backward(setup: TrainingSetup, stage: Stage, d: Dtypes) -> FsdpBackward:
+def _fsdp_backward(
+    setup: TrainingSetup, stage: Stage, d: Dtypes, ts: Sequence[ParamTensor]
+) -> FsdpBackward:
     """What FSDP2 holds during the blocks' backward (``peak.FsdpBackward``), from the padded
-    shards of the root and the last block and the parameters after the blocks."""
+    shards of the root and the last block of ``ts`` and the parameters after the blocks."""
     arch = setup.architecture
     assert arch is not None  # _step has an architecture
     n = setup.dp
-    ts = param_tensors(setup) or []
     blocks = [t.group for t in ts if t.group != ROOT_GROUP]
     last = [t for t in ts if blocks and t.group == blocks[-1]]
     block_shard = fsdp_shard_total(last, n)
