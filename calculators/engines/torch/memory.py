@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from calculators.activations import INDEX_BYTES, Regime
+from calculators.architecture import tensor_counts
 from calculators.conventions import (
     FP32_BYTES,
     HALF_BYTES,
@@ -38,7 +39,7 @@ from calculators.conventions import (
     Precision,
     Stage,
 )
-from calculators.engines.torch.peak import StepMemory, step_memory
+from calculators.engines.torch.peak import FsdpBackward, StepMemory, step_memory
 from calculators.errors import InputError
 from calculators.estimates import StageEstimate
 from calculators.model_states import Placement, TrainingSetup, ceil_div
@@ -295,19 +296,24 @@ def _step(
     # FSDP2: the sharded fp32 gradients.
     step_grads = share.grads * d.gradient
     root_reduction = 0
+    fsdp_backward = None
     if stage >= Stage.GRADIENTS:
         # FSDP2 reduces the root unit last, from the final callback of backward (its inputs are
         # token ids, so no post-backward hook fires earlier): its unsharded 16-bit gradients
-        # are alive while chunk_cat writes them into the reduce_dtype reduce-scatter input
-        # (_fsdp_collectives.py foreach_reduce), beside every block's reduced shard.
+        # are alive while chunk_cat writes them into the reduce_dtype reduce-scatter input,
+        # then freed before the (smaller) output is allocated (_fsdp_collectives.py
+        # foreach_reduce: unsharded_grads.clear()), beside every block's reduced shard. With
+        # gradient accumulation a later micro-batch also finds every shard of the earlier ones,
+        # the root's own included (step_memory adds them as accumulated_gradients).
         ts = param_tensors(setup) or []
-        root_shard = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
+        root_tensors = [t for t in ts if t.group == ROOT_GROUP]
+        root_shard = fsdp_shard_total(root_tensors, setup.dp)
         root_reduction = (
-            step_grads - root_shard * d.gradient + setup.dp * root_shard * (d.compute + d.gradient)
+            sum(t.numel for t in root_tensors) * d.compute + setup.dp * root_shard * d.gradient
         )
-    reductions = (
-        _backward_reductions(setup, stage, d, unsharded) if stage >= Stage.GRADIENTS else ()
-    )
+        if batch.grad_accumulation_steps == 1:
+            root_reduction += step_grads - root_shard * d.gradient
+        fsdp_backward = _fsdp_backward(setup, stage, d, ts)
     last_gather = forward_gathered = 0
     if stage >= Stage.GRADIENTS:
         root, block = _root_and_last_block(setup, d.compute)
@@ -333,7 +339,7 @@ def _step(
         accumulated_gradients=step_grads if batch.grad_accumulation_steps > 1 else 0,
         gathered_for_loss=gathered_for_loss,
         root_reduction=root_reduction,
-        reductions=reductions,
+        fsdp_backward=fsdp_backward,
         forward_gathered=forward_gathered,
         last_gather=last_gather,
         config=config,
@@ -341,51 +347,6 @@ def _step(
     # input ids and targets (int64) of every micro-batch the loop holds
     runtime = 2 * INDEX_BYTES * batch.tokens * batch.grad_accumulation_steps
     return memory, runtime
-
-
-def _backward_reductions(
-    setup: TrainingSetup, stage: Stage, d: Dtypes, unsharded: int
-) -> tuple[tuple[int, int], ...]:
-    """FSDP2's two heaviest moments of gradient reduction, as (blocks in backward after the
-    last one, bytes beyond the end of forward's gathered parameters and the activations still
-    alive). The last block's own activations are gone at both moments; the block in backward
-    keeps its own (and, under checkpointing, its recomputed ones).
-
-    Backward reduces the last block first (``_fsdp_param_group.py`` post_backward): its
-    unsharded 16-bit gradients are taken off the parameters, the block is resharded, and
-    ``foreach_reduce`` (``_fsdp_collectives.py``) allocates the reduce-scatter input — every
-    gradient's dim 0 padded to a multiple of N, in the reduce dtype, N × the padded shard —
-    copies the gradients in, frees them and allocates the shard-sized output. That input stays
-    referenced (``comm_ctx.reduce_scatter_states``, one buffer) until the next block's
-    post_backward, so it is still alive when the next block's own gradients are complete.
-    Where dim 0 is short (a 3-D expert tensor with fewer experts than ranks) the padding
-    multiplies the input. Gathered meanwhile: with ``reshard_after_forward=False`` every block
-    not yet reduced; with ``True`` the block in backward, the one prefetched next and the root
-    unit, gathered again for the head's backward (unless it was never resharded).
-    """
-    ts = param_tensors(setup) or []
-    blocks = [t.group for t in ts if t.group != ROOT_GROUP]
-    if not blocks:
-        return ()
-    last = [t for t in ts if t.group == blocks[-1]]
-    shard = fsdp_shard_total(last, setup.dp)
-    grads = sum(t.numel for t in last) * d.compute
-    scatter_in, scatter_out = setup.dp * shard * d.gradient, shard * d.gradient
-    block = setup.dp * shard * d.compute
-    if stage is Stage.GRADIENTS:
-        gathered_first, gathered_next = -block, -block
-    else:
-        root = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
-        root_gathered = 0 if unsharded else setup.dp * root * d.compute
-        gathered_first, gathered_next = root_gathered + block, root_gathered + 2 * block
-    return (
-        # the last block's reduction: its gradients copied into the padded input
-        (0, gathered_first + scatter_in + max(grads, scatter_out)),
-        # the next block's backward beside the last block's input and output: its gradients
-        # grow while its activations (recomputed under checkpointing) are consumed; both
-        # are counted whole
-        (1, gathered_next + scatter_in + scatter_out + grads),
-    )
 
 
 def _root_and_last_block(setup: TrainingSetup, compute_bytes: int) -> tuple[int, int]:
@@ -397,3 +358,32 @@ def _root_and_last_block(setup: TrainingSetup, compute_bytes: int) -> tuple[int,
     blocks = [t.group for t in ts if t.group != ROOT_GROUP]
     last = fsdp_shard_total([t for t in ts if blocks and t.group == blocks[-1]], setup.dp)
     return setup.dp * root * compute_bytes, setup.dp * last * compute_bytes
+
+
+def _fsdp_backward(
+    setup: TrainingSetup, stage: Stage, d: Dtypes, ts: Sequence[ParamTensor]
+) -> FsdpBackward:
+    """What FSDP2 holds during the blocks' backward (``peak.FsdpBackward``), from the padded
+    shards of the root and the last block of ``ts`` and the parameters after the blocks."""
+    arch = setup.architecture
+    assert arch is not None  # _step has an architecture
+    n = setup.dp
+    blocks = [t.group for t in ts if t.group != ROOT_GROUP]
+    last = [t for t in ts if blocks and t.group == blocks[-1]]
+    block_shard = fsdp_shard_total(last, n)
+    root_shard = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], n)
+    # the final norm and head (the embedding's gradient, when the head is tied to it), whose
+    # backward runs before the blocks'
+    after_blocks = sum(t.numel * c for t, c in tensor_counts(arch) if t.stage_hint == "last")
+    if arch.tied_embeddings:
+        after_blocks += arch.vocab_size * (arch.embed_proj_dim or arch.hidden)
+    return FsdpBackward(
+        layers=len(set(blocks)),
+        root_gathered=n * root_shard * d.compute,
+        root_grads=after_blocks * d.compute,
+        block_gathered=n * block_shard * d.compute,
+        block_grads=sum(t.numel for t in last) * d.compute,
+        reduce_input=n * block_shard * d.gradient,
+        block_shard_grad=block_shard * d.gradient,
+        prefetch=stage is Stage.PARAMETERS,
+    )

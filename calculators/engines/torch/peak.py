@@ -15,6 +15,11 @@ tensors whose lifetimes come from autograd and the engines' source:
   16-bit parameters FSDP2 keeps after forward when ``reshard_after_forward=False``, and the two
   fp32 ``tokens × vocab`` gradients of the loss (nll_loss's grad input and log_softmax's).
 - ``recompute`` (activation checkpointing): the first block recomputed in backward.
+- ``block_backward`` (FSDP2): the end of a block's backward, before its post-backward hook
+  reshards it (:class:`FsdpBackward`): the root unit gathered again for the head's backward and
+  kept until backward ends, the head's gradient, the block's parameters and gradients, the next
+  block prefetched, the previous block's reduce-scatter input, the shards already reduced and
+  the activations of the blocks still to run backward.
 - ``optimizer_step``: the gradients the optimizer reads plus one temporary list the size of
   the local parameters that torch's foreach Adam allocates (``torch/optim/adam.py``
   ``_multi_tensor_adam``: ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``).
@@ -32,8 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from calculators.activations import Regime, activations
-from calculators.architecture import Architecture
+from calculators.activations import ActivationBreakdown, Regime, activations
+from calculators.architecture import Architecture, Norm
 from calculators.batch import Batch
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.errors import InputError
@@ -97,6 +102,66 @@ class StepMemory:
         return self.moments[self.peak_moment]
 
 
+@dataclass(frozen=True)
+class FsdpBackward:
+    """What FSDP2 holds while autograd runs backward through the blocks, in bytes.
+
+    The root's pre-backward hook sits on the model's output (``_fsdp_state.py``
+    ``_register_pre_backward_hook``), so the root unit is gathered before the head's backward
+    whether the loss is computed inside the model or after it, and its post-backward runs only
+    from the final callback (its inputs are token ids): the root stays gathered, and the
+    gradients of the parameters after the blocks (final norm, head) stay unsharded, through
+    every block's backward (``_fsdp_param_group.py`` ``pre_backward`` / ``post_backward``).
+    A block's post-backward reshards it, then drops the previous block's reduce-scatter
+    input (``comm_ctx.reduce_scatter_state``), so until then that input is alive beside the
+    block's own parameters and gradients.
+
+    Attributes:
+        layers: blocks, each its own FSDP2 unit.
+        root_gathered: the root unit's unsharded parameters (``N × padded shard``, compute dtype).
+        root_grads: unsharded gradients of the root's parameters after the blocks.
+        block_gathered: one block's unsharded parameters (``N × padded shard``, compute dtype).
+        block_grads: one block's unsharded gradients (compute dtype).
+        reduce_input: one block's reduce-scatter input (``N × padded shard``, reduce dtype).
+        block_shard_grad: one block's reduced gradient shard (padded shard, reduce dtype).
+        prefetch: ``reshard_after_forward=True``: each block is gathered again for backward and
+            the next one prefetched; ``False``: the blocks not yet run backward stay gathered.
+    """
+
+    layers: int
+    root_gathered: int
+    root_grads: int
+    block_gathered: int
+    block_grads: int
+    reduce_input: int
+    block_shard_grad: int
+    prefetch: bool
+
+    def at_block_start(self, i: int, accumulated_gradients: int) -> int:
+        """Bytes FSDP2 holds when block ``i``'s backward starts (no gradient of it yet)."""
+        return self.at_block_end(i, accumulated_gradients) - self.block_grads
+
+    def at_block_end(self, i: int, accumulated_gradients: int) -> int:
+        """Bytes FSDP2 holds at the end of block ``i``'s backward (blocks run L-1 down to 0)."""
+        held_input = self.reduce_input if i < self.layers - 1 else 0
+        return self._gathered(i, True) + held_input + self._common(i, accumulated_gradients)
+
+    def at_reduce(self, i: int, accumulated_gradients: int) -> int:
+        """Bytes FSDP2 holds while block ``i``'s post-backward copies its gradients into the
+        reduce-scatter input: the block resharded, the previous input dropped."""
+        return self._gathered(i, False) + self.reduce_input + self._common(i, accumulated_gradients)
+
+    def _gathered(self, i: int, with_block: bool) -> int:
+        own = self.block_gathered if with_block else 0
+        if self.prefetch:  # block i-1 prefetched (none below block 0)
+            return own + (self.block_gathered if i > 0 else 0)
+        return own + self.block_gathered * i  # blocks 0..i-1 still gathered since forward
+
+    def _common(self, i: int, accumulated_gradients: int) -> int:
+        reduced = accumulated_gradients or (self.layers - 1 - i) * self.block_shard_grad
+        return self.root_gathered + self.root_grads + self.block_grads + reduced
+
+
 def step_memory(
     arch: Architecture,
     batch: Batch,
@@ -108,7 +173,7 @@ def step_memory(
     accumulated_gradients: int = 0,
     gathered_for_loss: int = 0,
     root_reduction: int = 0,
-    reductions: tuple[tuple[int, int], ...] = (),
+    fsdp_backward: FsdpBackward | None = None,
     forward_gathered: int = 0,
     last_gather: int = 0,
     config: Mapping[str, Any],
@@ -128,9 +193,7 @@ def step_memory(
             (FSDP2 with ``reshard_after_forward=True`` when the loss is the root's output).
         root_reduction: bytes of gradients alive when FSDP2 reduces its root unit at the end of
             backward (0: no such moment).
-        reductions: FSDP2's gradient-reduction moments in backward, each (blocks in backward
-            after the last one, bytes of gathered-parameter change, reduction buffers and
-            gradients beyond the end of forward).
+        fsdp_backward: what FSDP2 holds during the blocks' backward (``None``: not FSDP2).
         forward_gathered: FSDP2's gathered parameter bytes at the last block's all-gather in
             forward, its flat all-gather output and the previous block's included (0: none).
         last_gather: the flat all-gather output still alive while a loss inside the root
@@ -148,39 +211,40 @@ def step_memory(
         "loss_backward": end_of_forward + loss_grads + accumulated_gradients + gathered_for_loss,
         "optimizer_step": held + step_gradients + optimizer_temporary,
     }
-    if root_reduction:
-        moments["root_reduction"] = held + root_reduction + accumulated_gradients
     if forward_gathered:
         moments["last_block_gather"] = (
             forward_gathered + acts.layers - acts.layers // arch.layers + acts.embedding
         )
-    # a reduction moment: the last block's activations, the head's and the loss's are freed;
-    # a block in backward after it holds its own (recomputed under checkpointing) and the
-    # gradient of its output flows in
-    res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
-    for later, extra in reductions:
-        alive = acts.end_of_forward - acts.layers // arch.layers - acts.head - acts.loss
-        moments[f"block_reduction_{later + 1}"] = (
-            unsharded_after_forward
-            + alive
-            + later * acts.recompute
-            + res * batch.tokens * arch.hidden
-            + extra
-            + accumulated_gradients
+    if root_reduction:
+        moments["root_reduction"] = held + root_reduction + accumulated_gradients
+    if fsdp_backward is not None and fsdp_backward.layers:
+        moments["block_backward"] = _block_backward(
+            arch, batch, regime, acts, fsdp_backward, accumulated_gradients
         )
     if acts.recompute:
         # backward of the last checkpointed block: the saved block inputs, the caller's logits,
         # the recomputed block and the gradient flowing in and out of it.
         res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
-        moments["recompute"] = (
-            unsharded_after_forward
-            + acts.layers
+        recompute = (
+            acts.layers
             + acts.embedding
             + acts.logits
             + acts.recompute
             + 2 * res * batch.tokens * arch.hidden
-            + accumulated_gradients
         )
+        if fsdp_backward is not None and fsdp_backward.layers:
+            # FSDP2 holds what it holds at the start of the block's backward (its gathered
+            # parameters included); the block before the last one finds the last one's
+            # reduce-scatter input, one saved input fewer
+            last = fsdp_backward.layers - 1
+            per_block = acts.layers // arch.layers
+            recompute += max(
+                fsdp_backward.at_block_start(i, accumulated_gradients) - (last - i) * per_block
+                for i in {last, max(last - 1, 0)}
+            )
+        else:
+            recompute += unsharded_after_forward + accumulated_gradients
+        moments["recompute"] = recompute
     return StepMemory(
         activations=acts.end_of_forward,
         held_outputs=held,
@@ -189,3 +253,38 @@ def step_memory(
         step_gradients=step_gradients,
         moments=moments,
     )
+
+
+def _block_backward(
+    arch: Architecture,
+    batch: Batch,
+    regime: Regime,
+    acts: ActivationBreakdown,
+    fsdp: FsdpBackward,
+    accumulated_gradients: int,
+) -> int:
+    """The largest moment of the blocks' backward under FSDP2 (:class:`FsdpBackward`).
+
+    Two instants per block ``i``. At the end of its backward autograd still holds what blocks
+    ``0..i-1`` saved, the caller's logits and the token ids; of block ``i`` itself only what
+    its first norm saved (its input and statistics) and the gradients in flight: the qkv
+    output's, the one the qkv projection is writing for its input, and the residual stream's.
+    In its post-backward only the gradient leaving the block is left of those. Every term is
+    linear in ``i`` between block 1 and block L-2, so the largest is at one of those ends or at
+    block 0 (nothing prefetched) or block L-1 (no earlier reduce-scatter input).
+    """
+    t = batch.tokens
+    res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
+    lin = FP32_BYTES if regime is Regime.FP32 else HALF_BYTES
+    stats = (1 if arch.norm is Norm.RMSNORM else 2) * FP32_BYTES * t
+    qkv = arch.q_dim + 2 * arch.kv_dim
+    leaving = res * t * arch.hidden  # the gradient of the block's input
+    in_block = res * t * arch.hidden + stats + lin * t * (qkv + arch.hidden) + leaving
+    per_block = acts.layers // arch.layers
+    last = fsdp.layers - 1
+    moments = []
+    for i in {0, min(1, last), max(last - 1, 0), last}:
+        below = acts.logits + acts.embedding + i * per_block
+        moments.append(below + in_block + fsdp.at_block_end(i, accumulated_gradients))
+        moments.append(below + leaving + fsdp.at_reduce(i, accumulated_gradients))
+    return max(moments)

@@ -1,0 +1,146 @@
+"""FSDP2's step peak on the CPU, simulated world: every live storage counted after every op.
+
+``measure`` reads peaks from the CUDA allocator only; here a dispatch mode sums the storages
+alive after each op of a real FSDP2 step (fake process group, rank 0 of N) and keeps the
+largest sum, which is what ``max_memory_allocated`` reads less the allocator's rounding. The
+GPT is the 1.1B one of ``measure.validate --part a`` divided by 16 in hidden size and
+vocabulary, with 6 blocks and twice its tokens per block so that, as there, the blocks'
+backward is the peak at large N. (The optimizer step is no candidate here: torch's Adam is
+foreach only on CUDA, so the CPU step has no temporary the size of the parameters.)
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from calculators.architecture import Architecture  # noqa: E402
+from calculators.batch import Batch  # noqa: E402
+from calculators.conventions import Engine, Optimizer, Precision, Stage  # noqa: E402
+from calculators.engines.torch.memory import estimate  # noqa: E402
+from calculators.model_states import TrainingSetup  # noqa: E402
+from measure.engines.pytorch import build_engine, root_reshards_after_forward  # noqa: E402
+from measure.workloads import gpt_workload  # noqa: E402
+
+ARCH = {"layers": 6, "hidden": 112, "heads": 7, "vocab_size": 3141, "max_seq_len": 64}
+TOKENS = 64
+
+
+class PeakStorages(TorchDispatchMode):
+    """Bytes of the storages alive after each op (each storage once), and the largest sum."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        self._watch(out)
+        self.peak = max(self.peak, self.live())
+        return out
+
+    def _watch(self, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            local = getattr(out, "_local_tensor", out)  # a DTensor's shard
+            st = local.untyped_storage()
+            if id(st) not in self._refs:
+                self._refs[id(st)] = weakref.ref(st, functools.partial(self._forget, id(st)))
+        elif isinstance(out, (list, tuple)):
+            for item in out:
+                self._watch(item)
+
+    def _forget(self, key: int, _ref: Any) -> None:
+        self._refs.pop(key, None)
+
+    def live(self) -> int:
+        seen: dict[int, int] = {}
+        for ref in list(self._refs.values()):
+            st = ref()
+            if st is not None and st.nbytes():
+                seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
+
+
+def _measured(world: int, stage: Stage) -> tuple[int, int]:
+    """(resident, peak) of rank 0's third step, as measure's loop runs it."""
+    arch = Architecture(**ARCH)
+    workload = gpt_workload(arch, 1, TOKENS)
+    cpu = torch.device("cpu")
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        with PeakStorages() as mode:
+            x, y = workload.make_batch(cpu, torch.Generator().manual_seed(0))
+            model = workload.build(cpu)
+            engine = build_engine(
+                model,
+                workload.shard_units(model),
+                stage,
+                Precision.MIXED_BF16,
+                Optimizer.ADAM,
+                cpu,
+                True,
+            )
+            held: list[torch.Tensor] = []
+            for step in range(3):
+                if step == 2:
+                    mode.peak = 0
+                out, loss = workload.forward(engine.module, x, y)
+                held.clear()
+                loss.backward()
+                held.extend((out, loss))
+                del out, loss
+                engine.optimizer.step()
+                engine.optimizer.zero_grad(set_to_none=True)
+            return mode.live(), mode.peak
+    finally:
+        dist.destroy_process_group()
+
+
+def _predicted(world: int, stage: Stage) -> tuple[int, int, str]:
+    setup = TrainingSetup(
+        params=1,
+        dp=world,
+        precision=Precision.MIXED_BF16,
+        optimizer=Optimizer.ADAM,
+        engine=Engine.TORCH,
+        architecture=Architecture(**ARCH),
+        batch=Batch(1, TOKENS),
+        engine_config={
+            "holds_outputs": True,
+            "fsdp_root_reshard_after_forward": root_reshards_after_forward(),
+            "cublas_workspace_bytes": 0,
+        },
+    )
+    est = estimate(setup, stage)
+    assert est.peak is not None
+    moment = next(n for n in est.notes if n.startswith("peak at "))
+    return est.resident, est.peak, moment.split(";")[0].removeprefix("peak at ")
+
+
+@pytest.mark.parametrize(
+    ("world", "stage", "moment"),
+    [
+        # the root unit gathered again for the head's backward and kept through every block's
+        # backward, beside the block's parameters, gradients and reduce-scatter buffers
+        (64, Stage.PARAMETERS, "block_backward"),
+        (8, Stage.PARAMETERS, "block_backward"),
+        # reshard_after_forward=False: every unit stays gathered from forward to the loss
+        (64, Stage.GRADIENTS, "loss_backward"),
+    ],
+)
+def test_fsdp2_peak_matches_the_step(world: int, stage: Stage, moment: str) -> None:
+    resident, peak = _measured(world, stage)
+    p_resident, p_peak, p_moment = _predicted(world, stage)
+    assert abs(p_resident - resident) <= 0.005 * resident
+    assert abs(p_peak - peak) <= 0.005 * peak, (p_peak, peak)
+    assert p_moment == moment, (p_peak, peak)
