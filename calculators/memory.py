@@ -16,7 +16,7 @@ def estimate(setup: TrainingSetup, stages: Iterable[Stage]) -> MemoryEstimate:
     model = engine_model(setup.engine)
     results = []
     for s in stages:
-        stage = Stage(s)
+        stage = s if type(s) is Stage else Stage(s)
         est = model.estimate(setup, stage)
         theory: int | None = est.model_states
         if setup.engine is not Engine.PAPER:

@@ -71,6 +71,7 @@ class PaperModel:
             activations=acts,
             peak=peak,
             notes=tuple(notes),
+            theory=resident,  # the paper's model states are its own theory
         )
 
     def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
