@@ -4,6 +4,7 @@ arXiv 2101.06840 §4.1 for offload transfers)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from calculators.activations import Regime, activations
@@ -73,6 +74,9 @@ class PaperModel:
             notes=tuple(notes),
             theory=resident,  # the paper's model states are its own theory
         )
+
+    def estimates(self, setup: TrainingSetup, stages: Sequence[Stage]) -> Iterator[StageEstimate]:
+        return (self.estimate(setup, stage) for stage in stages)
 
     def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         sent = _collectives(setup, stage)
