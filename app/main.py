@@ -17,7 +17,7 @@ from fastapi.openapi.docs import (
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from app.api import openapi
+from app.api import direct, openapi
 from app.api.deps import reject_unknown_query
 from app.api.routes import (
     capacity,
@@ -129,8 +129,6 @@ def create_app() -> FastAPI:
     errors.install(app)
     openapi.install(app)
     add_docs(app)
-    app.state.metrics = Metrics()
-    middleware.install(app, get_settings(), app.state.metrics)
     routers = (
         memory,
         sweep,
@@ -146,6 +144,9 @@ def create_app() -> FastAPI:
     )
     for module in routers:
         app.include_router(module.router)
+    direct.install(app)  # first added, so innermost: inside every protection
+    app.state.metrics = Metrics()
+    middleware.install(app, get_settings(), app.state.metrics)
     return app
 
 

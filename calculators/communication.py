@@ -65,6 +65,15 @@ def _ddp_reference(setup: CommunicationSetup) -> EngineTraffic:
     return engine_model(training.engine).traffic(plain, Stage.NONE)
 
 
+def _is_plain(setup: CommunicationSetup) -> bool:
+    """Whether ``setup`` is its own ``_ddp_reference`` (no offload, ZeRO++ or shard groups)."""
+    return (
+        setup.training.offload == Offload()
+        and setup.zeropp == ZeroPlusPlus()
+        and setup.shard_group_size is None
+    )
+
+
 def _exact_sent(traffic: EngineTraffic) -> Fraction:
     """Bytes a rank sends over ``traffic``'s collectives, before rounding up to whole bytes."""
     return sum((c.exact_sent for c in traffic.collectives), Fraction(0))
@@ -83,12 +92,14 @@ def stage_communication(
     setup: CommunicationSetup,
     stage: Stage,
     ddp_sent: Callable[[], Fraction] | None = None,
+    seen_ddp: list[Fraction] | None = None,
 ) -> StageCommunication:
     """Volumes, link split and time of one stage, with its ratio to the same engine's DDP.
 
     ``ddp_sent``: gives the exact bytes of the same engine's DDP step (they do not depend on
     the stage), for callers that ask for several stages; asked only after the stage's own
-    traffic, so the stage's errors come first.
+    traffic, so the stage's errors come first. ``seen_ddp``: where stage 0 of a setup that is
+    already plain data parallelism leaves its bytes, which are that reference.
     """
     traffic = engine_traffic(setup, stage)
     costs = tuple(cost(setup, c) for c in traffic.collectives)
@@ -97,6 +108,8 @@ def stage_communication(
     exact = _exact_sent(traffic)
     if stage is Stage.NONE:
         reference = exact
+        if seen_ddp is not None and _is_plain(setup):  # this step is the DDP reference
+            seen_ddp.append(exact)
     else:
         reference = ddp_sent() if ddp_sent is not None else _exact_sent(_ddp_reference(setup))
     return StageCommunication(
@@ -124,7 +137,7 @@ def estimate_communication(
 
     return CommunicationEstimate(
         setup=setup,
-        stages=tuple(stage_communication(setup, Stage(s), ddp_sent) for s in stages),
+        stages=tuple(stage_communication(setup, Stage(s), ddp_sent, known) for s in stages),
         convention=engine_model(setup.training.engine).traffic_convention,
     )
 

@@ -9,6 +9,7 @@ link's peak rate, and NVLS/SHARP in-network reduction.
 from __future__ import annotations
 
 from fractions import Fraction
+from functools import lru_cache
 
 from calculators.interconnects import NCCL_BASE_LATENCY
 from calculators.model_states import ceil_div
@@ -24,6 +25,18 @@ def _node_bandwidth(setup: CommunicationSetup, group: Group) -> Fraction:
     """
     topo = setup.topology
     return Fraction(setup.network.inter.bandwidth * topo.nics * group.per_node, topo.gpus_per_node)
+
+
+@lru_cache(maxsize=1024)  # a constant of the links and the ring, asked per collective
+def ring_latency(
+    intra_steps: int,
+    intra: Fraction,
+    inter_steps: int = 0,
+    inter: Fraction = Fraction(0),
+    bases: int = 1,
+) -> Fraction:
+    """``bases`` NCCL base latencies plus one hop latency per ring step on each link class."""
+    return bases * NCCL_BASE_LATENCY + intra_steps * intra + inter_steps * inter
 
 
 def alpha_beta_seconds(
@@ -51,8 +64,7 @@ def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
     net = setup.network
     m, per = g.nodes, g.per_node
     if m == 1:
-        steps = ring_steps(c.op, g.size)
-        latency = NCCL_BASE_LATENCY + steps * net.intra.latency
+        latency = ring_latency(ring_steps(c.op, g.size), net.intra.latency)
         seconds = alpha_beta_seconds(
             c.calls, latency, c.payload_bytes, bus_factor(c.op, g.size), net.intra.bandwidth
         )
@@ -72,10 +84,8 @@ def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
         inter_factor = sent_factor(c.op, m) / per
         intra = ceil_div(c.payload_bytes * intra_op_factor)
         inter = sent - intra
-        latency = (
-            2 * NCCL_BASE_LATENCY
-            + ring_steps(c.op, per) * net.intra.latency
-            + ring_steps(c.op, m) * net.inter.latency
+        latency = ring_latency(
+            ring_steps(c.op, per), net.intra.latency, ring_steps(c.op, m), net.inter.latency, 2
         )
         transfer = (
             per_call * intra_op_factor / net.intra.bandwidth
@@ -87,11 +97,7 @@ def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
     inter = ceil_div(sent, per)
     steps = ring_steps(c.op, g.size)
     inter_steps = min(steps, (2 if c.op is Op.ALL_REDUCE else 1) * (m - 1))
-    latency = (
-        NCCL_BASE_LATENCY
-        + (steps - inter_steps) * net.intra.latency
-        + inter_steps * net.inter.latency
-    )
+    latency = ring_latency(steps - inter_steps, net.intra.latency, inter_steps, net.inter.latency)
     bandwidth = min(Fraction(net.intra.bandwidth), node_bw) if per > 1 else node_bw
     seconds = alpha_beta_seconds(
         c.calls, latency, c.payload_bytes, bus_factor(c.op, g.size), bandwidth

@@ -15,9 +15,8 @@ def estimate(setup: TrainingSetup, stages: Iterable[Stage]) -> MemoryEstimate:
     """Estimate each stage with the engine ``setup.engine`` names."""
     model = engine_model(setup.engine)
     results = []
-    for s in stages:
-        stage = Stage(s)
-        est = model.estimate(setup, stage)
+    for est in model.estimates(setup, [s if type(s) is Stage else Stage(s) for s in stages]):
+        stage = est.stage
         theory: int | None = est.model_states
         if setup.engine is not Engine.PAPER:
             try:

@@ -142,6 +142,20 @@ def _bytes_per_param(
     )
 
 
+@cache
+def _share_terms(
+    precision: Precision,
+    gradients: GradientConvention,
+    optimizer: Optimizer,
+    master_weights: bool,
+    k: Fraction | None,
+) -> tuple[int, int, int, int, int, int]:
+    """Numerator and denominator of each state's bytes per parameter (``_bytes_per_param``)."""
+    per = _bytes_per_param(precision, gradients, optimizer, master_weights, k)
+    p, g, o = per.parameters, per.gradients, per.optimizer_states
+    return p.numerator, p.denominator, g.numerator, g.denominator, o.numerator, o.denominator
+
+
 @dataclass(frozen=True)
 class Placement:
     """Bytes of each model state in one place (device, CPU memory or NVMe), per rank."""
@@ -206,20 +220,20 @@ def model_state_memory(setup: TrainingSetup, stage: Stage) -> ModelStateMemory:
     gradient partition to CPU memory (ZeRO-Offload, arXiv 2101.06840 §4). Parameter offload
     (stage 3, ZeRO-Infinity) moves the parameter partition.
     """
-    check_offload(setup.offload, stage)
+    offload = setup.offload
+    check_offload(offload, stage)
     psi = setup.params_per_device
-    per = bytes_per_param(setup)
-    split_p, split_g, split_o = partitioned(stage)
     # ⌈b·Ψ / d⌉ with b = n/q in lowest terms is ⌈n·Ψ / (q·d)⌉: the same rational number, in
     # integers (no Fraction product per share)
-    p, g, o = per.parameters, per.gradients, per.optimizer_states
+    np_, qp, ng, qg, no, qo = _share_terms(
+        setup.precision, setup.gradients, setup.optimizer, setup.master_weights, setup.k
+    )
     dp = setup.dp
     device = [
-        -((-p.numerator * psi) // (p.denominator * (dp if split_p else 1))),
-        -((-g.numerator * psi) // (g.denominator * (dp if split_g else 1))),
-        -((-o.numerator * psi) // (o.denominator * (dp if split_o else 1))),
+        -((-np_ * psi) // (qp * dp if stage >= Stage.PARAMETERS else qp)),
+        -((-ng * psi) // (qg * dp if stage >= Stage.GRADIENTS else qg)),
+        -((-no * psi) // (qo * dp if stage >= Stage.OPTIMIZER else qo)),
     ]
-    offload = setup.offload
     if offload.optimizer is OffloadDevice.NONE and offload.params is OffloadDevice.NONE:
         return ModelStateMemory(stage, Placement(*device), NOWHERE, NOWHERE)
     cpu = [0, 0, 0]

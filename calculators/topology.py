@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
+from functools import lru_cache
 
 from calculators.errors import InputError
 from calculators.interconnects import (
@@ -43,6 +44,7 @@ class Algorithm(StrEnum):
     the node (2D / hierarchical all-reduce)."""
 
 
+@lru_cache(maxsize=1024)  # a constant of (op, n), asked for every collective of every stage
 def sent_factor(op: Op, n: int) -> Fraction:
     """Bytes one rank sends per payload byte (mean over ranks).
 
@@ -57,6 +59,7 @@ def sent_factor(op: Op, n: int) -> Fraction:
     return Fraction(n - 1, n)
 
 
+@lru_cache(maxsize=1024)
 def bus_factor(op: Op, n: int) -> Fraction:
     """nccl-tests busbw / algbw (doc/PERFORMANCE.md): 2(n−1)/n all-reduce, (n−1)/n all-gather,
     reduce-scatter and all-to-all, 1 broadcast and reduce."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields, replace
 from enum import Enum
+from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from pydantic_core import to_json
@@ -43,7 +45,14 @@ from calculators.architecture import Architecture
 from calculators.capacity import MAX_GROWN_LAYERS, MAX_PARAMS, CapacityResult, needed
 from calculators.capacity import StageCapacity as CapacityRow
 from calculators.config_resolution import Decided
-from calculators.conventions import OPTIMIZER_ASSUMPTIONS, Engine, Stage
+from calculators.conventions import (
+    OPTIMIZER_ASSUMPTIONS,
+    Engine,
+    GradientConvention,
+    Optimizer,
+    Precision,
+    Stage,
+)
 from calculators.estimates import MemoryEstimate, StageEstimate
 from calculators.inference import InferenceMemory
 from calculators.interconnects import Interconnect
@@ -192,8 +201,35 @@ def resolved_config(engine: Engine, decided: Decided | None) -> ResolvedConfig |
 
 
 def convention_body(result: MemoryEstimate) -> dict[str, Any]:
-    """:class:`Convention`'s fields, in its order."""
-    setup = result.setup
+    """:class:`Convention`'s fields, in its order (one shared body per distinct convention:
+    encoded, never changed)."""
+    s = result.setup
+    return _convention_body(
+        result.convention, s.engine, s.precision, s.optimizer, s.k, s.gradients, s.master_weights
+    )
+
+
+@lru_cache(maxsize=256)
+def _convention_body(
+    convention: str,
+    engine: Engine,
+    precision: Precision,
+    optimizer: Optimizer,
+    k: Fraction | None,
+    gradients: GradientConvention,
+    master_weights: bool,
+) -> dict[str, Any]:
+    # everything ``labels`` and the assumption read: the rest of a setup is left at its default
+    setup = TrainingSetup(
+        params=1,
+        dp=1,
+        precision=precision,
+        optimizer=optimizer,
+        k=k,
+        gradients=gradients,
+        master_weights=master_weights,
+        engine=engine,
+    )
     label = labels(setup)
     per = label.per_param
     assumption = (
@@ -203,7 +239,7 @@ def convention_body(result: MemoryEstimate) -> dict[str, Any]:
         assumption = f"an fp32 master copy plus {assumption} (fp32)"
     return {
         "engine": setup.engine.value,
-        "description": "; ".join((result.convention, *label.ignored)),
+        "description": "; ".join((convention, *label.ignored)),
         "precision": setup.precision.value,
         "optimizer": setup.optimizer.value,
         "k": float(per.optimizer_states),

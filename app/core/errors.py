@@ -130,10 +130,15 @@ async def validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, problems)
 
 
-async def input_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, InputError)
+def input_error_response(exc: InputError) -> JSONResponse:
+    """The 422 of a domain error: each field it names, with its message."""
     kind = "limit" if isinstance(exc, LimitError) else "rule"
     return error_response(422, [problem(loc_of(f), exc.message, kind) for f in exc.fields])
+
+
+async def input_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InputError)
+    return input_error_response(exc)
 
 
 def _problems_of(status: int, detail: Any) -> list[dict[str, Any]]:

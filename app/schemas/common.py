@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import cache
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
@@ -52,6 +53,17 @@ def _json_int(value: Any) -> Any:
     return value
 
 
+@cache
+def _number_fields(model: type[BaseModel]) -> tuple[tuple[str, str], ...]:
+    """``(key in the body, number kind)`` of each number field of ``model``, worked out once
+    per class rather than on every validation."""
+    fields = (
+        (field.alias or name, _number_kind(field.annotation))
+        for name, field in model.model_fields.items()
+    )
+    return tuple((key, kind) for key, kind in fields if kind is not None)
+
+
 class StrictModel(BaseModel):
     """Unknown fields are errors; NaN and ±Infinity are refused; no silent coercion of str.
 
@@ -68,11 +80,9 @@ class StrictModel(BaseModel):
         if not isinstance(data, dict):
             return data
         out = dict(data)
-        for name, field in cls.model_fields.items():
-            key = field.alias or name
+        for key, kind in _number_fields(cls):
             if key not in out:
                 continue
-            kind = _number_kind(field.annotation)
             value = out[key]
             if kind == "int":
                 out[key] = _json_int(value)

@@ -8,6 +8,7 @@ profile and its traffic.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from calculators.conventions import Engine, Stage
@@ -32,6 +33,10 @@ class EngineModel(Protocol):
 
     def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate:
         """Rank 0's memory under ``stage``."""
+        ...
+
+    def estimates(self, setup: TrainingSetup, stages: Sequence[Stage]) -> Iterator[StageEstimate]:
+        """``estimate`` for each of ``stages`` in turn, sharing what the stages have in common."""
         ...
 
     def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:

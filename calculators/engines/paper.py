@@ -4,6 +4,7 @@ arXiv 2101.06840 §4.1 for offload transfers)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from calculators.activations import Regime, activations
@@ -44,33 +45,44 @@ class PaperModel:
     traffic_convention: str = TRAFFIC_CONVENTION
 
     def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate:
-        states = model_state_memory(setup, stage)
-        resident = states.device.total
-        notes = ["temporary_buffers is null: the paper counts no engine buffers"]
-        acts = peak = None
-        if setup.architecture is not None and setup.batch is not None:
-            # everything autograd holds when forward and the loss are done, the paper's 16-bit
-            # activations (34·s·b·h per layer for ffn = 4h) on the first pipeline stage
-            regime = Regime.FP32 if setup.precision is Precision.FP32 else Regime.HALF
-            acts = activations(
-                setup.architecture, setup.batch, regime, tp=setup.tp, pp=setup.pp
-            ).end_of_forward
-            peak = resident + acts
-            notes.append(f"activations in {regime.value} regime; peak = model states + activations")
-        else:
-            notes.append(
-                "activations and peak are null: they need "
-                + ("a batch" if setup.architecture is not None else "an architecture and a batch")
+        return next(self.estimates(setup, (stage,)))
+
+    def estimates(self, setup: TrainingSetup, stages: Sequence[Stage]) -> Iterator[StageEstimate]:
+        # the activations and the notes do not depend on the stage: worked out once, after the
+        # first stage's model states (whose refusals come first)
+        notes: tuple[str, ...] = ()
+        acts: int | None = None
+        for stage in stages:
+            states = model_state_memory(setup, stage)
+            resident = states.device.total
+            if not notes:
+                acts, said = self._activations(setup)
+                notes = ("temporary_buffers is null: the paper counts no engine buffers", said)
+            yield StageEstimate(
+                stage=stage,
+                device=states.device,
+                cpu=states.cpu,
+                nvme=states.nvme,
+                resident=resident,
+                activations=acts,
+                peak=None if acts is None else resident + acts,
+                notes=notes,
+                theory=resident,  # the paper's model states are its own theory
             )
-        return StageEstimate(
-            stage=stage,
-            device=states.device,
-            cpu=states.cpu,
-            nvme=states.nvme,
-            resident=resident,
-            activations=acts,
-            peak=peak,
-            notes=tuple(notes),
+
+    @staticmethod
+    def _activations(setup: TrainingSetup) -> tuple[int | None, str]:
+        """The activations the peak adds, and the note that says what they are (or why not)."""
+        if setup.architecture is None or setup.batch is None:
+            return None, "activations and peak are null: they need " + (
+                "a batch" if setup.architecture is not None else "an architecture and a batch"
+            )
+        # everything autograd holds when forward and the loss are done, the paper's 16-bit
+        # activations (34·s·b·h per layer for ffn = 4h) on the first pipeline stage
+        regime = Regime.FP32 if setup.precision is Precision.FP32 else Regime.HALF
+        acts = activations(setup.architecture, setup.batch, regime, tp=setup.tp, pp=setup.pp)
+        return acts.end_of_forward, (
+            f"activations in {regime.value} regime; peak = model states + activations"
         )
 
     def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:

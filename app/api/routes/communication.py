@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body
+from pydantic import TypeAdapter
+from starlette.responses import Response
 
 from app.api.convert import communication_question
 from app.api.examples import COMMUNICATION_EXAMPLES
@@ -32,6 +34,17 @@ def communication(
     question = communication_question(request)
     result = estimate_communication(question.setup, question.stages)
     return communication_response(result, question.decided)
+
+
+_RESPONSE = TypeAdapter(CommunicationResponse)
+
+
+def answer(request: CommunicationRequest) -> Response:
+    """The route's answer as FastAPI writes it for ``response_model`` (its ``dump_json``)."""
+    return Response(
+        content=_RESPONSE.dump_json(communication(request), by_alias=True),
+        media_type="application/json",
+    )
 
 
 @router.get("/interconnects", response_model=list[InterconnectPreset])

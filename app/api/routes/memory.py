@@ -23,13 +23,20 @@ async def memory(
     request: Annotated[MemoryRequest, Body(openapi_examples=MEMORY_EXAMPLES)],
 ) -> Response:
     """Per-device memory (bytes) of one model under each requested ZeRO stage."""
-    if request.model.params is not None and request.engine is Engine.PAPER:
-        # the paper's bare Ψ: constant work well under a millisecond, cheaper than a thread hop
+    if on_loop(request):
         return answer(request)
-    # the engines walk tensors (an architecture's, or the decoder a bare Ψ implies; a
-    # 256-expert MoE: seconds): off the event loop, so /healthz and everyone else keep being
-    # answered meanwhile
     return await run_in_threadpool(answer, request)
+
+
+def on_loop(request: MemoryRequest) -> bool:
+    """Whether the answer is cheap enough for the event loop.
+
+    The paper's bare Ψ: constant work well under a millisecond, cheaper than a thread hop. The
+    engines walk tensors (an architecture's, or the decoder a bare Ψ implies; a 256-expert MoE:
+    up to a second): off the event loop, so /healthz and everyone else keep being answered
+    meanwhile.
+    """
+    return request.model.params is not None and request.engine is Engine.PAPER
 
 
 def answer(request: MemoryRequest) -> Response:

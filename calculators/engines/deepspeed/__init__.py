@@ -4,6 +4,7 @@ stage-3 parameter coordinator (``stage3``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from calculators.conventions import Stage
@@ -22,6 +23,10 @@ class DeepSpeedModel:
 
     def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate:
         return memory.estimate(setup, stage)
+
+    def estimates(self, setup: TrainingSetup, stages: Sequence[Stage]) -> Iterator[StageEstimate]:
+        shared = memory.Shared(setup)  # the config read and the workload worked out once
+        return (memory.estimate(setup, stage, shared) for stage in stages)
 
     def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         return traffic.traffic(setup, stage)

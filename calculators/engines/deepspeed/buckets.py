@@ -3,8 +3,9 @@ traffic alike)."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
-from itertools import repeat
+from itertools import accumulate, repeat
 from typing import overload
 
 # runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE = 500000000: stage 0 (allreduce_gradients ->
@@ -18,23 +19,28 @@ def ipg_walk(numels: Sequence[int], bucket: int) -> list[list[int]]:
     stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads and stage3.py
     __add_grad_to_ipg_bucket: the bucket is reduced before a gradient that would overflow it
     (``elements + numel > reduce_bucket_size``); a gradient larger than the bucket goes alone.
+    Empty gradients join no bucket. So each bucket is the longest run that fits, found on the
+    prefix sums (one search per bucket, not one step per gradient).
     """
+    prefix = [0, *accumulate(numels)]
     out: list[list[int]] = []
-    current: list[int] = []
-    fill = 0
-    for i, n in enumerate(numels):
-        if n == 0:
+    i, n = 0, len(numels)
+    while i < n:
+        size = numels[i]
+        if size == 0:
+            i += 1
             continue
-        if fill and fill + n > bucket:
-            out.append(current)
-            current, fill = [], 0
-        current.append(i)
-        fill += n
-        if fill > bucket:  # an oversized gradient, reduced on its own
-            out.append(current)
-            current, fill = [], 0
-    if current:
-        out.append(current)
+        if size > bucket:  # an oversized gradient, reduced on its own
+            out.append([i])
+            i += 1
+            continue
+        # the run i..end-1 holds at most ``bucket`` elements; the gradient at ``end`` overflows
+        end = bisect_right(prefix, prefix[i] + bucket, i + 1) - 1
+        run = range(i, end)
+        out.append(
+            list(run) if all(map(numels.__getitem__, run)) else [k for k in run if numels[k]]
+        )
+        i = end
     return out
 
 

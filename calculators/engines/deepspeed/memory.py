@@ -30,9 +30,13 @@ prefixed ``peak.``, what the peak moment adds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import cached_property
+
 from calculators.conventions import OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.deepspeed.config import Knobs, param_list, parse_config, with_offload
 from calculators.engines.deepspeed.layouts import (
+    StepShape,
     cublaslt_workspace_bytes,
     stage0,
     stage3,
@@ -44,7 +48,7 @@ from calculators.engines.torch.peak import cublas_workspace_bytes
 from calculators.errors import InputError
 from calculators.estimates import StageEstimate
 from calculators.model_states import Offload, Placement, TrainingSetup, check_offload
-from calculators.parameters import implied_note
+from calculators.parameters import ParamTensor, implied_note
 
 CONVENTION = (
     "deepspeed: what DeepSpeed 0.19.8 allocates on rank 0 (stage 0 FP16_UnfusedOptimizer, "
@@ -99,13 +103,36 @@ def _check(setup: TrainingSetup, stage: Stage, knobs: Knobs) -> int:
     return STATE_TENSORS[setup.optimizer]
 
 
-def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
-    """What rank 0 allocates under ``stage`` (module docstring)."""
-    knobs = with_offload(setup, parse_config(setup.engine_config))
+class Shared:
+    """What every stage of one setup reads (the config's knobs, the parameter list, the step's
+    workload terms), each worked out on first use and once for all the stages asked."""
+
+    def __init__(self, setup: TrainingSetup) -> None:
+        self.setup = setup
+
+    @cached_property
+    def knobs(self) -> Knobs:
+        return with_offload(self.setup, parse_config(self.setup.engine_config))
+
+    @cached_property
+    def params(self) -> tuple[Sequence[ParamTensor], bool]:
+        return param_list(self.setup)
+
+    @cached_property
+    def shape(self) -> StepShape:
+        return step_shape(self.setup, self.knobs)
+
+
+def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -> StageEstimate:
+    """What rank 0 allocates under ``stage`` (module docstring); ``shared`` carries what an
+    earlier stage of the same setup already worked out."""
+    if shared is None:
+        shared = Shared(setup)
+    knobs = shared.knobs
     n_states = _check(setup, stage, knobs)
     adam = setup.optimizer in (Optimizer.ADAM, Optimizer.ADAMW)
-    params, exact = param_list(setup)
-    shape = step_shape(setup, knobs)
+    params, exact = shared.params
+    shape = shared.shape
     world = setup.dp
     accumulation = knobs.grad_accumulation or (
         setup.batch.grad_accumulation_steps if setup.batch is not None else 1

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, repeat
 
 from calculators.engines.deepspeed.buckets import ipg_buckets
 from calculators.engines.deepspeed.config import Knobs
@@ -141,20 +141,27 @@ def _stage3_trace(
         total += n if flag else 0
         persistent.append(flag)
     owned: dict[str, list[int]] = {}
+    module_elements: dict[str, int] = {}
     for i, p in enumerate(params):
         owned.setdefault(p.module, []).append(i)
+        module_elements[p.module] = module_elements.get(p.module, 0) + numel[i]
     forward, backward = fetch_order(params)
     trace = forward + backward
-    n_forward = len(forward)
-    empty: list[int] = []
-    at_step = [owned.get(m, empty) for m in trace]
-    # elements traversed before each step, and each parameter's uses, for the reuse walk
-    module_elements = {m: sum(numel[i] for i in mine) for m, mine in owned.items()}
-    before = [0, *accumulate(module_elements.get(m, 0) for m in trace)]
-    queue = [(i, step) for step, mine in enumerate(at_step) for i in mine]
-    uses: list[list[int]] = [[] for _ in params]
-    for i, step in queue:
-        uses[i].append(step)
+    n_forward, n_steps = len(forward), len(trace)
+    at_step = list(map(owned.get, trace, repeat([])))
+    # The queue of (parameter, step) uses, as two flat lists, and where each step's entries
+    # start in it. A persistent parameter is always gathered and never released, so its entries
+    # only take room in the queue: the walks below step over them by position.
+    queue_param = [i for mine in at_step for i in mine]
+    queue_step = [step for step, mine in enumerate(at_step) for _ in mine]
+    starts = [0, *accumulate(map(len, at_step))]
+    n_queue = len(queue_param)
+    # elements traversed before each step, for the reuse distance
+    before = [0, *accumulate(map(module_elements.get, trace, repeat(0)))]
+    movable = [k for k, i in enumerate(queue_param) if not persistent[i]]  # queue positions
+    uses: dict[int, list[int]] = {}
+    for k in movable:
+        uses.setdefault(queue_param[k], []).append(queue_step[k])
     head = 0
     available = list(persistent)
     recent = [-(10**18)] * len(params)
@@ -180,33 +187,47 @@ def _stage3_trace(
         strictly fewer than it)."""
         if persistent[i] or recent[i] > after:
             return False
-        k = bisect_left(uses[i], after)
-        return not (k < len(uses[i]) and before[uses[i][k]] - before[after] < reuse)
+        mine_uses = uses[i]
+        k = bisect_left(mine_uses, after)
+        return not (k < len(mine_uses) and before[mine_uses[k]] - before[after] < reuse)
 
     step = 0
-    while step < len(at_step) and head < len(queue):
+    while step < n_steps and head < n_queue:
         mine = at_step[step]
         phase = 0 if step < n_forward else 1
         # the module's own parameters: one __all_gather_params call (:381)
         if sum(gather(i, phase) for i in mine):
             calls[phase] += 1
-        not_fetched = {i for i in mine if recent[i] < step}
+        # pop as many entries as the module has parameters whose use here is not popped yet
+        # (``recent[i] < step``: the queue is popped in order, so those are its entries at or
+        # after ``head``)
+        end = starts[step + 1]
+        not_fetched = end - max(head, starts[step]) if head < end else 0
         popped: set[int] = set()
-        while head < len(queue) and len(popped) < len(not_fetched):
-            i, use = queue[head]
-            head += 1
-            recent[i] = use
+        while head < n_queue and len(popped) < not_fetched:
+            i = queue_param[head]
+            recent[i] = queue_step[head]
             popped.add(i)
+            head += 1
         budget = min(max_live - n_available, prefetch)
         requested = 0
         batch = 0
-        while head < len(queue) and requested < budget:
-            i, use = queue[head]
-            head += 1
-            recent[i] = max(recent[i], use)
-            if not available[i]:
-                batch += gather(i, phase)
-                requested += numel[i]
+        if head < n_queue and budget > 0:
+            # pop until ``budget`` elements not yet gathered are requested: persistent entries
+            # are popped without effect, so only the others are visited
+            k = bisect_left(movable, head)
+            head = n_queue  # unless the budget is reached first
+            while k < len(movable):
+                at = movable[k]
+                i = queue_param[at]
+                recent[i] = max(recent[i], queue_step[at])
+                k += 1
+                if not available[i]:
+                    batch += gather(i, phase)
+                    requested += numel[i]
+                    if requested >= budget:
+                        head = at + 1
+                        break
         if batch:  # the prefetched set: one __all_gather_params call (:484)
             calls[phase] += 1
         after = step + 1
@@ -217,22 +238,22 @@ def _stage3_trace(
         if step == n_forward - 1:
             kept = list(available)
         step += 1
-    if step < len(at_step):
+    if step < n_steps:
         # The queue is exhausted: nothing is prefetched any more, every parameter's last
         # recorded use is its last use, and each parameter's remaining uses play out on their
         # own (gathered if released, released after its last use or beyond the reuse distance).
+        # Persistent parameters stay gathered throughout.
         first = step
         if first <= n_forward - 1:
             kept = list(available)
         gathered_at: list[set[int]] = [set(), set()]
-        for i, mine_uses in enumerate(uses):
+        for i, mine_uses in uses.items():
             k = bisect_left(mine_uses, first)
             if k == len(mine_uses):
                 continue
             # ``released`` inlined: uses are distinct steps, so the next use after ``use`` is
             # the next entry, and the last recorded use is final
             held = available[i]
-            free = not persistent[i]
             last = recent[i]
             for j in range(k, len(mine_uses)):
                 use = mine_uses[j]
@@ -242,7 +263,7 @@ def _stage3_trace(
                     gathered[phase] += numel[i]
                     gathers[phase][i] += 1
                     gathered_at[phase].add(use)
-                if free and last <= use + 1:
+                if last <= use + 1:
                     nxt = j + 1
                     if nxt == len(mine_uses) or (before[mine_uses[nxt]] - before[use + 1] >= reuse):
                         held = False

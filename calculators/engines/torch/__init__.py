@@ -3,6 +3,7 @@ step's peak in ``peak``) and traffic (``traffic``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from calculators.conventions import Stage
@@ -19,6 +20,9 @@ class TorchModel:
 
     def estimate(self, setup: TrainingSetup, stage: Stage) -> StageEstimate:
         return memory.estimate(setup, stage)
+
+    def estimates(self, setup: TrainingSetup, stages: Sequence[Stage]) -> Iterator[StageEstimate]:
+        return (memory.estimate(setup, stage) for stage in stages)
 
     def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         return traffic.traffic(setup, stage)

@@ -1,0 +1,152 @@
+"""The calculators' POST answers, straight from ASGI: the same bytes, without FastAPI's per-request
+machinery.
+
+For ``/v1/memory``, ``/v1/memory/sweep`` and ``/v1/communication`` FastAPI's request path (route
+matching over every route, the dependency solver, the body's content-type parsing, the exit
+stacks, the telemetry hooks) costs more CPU than the paper question's whole computation. This
+layer answers those three operations itself when the request is an ordinary one: a POST with
+``Content-Type: application/json``, no query string, a body that parses and validates. It parses
+the body as FastAPI does (``json.loads``, then the route's body model in Python mode), calls the
+same function the route calls and sends the same ``Response``; a refused answer goes through
+the same handler (``app.core.errors``).
+
+Anything else (a query parameter, another content type, a body that does not parse or validate,
+a mounted ``root_path``, OpenTelemetry configured) is handed to FastAPI unchanged, the body
+replayed: refusals keep their exact bodies, and the route stays the documented operation in the
+OpenAPI document. The layer sits inside every protection (``app.core.middleware``: metrics,
+security headers, CORS, the concurrency limit and the body cap), so those apply alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute, APIRouter
+from fastapi.telemetry import get_telemetry_data
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api.routes import communication, memory, sweep
+from app.core.errors import input_error_response
+from app.schemas.communication import CommunicationRequest
+from app.schemas.memory import MemoryRequest
+from app.schemas.sweep import MemorySweepRequest
+from calculators.errors import InputError
+
+
+@dataclass(frozen=True)
+class Direct:
+    """One operation answered directly: its body model and the route's own answer function."""
+
+    route: APIRoute  # what FastAPI would match (the metrics label its path template)
+    body: type[BaseModel]
+    answer: Callable[[Any], Response]
+    # whether the answer is cheap enough for the event loop (else: the thread pool, as the route)
+    on_loop: Callable[[Any], bool]
+
+
+def _json_content(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the request says ``Content-Type: application/json`` (parameters ignored)."""
+    for name, value in headers:
+        if name == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == b"application/json"
+    return False
+
+
+class DirectAnswers:
+    """ASGI layer: ordinary POSTs to the paths in ``answers`` answered without the router."""
+
+    def __init__(self, app: ASGIApp, answers: dict[str, Direct]) -> None:
+        self.app = app
+        self.answers = answers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        direct = None
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and not scope.get("query_string")
+            and not scope.get("root_path")
+            and _json_content(scope["headers"])
+        ):
+            direct = self.answers.get(scope["path"])
+        if direct is None or get_telemetry_data() is not None:
+            await self.app(scope, receive, send)
+            return
+
+        messages: list[Message] = []
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":  # the client went away: FastAPI decides
+                await self.app(scope, _replay(messages, receive), send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        try:
+            request = direct.body.model_validate(json.loads(b"".join(chunks)))
+        except Exception:  # noqa: BLE001 (a refusal: FastAPI's handlers word it)
+            await self.app(scope, _replay(messages, receive), send)
+            return
+
+        route = direct.route
+        scope["route"], scope["endpoint"], scope["path_params"] = route, route.endpoint, {}
+        response: Response
+        try:
+            if direct.on_loop(request):
+                response = direct.answer(request)
+            else:
+                response = await run_in_threadpool(direct.answer, request)
+        except InputError as exc:
+            response = input_error_response(exc)
+        await response(scope, receive, send)
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """``receive`` that hands out ``messages`` again first."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
+
+
+def install(app: FastAPI) -> None:
+    """Answer the calculators' POSTs directly (add it before the protections: innermost)."""
+
+    def off_loop(_: Any) -> bool:
+        return False
+
+    def route(router: APIRouter, path: str) -> APIRoute:
+        return next(
+            r
+            for r in router.routes
+            if isinstance(r, APIRoute) and r.path == path and "POST" in (r.methods or ())
+        )
+
+    answers = {
+        path: Direct(route(module.router, path), body, answer, cheap)
+        for path, module, body, answer, cheap in (
+            ("/v1/memory", memory, MemoryRequest, memory.answer, memory.on_loop),
+            ("/v1/memory/sweep", sweep, MemorySweepRequest, sweep.sweep, off_loop),
+            (
+                "/v1/communication",
+                communication,
+                CommunicationRequest,
+                communication.answer,
+                off_loop,
+            ),
+        )
+    }
+    app.add_middleware(DirectAnswers, answers=answers)
