@@ -33,6 +33,7 @@ from app.schemas.plan import (
     CandidateOut,
     ConfigOut,
     GpuOut,
+    KernelCountsOut,
     OverlapOut,
     PlanAssumptions,
     PlanResponse,
@@ -529,7 +530,11 @@ def _candidate_out(rank: int, c: Candidate) -> CandidateOut:
         step_time_seconds=s.total,
         step_time=StepTimeOut(
             compute=s.compute + s.optimizer_step,
-            matmul=s.compute,
+            matmul=s.matmul,
+            memory_bound=s.memory_bound,
+            gpu_busy=s.gpu_busy,
+            host_dispatch=s.host_dispatch,
+            bound="host" if s.host_bound else "gpu",
             recompute=s.recompute,
             optimizer_step=s.optimizer_step,
             exposed_communication=s.exposed_communication,
@@ -549,6 +554,9 @@ def plan_response(result: Plan) -> PlanResponse:
     g = setup.gpu
     a = asdict(result.assumptions)
     a["notes"] = list(result.assumptions.notes)
+    a["kernels"] = [
+        KernelCountsOut(stage=int(stage), **asdict(k)) for stage, k in result.assumptions.kernels
+    ]
     return PlanResponse(
         params=setup.params,
         gpu=GpuOut(
@@ -577,6 +585,9 @@ def plan_response(result: Plan) -> PlanResponse:
             efficiency=setup.efficiency.value,
             source=setup.efficiency.source,
             calibration_id=setup.efficiency.calibration_id,
+            host_seconds_per_kernel=setup.efficiency.host_seconds_per_kernel,
+            host_source=setup.efficiency.host_source,
+            host_calibration_id=setup.efficiency.host_calibration_id,
         ),
         assumptions=PlanAssumptions(**a),
         evaluated=result.evaluated,
