@@ -28,7 +28,6 @@ from calculators.conventions import (
     Precision,
     Stage,
 )
-from calculators.errors import InputError
 
 # bench/results/plan_profile (1B GPT, torch 2.11, H200, seq 1024): cuBLAS GEMM kernels ran at
 # 713-796 TFLOP/s, 72-80 % of the 989.5 TFLOP/s dense BF16 peak, at micro-batches 1 to 8.
@@ -523,23 +522,3 @@ def exposed_seconds(phase: PhaseComm, micro_steps: int, window: float, overlappe
         window,
     )
     return earlier + last
-
-
-def achieved_efficiency(
-    flops_per_rank: float, peak_flops: float, measured_seconds: float, other_seconds: float
-) -> float:
-    """Fraction of peak the matmuls reached in a measured step.
-
-    ``other_seconds`` is the predicted non-compute part (exposed communication, optimizer step,
-    offload transfer), taken off the measured step time before dividing.
-    """
-    compute = measured_seconds - other_seconds
-    if measured_seconds <= 0:
-        raise InputError("step_time_s", "a measured step time must be above 0 seconds")
-    if compute <= 0:
-        raise InputError(
-            "step_time_s",
-            f"the measured step ({measured_seconds:.4g} s) is not longer than the predicted "
-            f"communication and optimizer time ({other_seconds:.4g} s): nothing left for compute",
-        )
-    return flops_per_rank / (peak_flops * compute)
