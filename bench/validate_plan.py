@@ -17,7 +17,7 @@ calibration over the runs not used to calibrate; and whether the planner's first
 
 Quick check on a CPU (gloo, tiny model; the figures mean nothing, the pipeline runs)::
 
-    python3 bench/validate_plan.py --device cpu --gpus 2 --tiny --gpu l4 --max-runs 2
+    python3 bench/validate_plan.py --device cpu --gpus 2 --tiny --seq-len 32 --gpu l4 --max-runs 3
 """
 
 from __future__ import annotations

@@ -371,7 +371,7 @@ ASSUMPTION_NOTES = (
     "sequences of 1024 tokens on an H200); the optimizer step's host dispatch is not counted "
     "(multi-tensor kernels keep it GPU-bound)",
     "ranks whose hosts dispatch at different speeds wait for each other at every collective: "
-    "not modelled (measured host-bound steps at Nd 2-4 run 5-30 % slower than at Nd 1)",
+    "not modelled (host-bound DDP steps ran 3-40 % slower at Nd 2-4 than at Nd 1)",
     "communication runs at the links' peak rates (α–β model): nccl-tests bus bandwidth is "
     "lower, so hidden/exposed splits are optimistic for bandwidth-bound steps",
     "overlapped collectives cost one call's time that cannot hide (the first all-gather, the "
