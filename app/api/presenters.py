@@ -534,6 +534,7 @@ def _candidate_out(rank: int, c: Candidate) -> CandidateOut:
             memory_bound=s.memory_bound,
             gpu_busy=s.gpu_busy,
             host_dispatch=s.host_dispatch,
+            gpu_idle=max(0.0, s.host_dispatch - s.gpu_busy),
             bound="host" if s.host_bound else "gpu",
             recompute=s.recompute,
             optimizer_step=s.optimizer_step,

@@ -203,6 +203,10 @@ class StepTimeOut(BaseModel):
     )
     gpu_busy: float = Field(description="The micro-steps' GPU work: matmul + memory_bound.")
     host_dispatch: float = Field(description="The micro-steps' host dispatch time.")
+    gpu_idle: float = Field(
+        description="max(0, host_dispatch − gpu_busy): the GPU waiting for the host; matmul "
+        "+ memory_bound + gpu_idle + optimizer_step = compute."
+    )
     bound: Literal["gpu", "host"] = Field(
         description="Which queue sets the micro-steps' pace: the GPU's work or the host's "
         "dispatch (the other idles)."

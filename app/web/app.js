@@ -695,7 +695,9 @@
   // ---------- plan ----------
   const STEP_PARTS = [
     // [step_time key, label, colour]
-    ["matmul", "compute (matmuls)", "#2563eb"],
+    ["matmul", "GEMMs and attention", "#2563eb"],
+    ["memory_bound", "memory-bound kernels", "#60a5fa"],
+    ["gpu_idle", "GPU idle, waiting for the host", "#94a3b8"],
     ["optimizer_step", "optimizer step", "#10b981"],
     ["exposed_communication", "exposed communication", "#f59e0b"],
     ["offload_transfer", "offload transfer", "#ef4444"],

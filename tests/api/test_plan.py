@@ -71,6 +71,8 @@ def test_llama3_8b_on_8_h100(isolated: TestClient) -> None:
     slower = max(split["gpu_busy"], split["host_dispatch"])
     assert split["compute"] == pytest.approx(slower + split["optimizer_step"])
     assert split["gpu_busy"] == pytest.approx(split["matmul"] + split["memory_bound"])
+    busy_and_idle = split["matmul"] + split["memory_bound"] + split["gpu_idle"]
+    assert split["compute"] == pytest.approx(busy_and_idle + split["optimizer_step"])
     assert split["bound"] == ("host" if split["host_dispatch"] > split["gpu_busy"] else "gpu")
     assert best["step_time_seconds"] == pytest.approx(parts)
     assert best["per_device"]["peak"] + best["headroom"] == body["assumptions"]["usable_memory"]
