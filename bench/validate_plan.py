@@ -353,6 +353,11 @@ def _predicted(setup: PlanSetup, c: Config) -> float:
     return predict(setup, c)[1].total
 
 
+def _first_choice(setup: PlanSetup, measured: list[tuple[Config, float]]) -> tuple[Config, float]:
+    """The measured run the planner ranks first (shortest predicted step)."""
+    return min(measured, key=lambda m: _predicted(setup, m[0]))
+
+
 def _with(setup: PlanSetup, cal: Calibration, label: str) -> PlanSetup:
     """``setup`` with the figure ``cal`` learned replaced, as /v1/plan uses a calibration."""
     e = setup.efficiency
@@ -373,8 +378,7 @@ def evaluate(setup: PlanSetup, measured: list[tuple[Config, float]]) -> dict[str
     the model finds binding); and calibrated on two runs (the first choice sets the GEMM
     efficiency, the measured run the model finds most host-bound, with two or more micro-steps,
     the host cost per kernel)."""
-    ranked = sorted(measured, key=lambda m: _predicted(setup, m[0]))
-    first = ranked[0]
+    first = _first_choice(setup, measured)
     cal_one = calibrate(setup, first[0], first[1])
     one = _with(setup, cal_one, config_label(first[0]))
 
@@ -429,7 +433,7 @@ def evaluate(setup: PlanSetup, measured: list[tuple[Config, float]]) -> dict[str
         "runs": runs,
     }
     for key, s in (("default", setup), ("calibrated", one), ("calibrated_two", two)):
-        choice = min(measured, key=lambda m, s=s: _predicted(s, m[0]))
+        choice = _first_choice(s, measured)
         result[f"first_choice_{key}"] = config_label(choice[0])
         result[f"first_choice_{key}_within_5_percent"] = choice[1] <= fastest[1] * (1 + WITHIN)
     return result
