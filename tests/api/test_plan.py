@@ -345,3 +345,17 @@ def test_bad_calibrations_name_the_field(
     r = isolated.post("/v1/calibrations", json=body)
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["field"] == field
+
+
+def test_a_calibration_of_the_earlier_model_is_listed_but_not_used(isolated: TestClient) -> None:
+    # stored before calibrations said which figure they set: a whole-step efficiency
+    store = isolated.app.state.jobs.store  # type: ignore[attr-defined]
+    store.add_calibration(
+        "old", "l4", "mixed_bf16", "torch", 0.17, {"device_name": "NVIDIA L4", "source": "old"}
+    )
+    listed = isolated.get("/v1/calibrations").json()["data"]
+    assert listed[0]["id"] == "old" and listed[0]["figure"] is None
+    assert "earlier step-time model" in listed[0]["note"]
+    body = post(isolated, SMALL)
+    assert body["calibration"]["calibration_id"] is None
+    assert body["calibration"]["efficiency"] == 0.75
