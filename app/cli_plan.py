@@ -90,11 +90,13 @@ def plan_table(data: dict[str, Any], top: int) -> Table:
     rejected = data["rejected"]
     over = [r for r in rejected if r["over_by"] is not None]
     caption = [
-        f"efficiency {cal['efficiency']:.3f}: {cal['source']}",
+        f"GEMM efficiency {cal['efficiency']:.3f}: {cal['source']}",
+        f"host {cal['host_seconds_per_kernel'] * 1e6:.1f} µs per kernel: {cal['host_source']}",
         f"{data['evaluated']} configurations evaluated, {len(data['candidates'])} fit, "
         f"{len(rejected)} rejected"
         + (f" (closest: {min(over, key=lambda r: r['over_by'])['reason']})" if over else ""),
-        "step = compute (with the optimizer step) + exposed communication + offload transfer; "
+        "step = compute (micro-steps, each max(GPU work, host dispatch), and the optimizer "
+        "step) + exposed communication + offload transfer; bound = the slower queue; "
         "GiB = 2^30 bytes.",
     ]
     table = Table(
@@ -113,6 +115,7 @@ def plan_table(data: dict[str, Any], top: int) -> Table:
         "tokens/s",
         "step",
         "compute",
+        "bound",
         "exposed comm",
         "offload xfer",
         "peak GiB",
@@ -133,6 +136,7 @@ def plan_table(data: dict[str, Any], top: int) -> Table:
             f"{c['tokens_per_second']:,.0f}",
             _seconds(c["step_time_seconds"]),
             _seconds(st["compute"]),
+            st["bound"],
             _seconds(st["exposed_communication"]),
             _seconds(st["offload_transfer"]),
             f"{c['per_device']['peak'] / GIB:.2f}",

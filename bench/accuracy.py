@@ -389,7 +389,13 @@ SOURCES = (
 
 # results files of other claims: the planner's step time (docs/VALIDATION.md, "Planner step
 # time") and the service's own speed (docs/BENCHMARKS.md)
-OTHER_CLAIMS = ("plan_validation_*.json", "asgi_*.json", "http_*.json", "path_phase_*.json")
+OTHER_CLAIMS = (
+    "plan_validation_*.json",
+    "plan_model_check.json",
+    "asgi_*.json",
+    "http_*.json",
+    "path_phase_*.json",
+)
 
 
 def all_runs(results: Path = RESULTS) -> list[tuple[Source, Run]]:

@@ -17,7 +17,7 @@ calibration over the runs not used to calibrate; and whether the planner's first
 
 Quick check on a CPU (gloo, tiny model; the figures mean nothing, the pipeline runs)::
 
-    python3 bench/validate_plan.py --device cpu --gpus 2 --tiny --gpu l4 --max-runs 2
+    python3 bench/validate_plan.py --device cpu --gpus 2 --tiny --seq-len 32 --gpu l4 --max-runs 3
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ from calculators.gpus import Gpu, get_gpu, gpu_for_device_name  # noqa: E402
 from calculators.hf_config import architecture_from_hf_config  # noqa: E402
 from calculators.interconnects import get_interconnect  # noqa: E402
 from calculators.plan import (  # noqa: E402
+    Calibration,
     Config,
-    Efficiency,
+    Learned,
     OffloadChoice,
     PlanSetup,
     Search,
@@ -83,6 +84,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per run")
     ap.add_argument("--max-runs", type=int, default=8, help="measure at most this many")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument(
+        "--report",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="no GPU: re-predict the measured step times in these plan_validation / "
+        "plan_profile JSON files with the current model and write plan_model_check.md",
+    )
     return ap.parse_args(argv)
 
 
@@ -186,8 +195,101 @@ def plan_setup(args: argparse.Namespace, arch: Architecture, gpu: Gpu, nd: int) 
     )
 
 
+def _field(fields: dict[str, Any], key: str) -> str:
+    return str(fields[key]).split(".")[-1].lower()
+
+
+def measured_runs(body: dict[str, Any]) -> list[tuple[Config, float]]:
+    """(configuration, measured step seconds) of a plan_validation or plan_profile JSON."""
+    out = []
+    for run in body["runs"]:
+        seconds = run.get("measured", run.get("step_s"))
+        if not isinstance(seconds, int | float) or seconds <= 0:
+            continue  # a run that failed (out of memory) has no step time
+        f = run["config_fields"]
+        shard = f.get("shard_group_size")
+        config = Config(
+            stage=Stage(int(f["stage"])),
+            micro_batch_size=int(f["micro_batch_size"]),
+            grad_accumulation_steps=int(f["grad_accumulation_steps"]),
+            activation_checkpointing=Checkpointing(_field(f, "activation_checkpointing")),
+            offload=OffloadChoice(_field(f, "offload")) if "offload" in f else OffloadChoice.NONE,
+            shard_group_size=None if shard in (None, "None") else int(shard),
+        )
+        out.append((config, float(seconds)))
+    return out
+
+
+def report_files(args: argparse.Namespace) -> int:
+    """Re-predict committed measurements with the current model (no GPU needed)."""
+    sections, bodies = [], []
+    for name in args.report:
+        body = json.loads(Path(name).read_text())
+        runs = measured_runs(body)
+        if not runs:
+            print(f"{name}: no measured run")
+            continue
+        configs = [c for c, _ in runs]
+        nd = int(body["nd"])
+        batch = {c.micro_batch_size * c.grad_accumulation_steps for c in configs}
+        if len(batch) != 1:
+            print(f"{name}: runs of different per-GPU batches {sorted(batch)}")
+            return 2
+        case = parse(
+            [
+                "--gpus", str(nd),
+                "--seq-len", str(body["seq_len"]),
+                "--per-gpu-batch", str(batch.pop()),
+                "--micro", ",".join(str(c.micro_batch_size) for c in configs),
+                "--stages", ",".join(str(int(c.stage)) for c in configs),
+                "--engine", body.get("engine", "torch"),
+                "--checkpointing",
+                ",".join(sorted({c.activation_checkpointing.value for c in configs})),
+            ]
+        )  # fmt: skip
+        arch = architecture_from_body(body["model_body"])
+        gpu = get_gpu(body["gpu"])
+        env = body.get("environment") or {}
+        result = {
+            "source": name,
+            "model": count_params(arch),
+            "nd": nd,
+            "gpu": gpu.name,
+            "device_name": body.get("device_name") or env.get("device_name") or gpu.label,
+            "engine": case.engine,
+            "seq_len": case.seq_len,
+            "per_gpu_batch": case.per_gpu_batch,
+            **evaluate(plan_setup(case, arch, gpu, nd), runs),
+        }
+        bodies.append(result)
+        sections.append(f"From `{name}`:\n\n" + markdown(result))
+    text = "\n".join(sections)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan_model_check.md").write_text(text)
+    (out / "plan_model_check.json").write_text(json.dumps(bodies, indent=2) + "\n")
+    print(text)
+    return 0
+
+
+def architecture_from_body(body: dict[str, Any]) -> Architecture:
+    """The architecture of a stored ``model`` body, read as ``POST /v1/measure`` reads it."""
+    from app.api.convert import resolve_model
+    from app.schemas.model import ModelSpec
+
+    if "architecture" in body:  # the measure runner's body carries the unset modelling field
+        fields = {k: v for k, v in body["architecture"].items() if v is not None}
+        body = {**body, "architecture": fields}
+    _, arch = resolve_model(ModelSpec(**body))
+    if arch is None:
+        raise ValueError("the stored model has no architecture to re-predict")
+    return arch
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.report:
+        return report_files(args)
     count, device_name = visible_gpus(args.device)
     nd = args.gpus or count
     if nd < 1:
@@ -224,24 +326,6 @@ def main(argv: list[str] | None = None) -> int:
         print("nothing fits: no run to compare")
         return 1
 
-    # calibrate on the planner's first choice, as POST /v1/calibrations would
-    first = rows[0]
-    cal = calibrate(setup, first["config"], first["measured"])
-    calibrated = replace(
-        setup,
-        efficiency=Efficiency(cal.efficiency, f"calibrated on {config_label(first['config'])}"),
-    )
-    for row in rows:
-        row["predicted_calibrated"] = predict(calibrated, row["config"])[1].total
-        for key in ("default", "calibrated"):
-            row[f"error_{key}"] = row[f"predicted_{key}"] / row["measured"] - 1
-    others = rows[1:] or rows
-    median_default = statistics.median(abs(r["error_default"]) for r in rows)
-    median_calibrated = statistics.median(abs(r["error_calibrated"]) for r in others)
-    replanned = sorted(rows, key=lambda r: r["predicted_calibrated"])[0]
-    fastest = min(rows, key=lambda r: r["measured"])
-    within = replanned["measured"] <= fastest["measured"] * (1 + WITHIN)
-
     report = {
         "model": count_params(arch),
         "model_body": model,
@@ -253,20 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         "per_gpu_batch": args.per_gpu_batch,
         "steps": args.steps,
         "evaluated": planned.evaluated,
-        "efficiency_default": setup.efficiency.value,
-        "efficiency_calibrated": cal.efficiency,
-        "calibrated_on": config_label(first["config"]),
-        "median_abs_error_default": median_default,
-        "median_abs_error_calibrated": median_calibrated,
-        "first_choice": config_label(replanned["config"]),
-        "measured_fastest": config_label(fastest["config"]),
-        "first_choice_within_5_percent": within,
+        **evaluate(setup, [(r["config"], r["measured"]) for r in rows]),
         "wall_seconds": time.perf_counter() - start,
-        "runs": [
-            {**{k: v for k, v in r.items() if k != "config"}, "config": config_label(r["config"])}
-            | {"config_fields": {k: str(v) for k, v in asdict(r["config"]).items()}}
-            for r in rows
-        ],
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -277,31 +349,141 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _predicted(setup: PlanSetup, c: Config) -> float:
+    return predict(setup, c)[1].total
+
+
+def _first_choice(setup: PlanSetup, measured: list[tuple[Config, float]]) -> tuple[Config, float]:
+    """The measured run the planner ranks first (shortest predicted step)."""
+    return min(measured, key=lambda m: _predicted(setup, m[0]))
+
+
+def _with(setup: PlanSetup, cal: Calibration, label: str) -> PlanSetup:
+    """``setup`` with the figure ``cal`` learned replaced, as /v1/plan uses a calibration."""
+    e = setup.efficiency
+    if cal.learned is Learned.GPU:
+        e = replace(e, value=cal.efficiency, source=f"calibrated on {label}")
+    else:
+        e = replace(
+            e,
+            host_seconds_per_kernel=cal.host_seconds_per_kernel,
+            host_source=f"calibrated on {label}",
+        )
+    return replace(setup, efficiency=e)
+
+
+def evaluate(setup: PlanSetup, measured: list[tuple[Config, float]]) -> dict[str, Any]:
+    """Predicted vs measured step times: with the stated defaults; calibrated on the planner's
+    first choice (one run, as ``POST /v1/calibrations`` would: it sets the figure of the queue
+    the model finds binding); and calibrated on two runs (the first choice sets the GEMM
+    efficiency, the measured run the model finds most host-bound, with two or more micro-steps,
+    the host cost per kernel)."""
+    first = _first_choice(setup, measured)
+    cal_one = calibrate(setup, first[0], first[1])
+    one = _with(setup, cal_one, config_label(first[0]))
+
+    # two runs: the first choice sets the GEMM efficiency, the run the model finds most
+    # host-bound (host dispatch over GPU work, two or more micro-steps) the host cost per kernel
+    def host_ratio(m: tuple[Config, float]) -> float:
+        micro = predict(one, m[0])[1].micro
+        return 0.0 if micro is None else micro.host / micro.gpu
+
+    others = [m for m in measured if m is not first and m[0].grad_accumulation_steps >= 2]
+    second = max(others, key=host_ratio) if others else None
+    two = one
+    if second is not None:
+        two = setup
+        for _ in range(2):  # each figure solved with the other's latest value
+            cal_gpu = calibrate(two, first[0], first[1], learn=Learned.GPU)
+            two = _with(two, cal_gpu, config_label(first[0]))
+            cal_host = calibrate(two, second[0], second[1], learn=Learned.HOST)
+            two = _with(two, cal_host, config_label(second[0]))
+    runs = []
+    for c, seconds in measured:
+        row: dict[str, Any] = {"config": config_label(c), "measured": seconds}
+        step = predict(setup, c)[1]
+        row["bound_default"] = "host" if step.host_bound else "gpu"
+        for key, s in (("default", setup), ("calibrated", one), ("calibrated_two", two)):
+            row[f"predicted_{key}"] = _predicted(s, c)
+            row[f"error_{key}"] = row[f"predicted_{key}"] / seconds - 1
+        row["config_fields"] = {k: str(v) for k, v in asdict(c).items()}
+        runs.append(row)
+    used_one = {config_label(first[0])}
+    used_two = used_one | ({config_label(second[0])} if second is not None else set())
+
+    def median(key: str, used: set[str]) -> float | None:
+        vals = [abs(r[f"error_{key}"]) for r in runs if r["config"] not in used]
+        return statistics.median(vals) if vals else None
+
+    fastest = min(measured, key=lambda m: m[1])
+    result: dict[str, Any] = {
+        "gemm_efficiency_default": setup.efficiency.value,
+        "host_seconds_per_kernel_default": setup.efficiency.host_seconds_per_kernel,
+        "calibrated_on": config_label(first[0]),
+        "calibrated_learned": cal_one.learned.value,
+        "gemm_efficiency_calibrated": one.efficiency.value,
+        "host_seconds_per_kernel_calibrated": one.efficiency.host_seconds_per_kernel,
+        "second_calibration_on": None if second is None else config_label(second[0]),
+        "gemm_efficiency_two": two.efficiency.value,
+        "host_seconds_per_kernel_two": two.efficiency.host_seconds_per_kernel,
+        "median_abs_error_default": median("default", set()),
+        "median_abs_error_calibrated": median("calibrated", used_one),
+        "median_abs_error_calibrated_two": median("calibrated_two", used_two),
+        "measured_fastest": config_label(fastest[0]),
+        "runs": runs,
+    }
+    for key, s in (("default", setup), ("calibrated", one), ("calibrated_two", two)):
+        choice = _first_choice(s, measured)
+        result[f"first_choice_{key}"] = config_label(choice[0])
+        result[f"first_choice_{key}_within_5_percent"] = choice[1] <= fastest[1] * (1 + WITHIN)
+    return result
+
+
 def markdown(r: dict[str, Any]) -> str:
+    us = 1e6
     lines = [
         f"### Plan vs measured: {r['model']:,} parameters, Nd = {r['nd']} × {r['device_name']} "
         f"({r['engine']}, {r['per_gpu_batch']} × {r['seq_len']} tokens per GPU)",
         "",
-        f"Efficiency: default {r['efficiency_default']:.3f}, calibrated "
-        f"{r['efficiency_calibrated']:.3f} on {r['calibrated_on']}.",
+        f"Stated defaults: GEMM efficiency {r['gemm_efficiency_default']:.3f}, host "
+        f"{r['host_seconds_per_kernel_default'] * us:.1f} µs per kernel. Calibrated on "
+        f"{r['calibrated_on']} ({r['calibrated_learned']}-bound): GEMM efficiency "
+        f"{r['gemm_efficiency_calibrated']:.3f}, host "
+        f"{r['host_seconds_per_kernel_calibrated'] * us:.1f} µs"
+        + (
+            f"; and on {r['second_calibration_on']} as well: GEMM efficiency "
+            f"{r['gemm_efficiency_two']:.3f}, host {r['host_seconds_per_kernel_two'] * us:.1f} µs."
+            if r["second_calibration_on"]
+            else "."
+        ),
         "",
-        "| configuration | measured (s) | predicted, default (s) | error | predicted, "
-        "calibrated (s) | error |",
-        "|---|---|---|---|---|---|",
+        "| configuration | bound | measured (s) | default (s) | error | calibrated, 1 run (s) "
+        "| error | calibrated, 2 runs (s) | error |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in r["runs"]:
         lines.append(
-            f"| {run['config']} | {run['measured']:.4f} | {run['predicted_default']:.4f} | "
-            f"{run['error_default']:+.1%} | {run['predicted_calibrated']:.4f} | "
-            f"{run['error_calibrated']:+.1%} |"
+            f"| {run['config']} | {run['bound_default']} | {run['measured']:.4f} | "
+            f"{run['predicted_default']:.4f} | {run['error_default']:+.1%} | "
+            f"{run['predicted_calibrated']:.4f} | {run['error_calibrated']:+.1%} | "
+            f"{run['predicted_calibrated_two']:.4f} | {run['error_calibrated_two']:+.1%} |"
         )
+
+    def pct(x: float | None) -> str:
+        return "n/a (no other run)" if x is None else f"{x:.1%}"
+
+    def yes(key: str) -> str:
+        return "yes" if r[f"first_choice_{key}_within_5_percent"] else "no"
+
     lines += [
         "",
-        f"Median |error|: {r['median_abs_error_default']:.1%} with the stated default, "
-        f"{r['median_abs_error_calibrated']:.1%} after calibration (runs not calibrated on).",
-        f"First choice after calibration: {r['first_choice']}; measured fastest: "
-        f"{r['measured_fastest']}; within 5 %: "
-        + ("yes." if r["first_choice_within_5_percent"] else "no."),
+        f"Median |error|: {pct(r['median_abs_error_default'])} with the stated defaults, "
+        f"{pct(r['median_abs_error_calibrated'])} calibrated on one run, "
+        f"{pct(r['median_abs_error_calibrated_two'])} on two (runs not calibrated on).",
+        f"Measured fastest: {r['measured_fastest']}. First choice: "
+        f"{r['first_choice_default']} with the defaults (within 5 %: {yes('default')}), "
+        f"{r['first_choice_calibrated']} calibrated on one run ({yes('calibrated')}), "
+        f"{r['first_choice_calibrated_two']} on two ({yes('calibrated_two')}).",
         "",
     ]
     return "\n".join(lines)

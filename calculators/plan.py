@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from calculators.activations import Regime
 from calculators.architecture import Architecture, block_kinds, block_tensors
 from calculators.architecture import tensors as architecture_tensors
 from calculators.batch import Batch, Checkpointing
@@ -37,13 +38,19 @@ from calculators.speed import (
     CAUSAL_FRACTION,
     DEFAULT_EFFICIENCY,
     DEFAULT_EFFICIENCY_SOURCE,
+    DEFAULT_HOST_SECONDS_PER_KERNEL,
+    DEFAULT_HOST_SOURCE,
+    EngineKernels,
+    GpuFigures,
+    HostFigures,
+    MicroStep,
     PhaseComm,
-    achieved_efficiency,
+    engine_kernels,
     exposed_seconds,
+    micro_step,
     optimizer_bytes_per_param,
     peak_flops_for,
     split_phase,
-    token_flops,
 )
 
 # bench/results/torch_peak.json: nvml_used − reserved = 1.2-1.3 GiB on an H100 with torch 2.11
@@ -111,17 +118,24 @@ class Search:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """The fraction of the GPU's dense peak the matmuls are taken to reach.
+    """The two figures a calibration sets: the fraction of the GPU's dense peak the GEMMs reach,
+    and the host's cost per dispatched kernel.
 
     Attributes:
-        value: the fraction.
+        value: the GEMM efficiency.
         source: where it comes from, in words.
         calibration_id: the stored calibration that set it, if one did.
+        host_seconds_per_kernel: host dispatch time per kernel.
+        host_source: where that comes from, in words.
+        host_calibration_id: the stored calibration that set it, if one did.
     """
 
     value: float = DEFAULT_EFFICIENCY
     source: str = DEFAULT_EFFICIENCY_SOURCE
     calibration_id: str | None = None
+    host_seconds_per_kernel: float = DEFAULT_HOST_SECONDS_PER_KERNEL
+    host_source: str = DEFAULT_HOST_SOURCE
+    host_calibration_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +155,8 @@ class PlanSetup:
         engine_config: engine knobs (a DeepSpeed config body); the searched keys are replaced.
         precision, optimizer: training precision and optimizer.
         search: what may vary.
-        efficiency: the compute efficiency to assume.
+        efficiency: the GEMM efficiency and host cost per kernel to assume.
+        gpu_figures: the other GPU-side figures (attention and memory efficiency, passes).
         context_reserve: device bytes outside the allocator (CUDA context, NCCL).
         allocator_margin: fraction of the device kept free for the allocator's rounding.
         host_optimizer_bandwidth: host bytes/s one rank's CPU optimizer streams.
@@ -163,6 +178,7 @@ class PlanSetup:
     optimizer: Optimizer = Optimizer.ADAM
     search: Search = field(default_factory=Search)
     efficiency: Efficiency = field(default_factory=Efficiency)
+    gpu_figures: GpuFigures = field(default_factory=GpuFigures)
     context_reserve: int = CONTEXT_RESERVE
     allocator_margin: float = ALLOCATOR_MARGIN
     host_optimizer_bandwidth: float = HOST_OPTIMIZER_BANDWIDTH
@@ -184,6 +200,8 @@ class PlanSetup:
             )
         if not 0 < self.efficiency.value <= 1:
             raise InputError("efficiency", "must be in (0, 1]: a fraction of the peak")
+        if not self.efficiency.host_seconds_per_kernel > 0:
+            raise InputError("host_seconds_per_kernel", "must be above 0 seconds")
         if not self.search.stages:
             raise InputError("search.stages", "give at least one stage")
 
@@ -203,6 +221,16 @@ class PlanSetup:
     @property
     def peak_flops(self) -> float:
         return peak_flops_for(self.precision, self.gpu.peak_flops_16bit, self.gpu.peak_flops_fp32)
+
+    @property
+    def gpu_side(self) -> GpuFigures:
+        """The GPU-side figures with the efficiency's GEMM efficiency."""
+        return replace(self.gpu_figures, gemm_efficiency=self.efficiency.value)
+
+    @property
+    def host_side(self) -> HostFigures:
+        e = self.efficiency
+        return HostFigures(e.host_seconds_per_kernel, e.host_source)
 
 
 @dataclass(frozen=True)
@@ -232,12 +260,18 @@ class StepTime:
     """Seconds of one optimizer step on one rank.
 
     Attributes:
-        compute: forward + backward + recomputation matmuls at the stated efficiency.
-        recompute: the part of ``compute`` that activation checkpointing repeats.
+        compute: the micro-steps (forward + backward + recomputation), each as long as the
+            slower of its GPU work and its host dispatch.
+        recompute: the GEMM and attention time activation checkpointing repeats.
         optimizer_step: the element-wise optimizer update (device memory or host bound).
         exposed_communication: collective time not hidden behind compute.
         communication: all collective time, hidden or not.
         offload_transfer: device–host copies of offloaded states (not hidden).
+        matmul: GEMM and attention kernel time of the micro-steps.
+        memory_bound: memory-bound kernel time of the micro-steps.
+        gpu_busy: the micro-steps' GPU work (matmul + memory_bound).
+        host_dispatch: the micro-steps' host dispatch time.
+        micro: one micro-step on each queue.
     """
 
     compute: float
@@ -246,6 +280,15 @@ class StepTime:
     exposed_communication: float
     communication: float
     offload_transfer: float
+    matmul: float = 0.0
+    memory_bound: float = 0.0
+    gpu_busy: float = 0.0
+    host_dispatch: float = 0.0
+    micro: MicroStep | None = None
+
+    @property
+    def host_bound(self) -> bool:
+        return self.host_dispatch > self.gpu_busy
 
     @property
     def total(self) -> float:
@@ -284,6 +327,16 @@ class Assumptions:
 
     efficiency: float
     efficiency_source: str
+    attention_efficiency: float
+    memory_efficiency: float
+    activation_passes_forward: float
+    activation_passes_backward: float
+    parameter_bytes_forward: float
+    parameter_bytes_backward: float
+    host_seconds_per_kernel: float
+    host_seconds_per_kernel_source: str
+    parameter_tensors: int
+    kernels: tuple[tuple[Stage, EngineKernels], ...]
     peak_flops: float
     peak_flops_source: str
     causal_attention_fraction: float
@@ -310,10 +363,15 @@ class Plan:
 
 
 ASSUMPTION_NOTES = (
-    "compute counts matmul FLOPs only (linears, attention QKᵀ/AV, output head); norms, "
-    "softmax, element-wise work and kernel launch gaps are inside the efficiency",
-    "the efficiency does not depend on the micro-batch: small GEMMs that reach less of the "
-    "peak are not modelled (a calibration at the planned micro-batch absorbs it)",
+    "a micro-step lasts max(GPU work, host dispatch): GEMMs at the GEMM efficiency, attention "
+    "at the attention efficiency, memory-bound kernels as passes over the saved activation "
+    "bytes plus bytes per parameter at the memory efficiency; host dispatch as kernels and "
+    "engine-hook steps per parameter tensor times the host cost per kernel",
+    "the GEMM efficiency does not depend on the micro-batch (72-80 % of the peak from 1 to 8 "
+    "sequences of 1024 tokens on an H200); the optimizer step's host dispatch is not counted "
+    "(multi-tensor kernels keep it GPU-bound)",
+    "ranks whose hosts dispatch at different speeds wait for each other at every collective: "
+    "not modelled (host-bound DDP steps ran 3-40 % slower at Nd 2-4 than at Nd 1)",
     "communication runs at the links' peak rates (α–β model): nccl-tests bus bandwidth is "
     "lower, so hidden/exposed splits are optimistic for bandwidth-bound steps",
     "overlapped collectives cost one call's time that cannot hide (the first all-gather, the "
@@ -496,6 +554,7 @@ class _Evaluator:
         )
         self._comm: dict[tuple[Stage, OffloadChoice, int | None], _CommProfile] = {}
         self.communication_evaluations = 0
+        self.tensors = tensor_count(setup.architecture)
         # K: optimizer-state bytes per parameter (fp32 master included), as the memory model has it
         self.k = float(
             TrainingSetup(
@@ -559,13 +618,38 @@ class _Evaluator:
             self._comm[key] = found
         return found
 
+    def regime(self, c: Config) -> Regime:
+        """Activation dtypes: as calculators.engines.torch.memory and DeepSpeed's bf16 engine."""
+        s = self.setup
+        if s.precision is Precision.FP32:
+            return Regime.FP32
+        if s.engine is Engine.TORCH and s.precision.is_mixed and c.stage < Stage.GRADIENTS:
+            return Regime.AUTOCAST  # DDP: fp32 parameters under torch.autocast
+        return Regime.HALF
+
+    def micro_step(self, c: Config) -> MicroStep:
+        s = self.setup
+        batch = Batch(c.micro_batch_size, s.seq_len, c.activation_checkpointing)
+        return micro_step(
+            s.architecture,
+            s.params,
+            self.tensors,
+            batch,
+            self.regime(c),
+            s.peak_flops,
+            float(s.gpu.memory_bandwidth),
+            engine_kernels(s.engine, c.stage),
+            c.shard_group_size or s.gpus,
+            s.gpu_side,
+            s.host_side,
+        )
+
     def step_time(self, c: Config) -> tuple[StepTime, Overlap, int]:
         s = self.setup
-        flops = token_flops(s.architecture, s.seq_len, c.activation_checkpointing)
-        micro_tokens = c.micro_batch_size * s.seq_len
-        rate = s.peak_flops * s.efficiency.value
-        fwd = flops.forward * micro_tokens / rate  # one micro-step
-        bwd = (flops.backward + flops.recompute) * micro_tokens / rate
+        micro = self.micro_step(c)
+        # collectives hide behind each phase's duration, whichever queue sets it
+        fwd = max(micro.gpu_forward, micro.host_forward)
+        bwd = max(micro.gpu_backward, micro.host_backward)
         ga = c.grad_accumulation_steps
 
         comm = self.communication(c)
@@ -577,22 +661,35 @@ class _Evaluator:
 
         # the optimizer updates the whole model at stage 0, its partition from stage 1 on
         dp = 1 if c.stage is Stage.NONE else c.shard_group_size or s.gpus
-        per_param = optimizer_bytes_per_param(s.precision, self.k)
         shard = -(-s.params // dp)
         if c.offload is OffloadChoice.NONE:
-            bandwidth = float(s.gpu.memory_bandwidth) or float("inf")
+            per_param = optimizer_bytes_per_param(s.precision, self.k, s.engine, s.optimizer)
+            bandwidth = float(s.gpu.memory_bandwidth) * s.gpu_figures.memory_efficiency
+            optimizer = shard * per_param / bandwidth if bandwidth > 0 else 0.0
         else:
-            bandwidth = s.host_optimizer_bandwidth
-        optimizer = shard * per_param / bandwidth
+            per_param = optimizer_bytes_per_param(s.precision, self.k)
+            optimizer = shard * per_param / s.host_optimizer_bandwidth
         step = StepTime(
-            compute=(fwd + bwd) * ga,
-            recompute=flops.recompute * micro_tokens / rate * ga,
+            compute=micro.seconds * ga,
+            recompute=self.recompute_seconds(c, micro) * ga,
             optimizer_step=optimizer,
             exposed_communication=exposed,
             communication=collective,
             offload_transfer=comm.transfer[0] * ga + comm.transfer[1],
+            matmul=micro.matmul * ga,
+            memory_bound=micro.memory_bound * ga,
+            gpu_busy=micro.gpu * ga,
+            host_dispatch=micro.host * ga,
+            micro=micro,
         )
         return step, ov, round(comm.sent[0] * ga + comm.sent[1])
+
+    def recompute_seconds(self, c: Config, micro: MicroStep) -> float:
+        """GEMM and attention time checkpointing adds to one micro-step."""
+        if c.activation_checkpointing is Checkpointing.NONE:
+            return 0.0
+        plain = self.micro_step(replace(c, activation_checkpointing=Checkpointing.NONE))
+        return max(0.0, micro.matmul - plain.matmul)
 
 
 def _phase_totals(comm: StageCommunication, phase: Phase) -> tuple[float, int]:
@@ -665,43 +762,120 @@ def predict(setup: PlanSetup, config: Config) -> tuple[StageEstimate, StepTime, 
     return ev.memory(config), step, ov
 
 
+class Learned(StrEnum):
+    """Which figure a measured step sets."""
+
+    GPU = "gpu"
+    """The step was GPU-bound: it sets the GEMM efficiency."""
+    HOST = "host"
+    """The step was host-bound: it sets the host cost per kernel."""
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """The efficiency a measured step implies.
+    """The figures a measured step implies.
 
     Attributes:
-        efficiency: fraction of the dense peak the matmuls reached.
-        other_seconds: predicted non-compute time taken off the measured step.
-        predicted_step_seconds: the step the stated default efficiency predicts.
+        efficiency: fraction of the dense peak the GEMMs reached (the setup's when the step was
+            host-bound and the GPU side is not what it measures).
+        host_seconds_per_kernel: host dispatch per kernel (the setup's when GPU-bound).
+        learned: which of the two the step set.
+        other_seconds: predicted time outside the micro-steps taken off the measured step
+            (optimizer step, exposed communication, offload transfer).
+        predicted_step_seconds: the step the setup's figures predict.
     """
 
     efficiency: float
+    host_seconds_per_kernel: float
+    learned: Learned
     other_seconds: float
     predicted_step_seconds: float
 
 
 def calibrate(
-    setup: PlanSetup, config: Config, measured_seconds: float, *, communicated: bool = True
+    setup: PlanSetup,
+    config: Config,
+    measured_seconds: float,
+    *,
+    communicated: bool = True,
+    learn: Learned | None = None,
 ) -> Calibration:
-    """Solve the step-time model for the efficiency of one measured configuration.
+    """Solve the step-time model for the figure that binds in one measured configuration.
 
-    ``communicated=False`` for a simulated world (collectives complete without moving data):
-    only the optimizer step is taken off the measured time.
+    The measured step minus the predicted optimizer step, exposed communication and offload,
+    over the micro-steps, is one micro-step's time. Where the setup's figures predict the GPU
+    to be the slower queue, that time sets the GEMM efficiency (attention and memory-bound
+    kernels kept at their stated figures); where they predict the host, it sets the host cost
+    per kernel. ``learn`` names the figure instead (the run is then taken to be bound by that
+    queue): a large micro-batch calibrates the GPU, a small one with several micro-steps the
+    host, and two runs calibrate both. ``communicated=False`` for a simulated world
+    (collectives complete without moving data): only the optimizer step is taken off.
     """
+    if measured_seconds <= 0:
+        raise InputError("step_time_s", "a measured step time must be above 0 seconds")
     _, step, _ = predict(setup, config)
+    micro = step.micro
+    assert micro is not None  # predict always times the micro-step
     other = step.optimizer_step
     if communicated:
         other += step.exposed_communication + step.offload_transfer
-    flops = step.compute * setup.peak_flops * setup.efficiency.value
-    eff = achieved_efficiency(flops, setup.peak_flops, measured_seconds, other)
-    return Calibration(efficiency=eff, other_seconds=other, predicted_step_seconds=step.total)
+    per_micro = (measured_seconds - other) / config.grad_accumulation_steps
+    if per_micro <= 0:
+        raise InputError(
+            "step_time_s",
+            f"the measured step ({measured_seconds:.4g} s) is not longer than the predicted "
+            f"optimizer step, communication and offload ({other:.4g} s): nothing left for the "
+            "micro-steps",
+        )
+    eff = setup.efficiency.value
+    host = setup.efficiency.host_seconds_per_kernel
+    learned = learn or (Learned.HOST if micro.host_bound else Learned.GPU)
+    if learned is Learned.HOST:
+        host *= per_micro / micro.host
+    else:
+        gemm = micro.gemm_forward + micro.gemm_backward
+        rest = micro.gpu - gemm
+        if per_micro <= rest:
+            raise InputError(
+                "step_time_s",
+                f"the measured micro-step ({per_micro:.4g} s) is not longer than its predicted "
+                f"attention and memory-bound kernels ({rest:.4g} s): nothing left for GEMMs",
+            )
+        eff *= gemm / (per_micro - rest)
+        if eff > 1:
+            raise InputError(
+                "step_time_s",
+                f"the measured step implies GEMMs at {eff:.0%} of the peak: above 100 %, "
+                "so the GPU's peak or the model given does not match the run",
+            )
+    return Calibration(
+        efficiency=eff,
+        host_seconds_per_kernel=host,
+        learned=learned,
+        other_seconds=other,
+        predicted_step_seconds=step.total,
+    )
 
 
 def assumptions(setup: PlanSetup) -> Assumptions:
     g = setup.gpu
+    gf = setup.gpu_figures
     return Assumptions(
         efficiency=setup.efficiency.value,
         efficiency_source=setup.efficiency.source,
+        attention_efficiency=gf.attention_efficiency,
+        memory_efficiency=gf.memory_efficiency,
+        activation_passes_forward=gf.activation_passes_forward,
+        activation_passes_backward=gf.activation_passes_backward,
+        parameter_bytes_forward=gf.parameter_bytes_forward,
+        parameter_bytes_backward=gf.parameter_bytes_backward,
+        host_seconds_per_kernel=setup.efficiency.host_seconds_per_kernel,
+        host_seconds_per_kernel_source=setup.efficiency.host_source,
+        parameter_tensors=tensor_count(setup.architecture),
+        kernels=tuple(
+            (stage, engine_kernels(setup.engine, stage))
+            for stage in sorted(set(setup.search.stages))
+        ),
         peak_flops=setup.peak_flops,
         peak_flops_source=(
             f"{g.label}: "

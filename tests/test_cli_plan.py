@@ -52,7 +52,11 @@ def test_table_ranks_the_candidates() -> None:
     assert result.exit_code == 0, result.output
     text = result.stdout
     assert "Plan" in text and "tokens/s" in text and "GiB = 2^30 bytes" in text
-    assert "configurations evaluated" in text and "efficiency 0.400" in text
+    assert (
+        "configurations evaluated" in text
+        and "GEMM efficiency 0.750" in text
+        and "µs per kernel" in text
+    )
     rows = [line for line in text.splitlines() if line.startswith("│ ")]
     assert [row.split("│")[1].strip() for row in rows] == ["1", "2", "3"]
 

@@ -1,4 +1,5 @@
-"""A stored measurement in, a calibration out: the efficiency the measured step implies."""
+"""A stored measurement in, a calibration out: the GEMM efficiency or host cost per kernel the
+measured step implies."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from calculators.conventions import Engine, Optimizer, Precision, Stage
 from calculators.errors import InputError
 from calculators.gpus import Gpu, gpu_for_device_name
 from calculators.interconnects import get_interconnect
-from calculators.plan import Calibration, Config, OffloadChoice, PlanSetup, calibrate
+from calculators.plan import Calibration, Config, Learned, OffloadChoice, PlanSetup, calibrate
 
 FIELD = "measurement_id"
 # measure.runner's defaults when a request gives no batch
@@ -66,8 +67,9 @@ def _engine_config(req: dict[str, Any], decided: dict[str, Any]) -> dict[str, An
     return out
 
 
-def measured_run(job: Job, stage: int | None) -> MeasuredRun:
-    """The calibration a succeeded measure job implies for one of its runs."""
+def measured_run(job: Job, stage: int | None, figure: Learned | None = None) -> MeasuredRun:
+    """The calibration a succeeded measure job implies for one of its runs (``figure``: the
+    figure it sets; None = the queue the model finds binding in that run)."""
     if job.status is not JobStatus.SUCCEEDED or not job.result:
         raise InputError(FIELD, f"the job is {job.status.value}; only a succeeded one calibrates")
     result, req = job.result, job.request
@@ -125,5 +127,11 @@ def measured_run(job: Job, stage: int | None) -> MeasuredRun:
     config = Config(
         Stage(run["stage"]), micro, ga, ckpt, _offload(decided.get("offload") or req.get("offload"))
     )
-    cal = calibrate(setup, config, float(seconds), communicated=run.get("mode") != "simulated")
+    cal = calibrate(
+        setup,
+        config,
+        float(seconds),
+        communicated=run.get("mode") != "simulated",
+        learn=figure,
+    )
     return MeasuredRun(gpu, device_name, precision, engine, config.stage, float(seconds), cal)

@@ -239,12 +239,13 @@ PLAN_EXAMPLES: dict[str, dict[str, Any]] = {
 
 CALIBRATION_EXAMPLES: dict[str, dict[str, Any]] = {
     "given_efficiency": {
-        "summary": "An efficiency measured elsewhere (model-FLOPs utilisation from your logs)",
+        "summary": "A GEMM efficiency measured elsewhere (e.g. a profiler's GEMM TFLOP/s over "
+        "the dense peak)",
         "value": {
             "gpu": "h100-sxm",
             "precision": "mixed_bf16",
             "engine": "deepspeed",
-            "efficiency": 0.42,
+            "efficiency": 0.72,
         },
     },
 }

@@ -35,6 +35,7 @@ from app.schemas.plan import (
     CandidateOut,
     ConfigOut,
     GpuOut,
+    KernelCountsOut,
     OverlapOut,
     PlanAssumptions,
     PlanResponse,
@@ -565,7 +566,12 @@ def _candidate_out(rank: int, c: Candidate) -> CandidateOut:
         step_time_seconds=s.total,
         step_time=StepTimeOut(
             compute=s.compute + s.optimizer_step,
-            matmul=s.compute,
+            matmul=s.matmul,
+            memory_bound=s.memory_bound,
+            gpu_busy=s.gpu_busy,
+            host_dispatch=s.host_dispatch,
+            gpu_idle=max(0.0, s.host_dispatch - s.gpu_busy),
+            bound="host" if s.host_bound else "gpu",
             recompute=s.recompute,
             optimizer_step=s.optimizer_step,
             exposed_communication=s.exposed_communication,
@@ -585,6 +591,9 @@ def plan_response(result: Plan) -> PlanResponse:
     g = setup.gpu
     a = asdict(result.assumptions)
     a["notes"] = list(result.assumptions.notes)
+    a["kernels"] = [
+        KernelCountsOut(stage=int(stage), **asdict(k)) for stage, k in result.assumptions.kernels
+    ]
     return PlanResponse(
         params=setup.params,
         gpu=GpuOut(
@@ -613,6 +622,9 @@ def plan_response(result: Plan) -> PlanResponse:
             efficiency=setup.efficiency.value,
             source=setup.efficiency.source,
             calibration_id=setup.efficiency.calibration_id,
+            host_seconds_per_kernel=setup.efficiency.host_seconds_per_kernel,
+            host_source=setup.efficiency.host_source,
+            host_calibration_id=setup.efficiency.host_calibration_id,
         ),
         assumptions=PlanAssumptions(**a),
         evaluated=result.evaluated,

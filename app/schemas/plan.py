@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -25,11 +25,13 @@ from app.schemas.model import ModelSpec
 from calculators.batch import Checkpointing
 from calculators.conventions import Engine, Optimizer, Precision
 from calculators.interconnects import DEFAULT_INTER_NODE
-from calculators.plan import OffloadChoice
+from calculators.plan import Learned, OffloadChoice
 
 NULL = {"type": "null"}
 # below 0.1 % of the peak a step time stops being a number (and no GPU trains that slowly)
 MIN_EFFICIENCY = 0.001
+# a kernel dispatch slower than 10 ms is no host a GPU trains from
+MAX_HOST_SECONDS_PER_KERNEL = 0.01
 
 GpuName = Annotated[str, Field(max_length=32, description="A GPU preset name (GET /v1/gpus).")]
 
@@ -160,8 +162,17 @@ class PlanRequest(StrictModel):
         Field(
             ge=MIN_EFFICIENCY,
             le=1,
-            description="Fraction of the peak the matmuls reach (at least 0.1 %); null = a "
+            description="Fraction of the dense peak the GEMMs reach (at least 0.1 %); null = a "
             "stored calibration for this GPU and precision, else the stated default.",
+        ),
+    ] = None
+    host_seconds_per_kernel: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=MAX_HOST_SECONDS_PER_KERNEL,
+            description="Host time to dispatch one kernel, seconds; null = a stored "
+            "calibration for this GPU and precision, else the stated default.",
         ),
     ] = None
 
@@ -183,8 +194,23 @@ class StepTimeOut(BaseModel):
     """Seconds per optimizer step; compute + exposed_communication + offload_transfer =
     step_time_seconds."""
 
-    compute: float = Field(description="matmul + optimizer_step.")
-    matmul: float = Field(description="Forward, backward and recomputation matmuls.")
+    compute: float = Field(
+        description="The micro-steps (each max(GPU work, host dispatch)) + optimizer_step."
+    )
+    matmul: float = Field(description="GEMM and attention kernels of the micro-steps.")
+    memory_bound: float = Field(
+        description="Element-wise, norm, cast and copy kernels of the micro-steps."
+    )
+    gpu_busy: float = Field(description="The micro-steps' GPU work: matmul + memory_bound.")
+    host_dispatch: float = Field(description="The micro-steps' host dispatch time.")
+    gpu_idle: float = Field(
+        description="max(0, host_dispatch − gpu_busy): the GPU waiting for the host; matmul "
+        "+ memory_bound + gpu_idle + optimizer_step = compute."
+    )
+    bound: Literal["gpu", "host"] = Field(
+        description="Which queue sets the micro-steps' pace: the GPU's work or the host's "
+        "dispatch (the other idles)."
+    )
     recompute: float = Field(description="Part of matmul that checkpointing repeats.")
     optimizer_step: float = Field(description="The element-wise optimizer update.")
     exposed_communication: float = Field(description="Collective time not hidden by compute.")
@@ -222,12 +248,19 @@ class RejectedOut(BaseModel):
 
 
 class CalibrationUsed(BaseModel):
-    """Which stored measurement set the efficiency, or the stated default."""
+    """Which stored measurement set the GEMM efficiency and the host cost per kernel, or the
+    stated defaults."""
 
-    efficiency: float
+    efficiency: float = Field(description="Fraction of the dense peak the GEMMs reach.")
     source: str
     calibration_id: str | None = Field(
         description="The stored calibration used; null when none matched (see source)."
+    )
+    host_seconds_per_kernel: float = Field(description="Host dispatch time per kernel.")
+    host_source: str
+    host_calibration_id: str | None = Field(
+        description="The stored calibration that set the host cost; null when none matched "
+        "(see host_source)."
     )
 
 
@@ -240,11 +273,45 @@ class GpuOut(BaseModel):
     source: str
 
 
+class KernelCountsOut(BaseModel):
+    """Host dispatches per parameter tensor per micro-step of one stage's engine."""
+
+    stage: int
+    forward: float = Field(description="Kernels per parameter tensor in forward.")
+    backward: float = Field(description="Kernels per parameter tensor in backward.")
+    hooks: float = Field(description="Engine-hook steps per parameter tensor (host only).")
+    per_collective: float = Field(
+        description="Further hook steps per tensor per collective, when the group has more "
+        "than one rank."
+    )
+    collectives: int = Field(description="Collectives per tensor per micro-step.")
+    reason: str
+
+
 class PlanAssumptions(BaseModel):
     """Every figure the plan assumes rather than derives."""
 
-    efficiency: float
+    efficiency: float = Field(description="Fraction of the dense peak the GEMMs reach.")
     efficiency_source: str
+    attention_efficiency: float = Field(
+        description="Fraction of the dense peak the attention kernels reach."
+    )
+    memory_efficiency: float = Field(
+        description="Fraction of the memory bandwidth the memory-bound kernels and the "
+        "optimizer step reach."
+    )
+    activation_passes_forward: float = Field(
+        description="Passes over the saved activation bytes in forward (memory-bound kernels)."
+    )
+    activation_passes_backward: float = Field(description="The same in backward.")
+    parameter_bytes_forward: float = Field(
+        description="Bytes per parameter streamed per micro-step in forward outside GEMMs."
+    )
+    parameter_bytes_backward: float = Field(description="The same in backward.")
+    host_seconds_per_kernel: float = Field(description="Host dispatch time per kernel.")
+    host_seconds_per_kernel_source: str
+    parameter_tensors: int = Field(description="Parameter tensors of the model.")
+    kernels: list[KernelCountsOut] = Field(description="Host dispatch counts per stage.")
     peak_flops: float
     peak_flops_source: str
     causal_attention_fraction: float = Field(
@@ -313,6 +380,12 @@ class CalibrationRequest(StrictModel):
     source: Annotated[str, Field(max_length=200, description="Where the figure comes from.")] = (
         "given by the request"
     )
+    figure: Learned | None = Field(
+        None,
+        description="With measurement_id: which figure the run sets, gpu (the GEMM "
+        "efficiency) or host (the host cost per kernel); null = the queue the model finds "
+        "binding in that run (a large micro-batch: gpu; several small micro-steps: host).",
+    )
 
     @classmethod
     def __get_pydantic_json_schema__(
@@ -346,7 +419,11 @@ class CalibrationRequest(StrictModel):
             "type": "object",
             "oneOf": [
                 form("From a measurement", ["measurement_id"], ["gpu", "efficiency"]),
-                form("An efficiency measured elsewhere", ["efficiency", "gpu"], ["measurement_id"]),
+                form(
+                    "An efficiency measured elsewhere",
+                    ["efficiency", "gpu"],
+                    ["measurement_id", "figure"],
+                ),
             ],
         }
 
@@ -356,6 +433,8 @@ class CalibrationRequest(StrictModel):
             raise ValueError("give measurement_id, or efficiency with gpu (not both)")
         if self.efficiency is not None and self.gpu is None:
             raise ValueError("efficiency needs the gpu it was measured on")
+        if self.efficiency is not None and self.figure is not None:
+            raise ValueError("figure goes with measurement_id: a given efficiency sets the GPU")
         return self
 
 
@@ -365,7 +444,16 @@ class CalibrationPublic(BaseModel):
     device_name: str = Field(description="What the device called itself (or the preset label).")
     precision: Precision
     engine: Engine
-    efficiency: float = Field(description="Fraction of the dense peak the matmuls reached.")
+    efficiency: float = Field(description="Fraction of the dense peak the GEMMs reached.")
+    host_seconds_per_kernel: float | None = Field(
+        None, description="Host dispatch time per kernel the run implies (null: see note)."
+    )
+    figure: Learned | None = Field(
+        None,
+        description="Which figure this calibration sets for /v1/plan: gpu (efficiency) or "
+        "host (host_seconds_per_kernel); null: stored by an earlier step-time model, which "
+        "/v1/plan no longer uses (see note).",
+    )
     measurement_id: str | None = Field(description="The measure job (null: see note).")
     stage: int | None = Field(description="The run's ZeRO stage (null: see note).")
     measured_step_time_seconds: float | None = Field(description="null: see note.")

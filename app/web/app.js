@@ -695,7 +695,9 @@
   // ---------- plan ----------
   const STEP_PARTS = [
     // [step_time key, label, colour]
-    ["matmul", "compute (matmuls)", "#2563eb"],
+    ["matmul", "GEMMs and attention", "#2563eb"],
+    ["memory_bound", "memory-bound kernels", "#60a5fa"],
+    ["gpu_idle", "GPU idle, waiting for the host", "#94a3b8"],
     ["optimizer_step", "optimizer step", "#10b981"],
     ["exposed_communication", "exposed communication", "#f59e0b"],
     ["offload_transfer", "offload transfer", "#ef4444"],
@@ -778,7 +780,7 @@
       el("td", { class: "config", text: configName(c.config) }),
       el("td", { "data-tokens": c.tokens_per_second, text: Math.round(c.tokens_per_second).toLocaleString("en-US") }),
       el("td", { "data-seconds": c.step_time_seconds, text: seconds(c.step_time_seconds) }),
-      el("td", { text: seconds(c.step_time.compute), title: `matmuls ${seconds(c.step_time.matmul)} + optimizer step ${seconds(c.step_time.optimizer_step)}` }),
+      el("td", { text: seconds(c.step_time.compute), title: `micro-steps ${c.step_time.bound}-bound (GPU work ${seconds(c.step_time.gpu_busy)}: GEMMs and attention ${seconds(c.step_time.matmul)}, memory-bound ${seconds(c.step_time.memory_bound)}; host dispatch ${seconds(c.step_time.host_dispatch)}) + optimizer step ${seconds(c.step_time.optimizer_step)}` }),
       el("td", { text: seconds(c.step_time.exposed_communication), title: `all collectives: ${seconds(c.step_time.communication)}; ${c.assumptions.reason}` }),
       el("td", { text: seconds(c.step_time.offload_transfer) }),
       bytesCell(c.per_device.peak),
@@ -828,7 +830,7 @@
       drawSteps($("#plan-chart"), resp.candidates.slice(0, PLAN_ROWS));
       planTable(resp);
       const cal = resp.calibration;
-      $("#plan-calibration").textContent = `Efficiency ${num(cal.efficiency, 3)} of ${resp.gpu.label}'s dense peak (${num(resp.gpu.peak_flops / 1e12, 1)} TFLOP/s): ${cal.source}.`;
+      $("#plan-calibration").textContent = `GEMM efficiency ${num(cal.efficiency, 3)} of ${resp.gpu.label}'s dense peak (${num(resp.gpu.peak_flops / 1e12, 1)} TFLOP/s): ${cal.source}. Host dispatch ${num(cal.host_seconds_per_kernel * 1e6, 1)} µs per kernel: ${cal.host_source}.`;
       $("#plan-result").hidden = false;
     } finally {
       $("#plan-start").disabled = false;

@@ -67,15 +67,28 @@ def test_llama3_8b_on_8_h100(isolated: TestClient) -> None:
     best = body["candidates"][0]
     split = best["step_time"]
     parts = split["compute"] + split["exposed_communication"] + split["offload_transfer"]
-    assert split["compute"] == pytest.approx(split["matmul"] + split["optimizer_step"])
+    # every micro-step lasts as long as the slower queue: GPU work or host dispatch
+    slower = max(split["gpu_busy"], split["host_dispatch"])
+    assert split["compute"] == pytest.approx(slower + split["optimizer_step"])
+    assert split["gpu_busy"] == pytest.approx(split["matmul"] + split["memory_bound"])
+    busy_and_idle = split["matmul"] + split["memory_bound"] + split["gpu_idle"]
+    assert split["compute"] == pytest.approx(busy_and_idle + split["optimizer_step"])
+    assert split["bound"] == ("host" if split["host_dispatch"] > split["gpu_busy"] else "gpu")
     assert best["step_time_seconds"] == pytest.approx(parts)
     assert best["per_device"]["peak"] + best["headroom"] == body["assumptions"]["usable_memory"]
     assert best["config"]["stage"] >= 1  # 8B parameters at 16 B each do not fit stage 0
     assert best["assumptions"]["reason"]
     # every assumption named, the efficiency's source stated
     a = body["assumptions"]
-    assert a["efficiency"] == body["calibration"]["efficiency"] == 0.4
-    assert "Llama 3" in a["efficiency_source"] and body["calibration"]["calibration_id"] is None
+    assert a["efficiency"] == body["calibration"]["efficiency"] == 0.75
+    assert (
+        "plan_profile" in a["efficiency_source"] and body["calibration"]["calibration_id"] is None
+    )
+    assert a["host_seconds_per_kernel"] == body["calibration"]["host_seconds_per_kernel"]
+    assert body["calibration"]["host_calibration_id"] is None
+    assert {k["stage"] for k in a["kernels"]} == {0, 1, 2, 3}
+    for key in ("attention_efficiency", "memory_efficiency", "activation_passes_backward"):
+        assert a[key] > 0
     assert a["peak_flops"] == pytest.approx(989.5e12)
     rejected = [r for r in body["rejected"] if r["config"]["stage"] == 0]
     assert rejected and all("does not fit" in r["reason"] for r in rejected)
@@ -114,9 +127,24 @@ def test_efficiency_from_the_request(client: TestClient) -> None:
     b = post(client, {**SMALL, "efficiency": 0.4})
     assert a["calibration"]["source"] == "given by the request"
     key = lambda c: json.dumps(c["config"], sort_keys=True)  # noqa: E731
-    matmul_a = {key(c): c["step_time"]["matmul"] for c in a["candidates"]}
+    steps_a = {key(c): c["step_time"] for c in a["candidates"]}
     for c in b["candidates"]:
-        assert matmul_a[key(c)] == pytest.approx(2 * c["step_time"]["matmul"])
+        # the GEMMs take longer at the lower efficiency; the other kernels and the host do not
+        sa, sb = steps_a[key(c)], c["step_time"]
+        assert sa["matmul"] > sb["matmul"]
+        assert sa["memory_bound"] == pytest.approx(sb["memory_bound"])
+        assert sa["host_dispatch"] == pytest.approx(sb["host_dispatch"])
+
+
+def test_host_cost_from_the_request(client: TestClient) -> None:
+    a = post(client, {**SMALL, "host_seconds_per_kernel": 20e-6})
+    b = post(client, {**SMALL, "host_seconds_per_kernel": 40e-6})
+    assert a["calibration"]["host_source"] == "given by the request"
+    assert a["assumptions"]["host_seconds_per_kernel"] == 20e-6
+    key = lambda c: json.dumps(c["config"], sort_keys=True)  # noqa: E731
+    host_a = {key(c): c["step_time"]["host_dispatch"] for c in a["candidates"]}
+    for c in b["candidates"]:
+        assert c["step_time"]["host_dispatch"] == pytest.approx(2 * host_a[key(c)])
 
 
 @pytest.mark.parametrize(
@@ -181,7 +209,7 @@ def _store_measurement(client: TestClient, step_time: float, device: str = "cuda
     return str(job.id)
 
 
-def _predicted_step(efficiency: float) -> float:
+def _predicted_step(efficiency: float, host: float = 33e-6) -> float:
     from calculators.architecture import Architecture
 
     arch = Architecture(**GPT)  # type: ignore[arg-type]
@@ -197,7 +225,7 @@ def _predicted_step(efficiency: float) -> float:
         network=Network(intra=PRESETS[gpu.intra_node_link], host=PRESETS[gpu.host_link]),
         global_batch_size=4,
         seq_len=512,
-        efficiency=Efficiency(efficiency, "test"),
+        efficiency=Efficiency(efficiency, "test", host_seconds_per_kernel=host),
     )
     config = Config(Stage.GRADIENTS, 2, 1, Checkpointing.NONE, OffloadChoice.NONE)
     return predict(setup, config)[1].total
@@ -205,24 +233,41 @@ def _predicted_step(efficiency: float) -> float:
 
 def test_calibration_from_a_measurement_is_stored_and_used(isolated: TestClient) -> None:
     assert isolated.get("/v1/calibrations").json() == {"data": [], "count": 0}
-    job_id = _store_measurement(isolated, _predicted_step(0.17))
+    # a small model's micro-step is host-bound: the run sets the host cost per kernel
+    job_id = _store_measurement(isolated, _predicted_step(0.75, host=50e-6))
     r = isolated.post("/v1/calibrations", json={"measurement_id": job_id})
     assert r.status_code == 201, r.text
     cal = r.json()
     assert cal["gpu"] == "l4" and cal["device_name"] == "NVIDIA L4"
-    assert cal["efficiency"] == pytest.approx(0.17, rel=1e-6)
+    assert cal["figure"] == "host" and "host-bound" in cal["note"]
+    assert cal["host_seconds_per_kernel"] == pytest.approx(50e-6, rel=1e-6)
     assert cal["measurement_id"] == job_id and cal["stage"] == 2
     listed = isolated.get("/v1/calibrations").json()
     assert listed["count"] == 1 and listed["data"][0]["id"] == cal["id"]
 
     body = post(isolated, SMALL)  # l4, mixed_bf16: the calibration applies
+    assert body["calibration"]["host_calibration_id"] == cal["id"]
+    assert body["calibration"]["calibration_id"] is None  # the GEMM efficiency stays stated
+    assert body["calibration"]["host_seconds_per_kernel"] == pytest.approx(50e-6, rel=1e-6)
+    assert cal["id"] in body["assumptions"]["host_seconds_per_kernel_source"]
+    other = post(isolated, {**SMALL, "gpu": "l40s"})  # another GPU: the stated default
+    assert other["calibration"]["host_calibration_id"] is None
+    fp32 = post(isolated, {**SMALL, "precision": "fp32"})  # another precision: the default
+    assert fp32["calibration"]["host_calibration_id"] is None
+
+
+def test_calibration_of_the_gpu_figure(isolated: TestClient) -> None:
+    # a run timed as if the host were free: asked for the GPU figure, it recovers the GEMMs'
+    job_id = _store_measurement(isolated, _predicted_step(0.17, host=1e-12))
+    r = isolated.post("/v1/calibrations", json={"measurement_id": job_id, "figure": "gpu"})
+    assert r.status_code == 201, r.text
+    cal = r.json()
+    assert cal["figure"] == "gpu" and "GPU-bound" in cal["note"]
+    assert cal["efficiency"] == pytest.approx(0.17, rel=1e-6)
+    body = post(isolated, SMALL)
     assert body["calibration"]["calibration_id"] == cal["id"]
     assert body["calibration"]["efficiency"] == pytest.approx(0.17, rel=1e-6)
-    assert cal["id"] in body["assumptions"]["efficiency_source"]
-    other = post(isolated, {**SMALL, "gpu": "l40s"})  # another GPU: the stated default
-    assert other["calibration"]["calibration_id"] is None
-    fp32 = post(isolated, {**SMALL, "precision": "fp32"})  # another precision: the default
-    assert fp32["calibration"]["calibration_id"] is None
+    assert body["calibration"]["host_calibration_id"] is None
 
 
 def test_calibration_refuses_a_cpu_measurement(isolated: TestClient) -> None:
@@ -237,7 +282,7 @@ def test_calibration_refuses_a_step_shorter_than_its_communication(isolated: Tes
     job_id = _store_measurement(isolated, 1e-9)
     r = isolated.post("/v1/calibrations", json={"measurement_id": job_id})
     assert r.status_code == 422
-    assert "nothing left for compute" in r.json()["detail"][0]["msg"]
+    assert "nothing left for the micro-steps" in r.json()["detail"][0]["msg"]
 
 
 def test_calibration_of_an_unknown_job_is_a_404(isolated: TestClient) -> None:
@@ -288,6 +333,8 @@ def test_a_given_efficiency_is_stored_and_used(isolated: TestClient) -> None:
         ({"gpu": "l4"}, "body"),
         ({"efficiency": 0.3}, "body"),
         ({"measurement_id": "x", "gpu": "l4", "efficiency": 0.3}, "body"),
+        ({"gpu": "l4", "efficiency": 0.3, "figure": "host"}, "body"),
+        ({"measurement_id": "x", "figure": "disk"}, "figure"),
         ({"gpu": "nope", "efficiency": 0.3}, "gpu"),
         ({"gpu": "l4", "efficiency": 1.5}, "efficiency"),
     ],
@@ -298,3 +345,17 @@ def test_bad_calibrations_name_the_field(
     r = isolated.post("/v1/calibrations", json=body)
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["field"] == field
+
+
+def test_a_calibration_of_the_earlier_model_is_listed_but_not_used(isolated: TestClient) -> None:
+    # stored before calibrations said which figure they set: a whole-step efficiency
+    store = isolated.app.state.jobs.store  # type: ignore[attr-defined]
+    store.add_calibration(
+        "old", "l4", "mixed_bf16", "torch", 0.17, {"device_name": "NVIDIA L4", "source": "old"}
+    )
+    listed = isolated.get("/v1/calibrations").json()["data"]
+    assert listed[0]["id"] == "old" and listed[0]["figure"] is None
+    assert "earlier step-time model" in listed[0]["note"]
+    body = post(isolated, SMALL)
+    assert body["calibration"]["calibration_id"] is None
+    assert body["calibration"]["efficiency"] == 0.75

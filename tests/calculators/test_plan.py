@@ -16,6 +16,7 @@ from calculators.gpus import PRESETS, get_gpu, gpu_for_device_name
 from calculators.plan import (
     Config,
     Efficiency,
+    Learned,
     OffloadChoice,
     PlanSetup,
     Search,
@@ -129,11 +130,30 @@ def test_checkpointing_costs_compute_only() -> None:
     assert none.communication == sel.communication == full.communication
 
 
-def test_efficiency_scales_compute() -> None:
+def test_efficiency_scales_the_gemms_only() -> None:
     c = Config(Stage.GRADIENTS, 4, 8, Checkpointing.FULL, OffloadChoice.NONE)
     _, a, _ = predict(setup(efficiency=Efficiency(0.2, "test")), c)
     _, b, _ = predict(setup(efficiency=Efficiency(0.4, "test")), c)
-    assert a.compute == pytest.approx(2 * b.compute)
+    ma, mb = a.micro, b.micro
+    assert ma is not None and mb is not None
+    assert ma.gemm_forward == pytest.approx(2 * mb.gemm_forward)
+    assert ma.gemm_backward == pytest.approx(2 * mb.gemm_backward)
+    assert ma.attention_forward == mb.attention_forward
+    assert ma.memory_bound == mb.memory_bound and ma.host == mb.host
+    # an 8B model at 4 × 4096 tokens per micro-step keeps the GPU the slower queue
+    assert not a.host_bound and a.compute == pytest.approx(8 * ma.gpu)
+
+
+def test_a_small_micro_step_is_host_bound() -> None:
+    s = setup(preset="gpt2", global_batch_size=64, seq_len=128)
+    small = predict(s, Config(Stage.PARAMETERS, 1, 8, Checkpointing.NONE, OffloadChoice.NONE))[1]
+    assert small.host_bound and small.micro is not None
+    assert small.compute == pytest.approx(8 * small.micro.host)
+    # the host's work does not depend on the micro-batch; the GPU's grows with it
+    big = predict(s, Config(Stage.PARAMETERS, 8, 1, Checkpointing.NONE, OffloadChoice.NONE))[1]
+    assert big.micro is not None
+    assert big.micro.host == pytest.approx(small.micro.host)
+    assert big.micro.gpu > small.micro.gpu
 
 
 @pytest.mark.parametrize("stage", [Stage.GRADIENTS, Stage.PARAMETERS])
@@ -188,8 +208,25 @@ def test_calibration_recovers_the_efficiency_it_was_made_with() -> None:
     c = Config(Stage.PARAMETERS, 2, 4, Checkpointing.SELECTIVE, OffloadChoice.NONE)
     made = setup(Engine.DEEPSPEED, efficiency=Efficiency(0.23, "test"), global_batch_size=64)
     _, step, _ = predict(made, c)
+    assert not step.host_bound
     found = calibrate(setup(Engine.DEEPSPEED, global_batch_size=64), c, step.total)
+    assert found.learned is Learned.GPU
     assert found.efficiency == pytest.approx(0.23, rel=1e-9)
+
+
+def test_calibration_recovers_the_host_cost_it_was_made_with() -> None:
+    s = setup(preset="gpt2", global_batch_size=64, seq_len=128)
+    c = Config(Stage.PARAMETERS, 1, 8, Checkpointing.NONE, OffloadChoice.NONE)
+    made = replace(s, efficiency=Efficiency(host_seconds_per_kernel=21e-6))
+    _, step, _ = predict(made, c)
+    assert step.host_bound
+    found = calibrate(s, c, step.total)
+    assert found.learned is Learned.HOST
+    assert found.host_seconds_per_kernel == pytest.approx(21e-6, rel=1e-9)
+    assert found.efficiency == s.efficiency.value
+    # asked for the GPU figure instead, the same run reads as slow GEMMs
+    forced = calibrate(s, c, step.total, learn=Learned.GPU)
+    assert forced.learned is Learned.GPU and forced.efficiency < s.efficiency.value
 
 
 @pytest.mark.parametrize(

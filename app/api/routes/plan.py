@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
@@ -23,7 +24,7 @@ from app.schemas.plan import (
     PlanResponse,
 )
 from calculators.gpus import PRESETS, Gpu, get_gpu
-from calculators.plan import Efficiency, plan
+from calculators.plan import Efficiency, Learned, plan
 
 router = APIRouter(prefix="/v1", tags=["plan"])
 
@@ -56,15 +57,39 @@ def plan_route(
 
 
 def efficiency_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> Efficiency:
-    """The request's efficiency, else the newest calibration of this GPU and precision (the same
-    engine's first), else the stated default."""
-    if request.efficiency is not None:
-        return Efficiency(request.efficiency, "given by the request")
+    """The request's GEMM efficiency and host cost per kernel, else for each the newest
+    calibration of this GPU and precision that sets it (the same engine's first), else the
+    stated defaults."""
     found = store.calibrations(gpu=gpu.name, precision=request.precision.value)
-    same_engine = [c for c in found if c.engine == request.engine.value]
-    if not found:
-        return Efficiency()
-    chosen = (same_engine or found)[0]
+    # same engine first, newest first within each
+    found.sort(key=lambda c: c.engine != request.engine.value)
+    out = Efficiency()
+    if request.efficiency is not None:
+        out = replace(out, value=request.efficiency, source="given by the request")
+    else:
+        chosen = next((c for c in found if c.detail.get("figure") == Learned.GPU.value), None)
+        if chosen is not None:
+            out = replace(
+                out, value=chosen.efficiency, source=_source(chosen), calibration_id=chosen.id
+            )
+    if request.host_seconds_per_kernel is not None:
+        return replace(
+            out,
+            host_seconds_per_kernel=request.host_seconds_per_kernel,
+            host_source="given by the request",
+        )
+    chosen = next((c for c in found if c.detail.get("figure") == Learned.HOST.value), None)
+    if chosen is not None:
+        out = replace(
+            out,
+            host_seconds_per_kernel=float(chosen.detail["host_seconds_per_kernel"]),
+            host_source=_source(chosen),
+            host_calibration_id=chosen.id,
+        )
+    return out
+
+
+def _source(chosen: Calibration) -> str:
     d = chosen.detail
     if d.get("measurement_id") is None:
         how = f"given: {d.get('source')}"
@@ -73,11 +98,7 @@ def efficiency_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> Efficienc
             f"stage {d.get('stage')} measured at {d.get('measured_step_time_seconds', 0):.4g} s "
             f"per step (measurement {d.get('measurement_id')})"
         )
-    return Efficiency(
-        chosen.efficiency,
-        f"calibration {chosen.id}: {d.get('device_name')}, engine {chosen.engine}, {how}",
-        chosen.id,
-    )
+    return f"calibration {chosen.id}: {d.get('device_name')}, engine {chosen.engine}, {how}"
 
 
 class GpuPublic(BaseModel):
@@ -116,6 +137,29 @@ def gpus() -> list[GpuPublic]:
 def _public(c: Calibration) -> CalibrationPublic:
     d: dict[str, Any] = c.detail
     measured = d.get("measurement_id") is not None
+    figure = d.get("figure")
+    if figure is None:
+        note = (
+            "stored by an earlier step-time model (a whole-step efficiency); /v1/plan does not "
+            "use it: calibrate again from the measurement"
+        )
+    elif not measured:
+        note = f"given by the request, not measured by this service: {d.get('source')}"
+    elif figure == Learned.HOST.value:
+        note = (
+            f"measured step of job {d['measurement_id']} less the predicted optimizer step, "
+            "communication and offload, per micro-step: host-bound, so it sets the host cost "
+            "per kernel"
+        )
+    else:
+        note = (
+            f"measured step of job {d['measurement_id']} less the predicted optimizer step, "
+            "communication and offload, per micro-step: GPU-bound, so it sets the GEMM "
+            "efficiency (attention and memory-bound kernels at their stated figures)"
+        )
+    host = d.get("host_seconds_per_kernel")
+    if host is None and figure is not None:
+        note += "; host_seconds_per_kernel is null: a given efficiency says nothing of the host"
     return CalibrationPublic(
         id=c.id,
         gpu=c.gpu,
@@ -123,15 +167,13 @@ def _public(c: Calibration) -> CalibrationPublic:
         precision=c.precision,
         engine=c.engine,
         efficiency=c.efficiency,
+        host_seconds_per_kernel=host,
+        figure=None if figure is None else Learned(figure),
         measurement_id=d.get("measurement_id"),
         stage=d.get("stage"),
         measured_step_time_seconds=d.get("measured_step_time_seconds"),
         predicted_other_seconds=d.get("predicted_other_seconds"),
-        note=(
-            f"measured step of job {d['measurement_id']} less the predicted non-compute time"
-            if measured
-            else f"given by the request, not measured by this service: {d.get('source')}"
-        ),
+        note=note,
         created_at=c.created_at,
     )
 
@@ -147,12 +189,17 @@ def add_calibration(
     request: Annotated[CalibrationRequest, Body(openapi_examples=CALIBRATION_EXAMPLES)],
     jobs: JobsDep,
 ) -> CalibrationPublic:
-    """Store the compute efficiency a GPU reached (from a succeeded measurement, or given);
-    /v1/plan uses the newest for that GPU and precision."""
+    """Store the GEMM efficiency or host cost per kernel a GPU's run implies (from a succeeded
+    measurement, or a given efficiency); /v1/plan uses the newest of each for that GPU and
+    precision."""
     if request.measurement_id is None:
         assert request.gpu is not None and request.efficiency is not None  # one_source
         gpu = get_gpu(request.gpu)
-        detail: dict[str, Any] = {"device_name": gpu.label, "source": request.source}
+        detail: dict[str, Any] = {
+            "device_name": gpu.label,
+            "source": request.source,
+            "figure": Learned.GPU.value,
+        }
         stored = jobs.store.add_calibration(
             uuid.uuid4().hex,
             gpu.name,
@@ -174,13 +221,15 @@ def add_calibration(
                 }
             ],
         )
-    run = measured_run(job, request.stage)
+    run = measured_run(job, request.stage, request.figure)
     detail = {
         "device_name": run.device_name,
         "measurement_id": job.id,
         "stage": int(run.stage),
         "measured_step_time_seconds": run.measured_seconds,
         "predicted_other_seconds": run.calibration.other_seconds,
+        "figure": run.calibration.learned.value,
+        "host_seconds_per_kernel": run.calibration.host_seconds_per_kernel,
     }
     stored = jobs.store.add_calibration(
         uuid.uuid4().hex,
