@@ -381,7 +381,7 @@ SOURCES = (
     Source(
         "hf_simulated_*.json",
         hf_runs,
-        "Nd 8 simulated on 1 × H200",
+        "Nd 8 and 64 simulated on 1 × H200",
         "python -m measure.validate_hf --simulated 8,64",
     ),
 )
