@@ -48,6 +48,7 @@ from calculators.architecture import Architecture, Norm
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.errors import InputError
+from calculators.transformers_activations import experts_backward
 
 KIB = 1024
 CUBLAS_WORKSPACE_SM90 = 4096 * 8 * KIB
@@ -279,6 +280,10 @@ def step_memory(
                 fsdp_backward.at_block_start(i, accumulated_gradients) - (last - i) * per_block
                 for i in {0, min(1, last), max(last - 1, 0), last}
             )
+            if arch.modelling is not None:
+                # the recomputed block's experts' backward (no gradient leaves it yet)
+                experts = experts_backward(arch, batch, regime.value)
+                recompute += max(experts - res * batch.tokens * arch.hidden, 0)
         else:
             recompute += unsharded_after_forward + accumulated_gradients
         moments["recompute"] = recompute
@@ -319,13 +324,18 @@ def _block_backward(
     in_block = res * t * arch.hidden + stats + lin * t * (qkv + arch.hidden) + leaving
     per_block = acts.layers // arch.layers
     last = fsdp.layers - 1
+    experts = experts_backward(arch, batch, regime.value) if arch.modelling is not None else 0
     moments = []
     for i in {0, min(1, last), max(last - 1, 0), last}:
         below = acts.logits + acts.embedding + i * per_block
         moments.append(below + in_block + fsdp.at_block_end(i, accumulated_gradients))
         moments.append(below + leaving + fsdp.at_reduce(i, accumulated_gradients))
+        entering = per_block + leaving  # block i's saved tensors and the gradient entering it
         if fsdp.prefetch:
-            # before block i's backward: all it saved and the gradient entering it
-            entering = per_block + leaving
+            # before block i's backward
             moments.append(below + entering + fsdp.at_gather(i, accumulated_gradients))
+        if experts:
+            # in its experts' backward, block i - 1 prefetched, no gradient of the rest yet
+            start = fsdp.at_block_start(i, accumulated_gradients)
+            moments.append(below + entering + experts + start)
     return max(moments)
