@@ -302,6 +302,35 @@ def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
     return saved
 
 
+def experts_backward(arch: Architecture, batch: Batch, regime: str) -> int:
+    """Bytes a MoE layer's backward holds, when the gate/up ``grouped_mm`` writes its input's
+    gradient, beyond what the layer saved (0: no experts, or nothing beyond).
+
+    Backward runs the experts in reverse: the weighted product frees the down output and the
+    routing weights, the down ``grouped_mm`` writes ``down_proj``'s gradient and frees its input,
+    the activation's and product's backward free ``act(gate)``, ``act * up`` and the gate/up
+    output, and the gate/up ``grouped_mm`` writes ``gate_up_proj``'s gradient, then its input's.
+    Alive then beyond the saved layer: both experts' weight gradients (E × 3 × ffn × hidden, the
+    weights' dtype), the gate/up output's gradient and the gathered input's gradient, which
+    stand in for the gate/up output and the gathered input still saved.
+    """
+    if arch.modelling is None or arch.num_experts <= 1:
+        return 0
+    d = dtypes(regime)
+    m = _m(arch)
+    e, k, f, h = arch.num_experts, arch.experts_per_token, arch.ffn, arch.hidden
+    n = batch.tokens * k
+    x = d.experts
+    router = HALF_BYTES if m.router_fp32 and d.autocast else FP32_BYTES
+    if m.router_fp32:
+        weight_bytes = router
+    else:
+        weight_bytes = FP32_BYTES if m.router_weights_fp32 else d.lin
+    grads = x * e * 3 * f * h
+    freed = 2 * x * n * f + weight_bytes * n  # act(gate) and act * up; the routing weights
+    return max(grads - freed, 0)
+
+
 def _total(terms: LayerTerms) -> int:
     return terms.norms + terms.linear_inputs + terms.attention + terms.mlp
 

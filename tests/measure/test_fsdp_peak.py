@@ -7,6 +7,11 @@ GPT is the 1.1B one of ``measure.validate --part a`` divided by 16 in hidden siz
 vocabulary, with 6 blocks and twice its tokens per block so that, as there, the blocks'
 backward is the peak at large N. (The optimizer step is no candidate here: torch's Adam is
 foreach only on CUDA, so the CPU step has no temporary the size of the parameters.)
+
+The same count runs on transformers' own modelling code (``measure.engines.hf``, the ``tiny``
+family configs) with the experts fewer than N, so FSDP2 pads their dim 0 up to N rows: the
+mode also records in which phase of the step the largest sum happened, which must be the
+phase of the predicted moment.
 """
 
 from __future__ import annotations
@@ -36,17 +41,22 @@ TOKENS = 64
 
 
 class PeakStorages(TorchDispatchMode):
-    """Bytes of the storages alive after each op (each storage once), and the largest sum."""
+    """Bytes of the storages alive after each op (each storage once), the largest sum and the
+    phase (``phase``, set by the loop) it happened in."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.peak = 0
+        self.phase = ""
+        self.peak_phase = ""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
         self._watch(out)
-        self.peak = max(self.peak, self.live())
+        live = self.live()
+        if live > self.peak:
+            self.peak, self.peak_phase = live, self.phase
         return out
 
     def _watch(self, out: Any) -> None:
@@ -144,3 +154,125 @@ def test_fsdp2_peak_matches_the_step(world: int, stage: Stage, moment: str) -> N
     assert abs(p_resident - resident) <= 0.005 * resident
     assert abs(p_peak - peak) <= 0.005 * peak, (p_peak, peak)
     assert p_moment == moment, (p_peak, peak)
+
+
+# the phase of the step each predicted moment belongs to
+PHASE = {
+    "loss_forward": "forward",
+    "last_block_gather": "forward",
+    "loss_backward": "backward",
+    "block_backward": "backward",
+    "recompute": "backward",
+    "root_reduction": "backward",
+    "optimizer_step": "step",
+}
+
+
+def _hf_step(family: str, world: int, stage: Stage, checkpointing: str) -> dict[str, Any]:
+    """Rank 0's second step of a transformers model under FSDP2, as measure's loop runs it,
+    beside the calculator's prediction for the same request."""
+    from measure.engines.pytorch import build_engine as build
+    from measure.hf_families import family_config
+    from measure.runner import run_settings, training_setup
+    from measure.spec import parse_spec
+    from measure.workloads import build_workload
+
+    body = {
+        "model": {"hf_config": family_config(family, "tiny")},
+        "dp": world,
+        "stages": [int(stage)],
+        "precision": "mixed_bf16",
+        "optimizer": "adamw",
+        "engine": "torch",
+        "mode": "simulated",
+        "device": "cpu",
+        "batch": {"micro_batch_size": 2, "seq_len": 64, "activation_checkpointing": checkpointing},
+        "allow_slow_cpu": True,
+    }
+    spec = parse_spec(body)
+    workload = build_workload(spec)
+    cpu = torch.device("cpu")
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        setup = training_setup(
+            spec, workload, world, run_settings(spec, workload, cpu, stage), stage
+        )
+        est = estimate(setup, stage)
+        with PeakStorages() as mode:
+            x, y = workload.make_batch(cpu, torch.Generator().manual_seed(0))
+            model = workload.build(cpu)
+            engine = build(
+                model,
+                workload.shard_units(model),
+                stage,
+                spec.precision,
+                spec.optimizer,
+                cpu,
+                True,
+            )
+            held: list[torch.Tensor] = []
+            for step in range(2):
+                if step == 1:  # the optimizer states exist from the first step on
+                    mode.peak = 0
+                mode.phase = "forward"
+                out, loss = workload.forward(engine.module, x, y)
+                held.clear()
+                mode.phase = "backward"
+                loss.backward()
+                held.extend((out, loss))
+                del out, loss
+                mode.phase = "step"
+                engine.optimizer.step()
+                engine.optimizer.zero_grad(set_to_none=True)
+            resident = mode.live()
+    finally:
+        dist.destroy_process_group()
+    assert est.peak is not None
+    moment = next(n for n in est.notes if n.startswith("peak at "))
+    return {
+        "resident": resident,
+        "peak": mode.peak,
+        "phase": mode.peak_phase,
+        "p_resident": est.resident,
+        "p_peak": est.peak,
+        "p_moment": moment.split(";")[0].removeprefix("peak at "),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "world", "stage", "checkpointing", "moment"),
+    [
+        # experts padded from 4 to 64 rows: at the last block's all-gather in forward every
+        # block is still gathered (reshard_after_forward=False), beside the last step's logits
+        ("qwen2_moe", 64, Stage.GRADIENTS, "none", "last_block_gather"),
+        # gathered again for backward: a block's prefetched all-gather output and its copy-out
+        # alive together, beside the next block's reduce-scatter input
+        ("mixtral", 64, Stage.PARAMETERS, "none", "block_backward"),
+        # checkpointed: the recomputed block 0's experts' backward, both experts' weight
+        # gradients written while the rest of the recomputed block is still saved
+        ("qwen3_moe", 16, Stage.PARAMETERS, "full", "recompute"),
+        # the combine's backward at the start of the experts' backward: Mixtral's fp32 routing
+        # weights promote the gradient of the weighted down output and its un-permuted copy to
+        # fp32 (token-expert rows × hidden); no moment counts them yet (3.9 % low here)
+        pytest.param(
+            "mixtral",
+            2,
+            Stage.PARAMETERS,
+            "full",
+            "recompute",
+            marks=pytest.mark.xfail(strict=True, reason="the experts' combine backward"),
+        ),
+        # dense: the loss inside the model, all blocks gathered, the last step's logits held
+        ("llama", 2, Stage.GRADIENTS, "none", "loss_forward"),
+    ],
+)
+def test_fsdp2_peak_of_transformers_models(
+    family: str, world: int, stage: Stage, checkpointing: str, moment: str
+) -> None:
+    pytest.importorskip("transformers")
+    got = _hf_step(family, world, stage, checkpointing)
+    assert abs(got["p_resident"] - got["resident"]) <= 0.005 * got["resident"], got
+    assert abs(got["p_peak"] - got["peak"]) <= 0.005 * got["peak"], got
+    assert got["p_moment"] == moment, got
+    assert got["phase"] == PHASE[moment], got

@@ -14,12 +14,18 @@ tensors whose lifetimes come from autograd and the engines' source:
 - ``loss_backward``: everything forward saved (``calculators.activations``), the unsharded
   16-bit parameters FSDP2 keeps after forward when ``reshard_after_forward=False``, and the two
   fp32 ``tokens × vocab`` gradients of the loss (nll_loss's grad input and log_softmax's).
+- ``loss_forward`` and ``last_block_gather`` (FSDP2, the last block's all-gather in forward)
+  also find the last step's ``logits`` and ``loss``: the loop rebinds them only when forward
+  returns.
 - ``recompute`` (activation checkpointing): the first block recomputed in backward.
 - ``block_backward`` (FSDP2): the end of a block's backward, before its post-backward hook
   reshards it (:class:`FsdpBackward`): the root unit gathered again for the head's backward and
   kept until backward ends, the head's gradient, the block's parameters and gradients, the next
   block prefetched, the previous block's reduce-scatter input, the shards already reduced and
-  the activations of the blocks still to run backward.
+  the activations of the blocks still to run backward; with ``reshard_after_forward=True``
+  also each block's pre-backward, when its prefetched flat all-gather output and its
+  unsharded parameters (both padded to N rows: 3-D expert weights with fewer experts than N
+  grow N / E-fold) are alive together.
 - ``optimizer_step``: the gradients the optimizer reads plus one temporary list the size of
   the local parameters that torch's foreach Adam allocates (``torch/optim/adam.py``
   ``_multi_tensor_adam``: ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``).
@@ -39,9 +45,10 @@ from typing import Any
 
 from calculators.activations import ActivationBreakdown, Regime, activations
 from calculators.architecture import Architecture, Norm
-from calculators.batch import Batch
+from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.errors import InputError
+from calculators.transformers_activations import experts_backward
 
 KIB = 1024
 CUBLAS_WORKSPACE_SM90 = 4096 * 8 * KIB
@@ -151,6 +158,17 @@ class FsdpBackward:
         reduce-scatter input: the block resharded, the previous input dropped."""
         return self._gathered(i, False) + self.reduce_input + self._common(i, accumulated_gradients)
 
+    def at_gather(self, i: int, accumulated_gradients: int) -> int:
+        """Bytes FSDP2 holds while block ``i``'s pre-backward copies its prefetched all-gather
+        out (``wait_for_unshard``, ``foreach_all_gather_copy_out``): the flat all-gather output
+        and the block's unsharded parameters both ``N × padded shard``, the next block's
+        reduce-scatter input, no gradient of block ``i`` yet, block ``i - 1`` not yet
+        prefetched (``pre_backward`` prefetches after the wait). Only where blocks are
+        gathered again for backward (``reshard_after_forward=True``)."""
+        held_input = self.reduce_input if i < self.layers - 1 else 0
+        common = self._common(i, accumulated_gradients) - self.block_grads
+        return 2 * self.block_gathered + held_input + common
+
     def _gathered(self, i: int, with_block: bool) -> int:
         own = self.block_gathered if with_block else 0
         if self.prefetch:  # block i-1 prefetched (none below block 0)
@@ -206,14 +224,32 @@ def step_memory(
     held = acts.logits + FP32_BYTES if holds_outputs(config) else 0
     loss_grads = 2 * FP32_BYTES * batch.tokens * arch.vocab_size
     end_of_forward = unsharded_after_forward + acts.end_of_forward
+    # the loop rebinds ``logits, loss`` only when the model returns, so the last step's outputs
+    # are alive through every moment of this step's forward
     moments = {
-        "loss_forward": end_of_forward + acts.loss_transient + last_gather,
+        "loss_forward": end_of_forward + acts.loss_transient + last_gather + held,
         "loss_backward": end_of_forward + loss_grads + accumulated_gradients + gathered_for_loss,
         "optimizer_step": held + step_gradients + optimizer_temporary,
     }
     if forward_gathered:
+        # the blocks before the last one have saved theirs; the hidden state entering the last
+        # block is alive and saved by nothing yet, and transformers' decoder keeps
+        # ``inputs_embeds`` (the embedding's output) as a local until its forward returns
+        # (``hidden_states = inputs_embeds``, then rebinding ``hidden_states`` per layer),
+        # which only a checkpointed first layer saves as its input
+        res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
+        hidden = res * batch.tokens * arch.hidden
+        embeds = (
+            arch.modelling is not None and batch.activation_checkpointing is not Checkpointing.FULL
+        )
         moments["last_block_gather"] = (
-            forward_gathered + acts.layers - acts.layers // arch.layers + acts.embedding
+            forward_gathered
+            + acts.layers
+            - acts.layers // arch.layers
+            + acts.embedding
+            + hidden
+            + (hidden if embeds else 0)
+            + held
         )
     if root_reduction:
         moments["root_reduction"] = held + root_reduction + accumulated_gradients
@@ -234,14 +270,20 @@ def step_memory(
         )
         if fsdp_backward is not None and fsdp_backward.layers:
             # FSDP2 holds what it holds at the start of the block's backward (its gathered
-            # parameters included); the block before the last one finds the last one's
-            # reduce-scatter input, one saved input fewer
+            # parameters included); each block below the last finds the previous one's
+            # reduce-scatter input and one more reduced shard, one saved input fewer: linear
+            # in the block between block 1 and the one before the last, so the largest is at
+            # one of those or at block 0 (nothing prefetched) or the last (no reduce input)
             last = fsdp_backward.layers - 1
             per_block = acts.layers // arch.layers
             recompute += max(
                 fsdp_backward.at_block_start(i, accumulated_gradients) - (last - i) * per_block
-                for i in {last, max(last - 1, 0)}
+                for i in {0, min(1, last), max(last - 1, 0), last}
             )
+            if arch.modelling is not None:
+                # the recomputed block's experts' backward (no gradient leaves it yet)
+                experts = experts_backward(arch, batch, regime.value)
+                recompute += max(experts - res * batch.tokens * arch.hidden, 0)
         else:
             recompute += unsharded_after_forward + accumulated_gradients
         moments["recompute"] = recompute
@@ -282,9 +324,18 @@ def _block_backward(
     in_block = res * t * arch.hidden + stats + lin * t * (qkv + arch.hidden) + leaving
     per_block = acts.layers // arch.layers
     last = fsdp.layers - 1
+    experts = experts_backward(arch, batch, regime.value) if arch.modelling is not None else 0
     moments = []
     for i in {0, min(1, last), max(last - 1, 0), last}:
         below = acts.logits + acts.embedding + i * per_block
         moments.append(below + in_block + fsdp.at_block_end(i, accumulated_gradients))
         moments.append(below + leaving + fsdp.at_reduce(i, accumulated_gradients))
+        entering = per_block + leaving  # block i's saved tensors and the gradient entering it
+        if fsdp.prefetch:
+            # before block i's backward
+            moments.append(below + entering + fsdp.at_gather(i, accumulated_gradients))
+        if experts:
+            # in its experts' backward, block i - 1 prefetched, no gradient of the rest yet
+            start = fsdp.at_block_start(i, accumulated_gradients)
+            moments.append(below + entering + experts + start)
     return max(moments)
