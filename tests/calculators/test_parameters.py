@@ -156,3 +156,26 @@ def test_expert_tensors_are_the_ones_transformers_registers(family: str) -> None
     assert sum(p.numel for p in architecture_params(arch)) == sum(
         p.numel() for p in model.parameters()
     )
+
+
+def test_fsdp2_says_when_experts_are_fewer_than_ranks() -> None:
+    # 4 experts over 64 ranks: every rank's shard is one padded row, so the 3-D expert tensors
+    # gather 16 × their size; the answer says so, and says nothing where dim 0 covers the ranks
+    from calculators.conventions import Engine, Precision, Stage
+    from calculators.engines.torch.memory import estimate
+    from calculators.model_states import TrainingSetup
+
+    arch = architecture_from_hf_config(family_config("mixtral", "small"))
+
+    def notes(dp: int) -> str:
+        setup = TrainingSetup(
+            params=count_params(arch),
+            dp=dp,
+            precision=Precision.MIXED_BF16,
+            engine=Engine.TORCH,
+            architecture=arch,
+        )
+        return " ".join(estimate(setup, Stage.PARAMETERS).notes)
+
+    assert "experts.gate_up_proj, 4 rows" in notes(64) and "16× their size" in notes(64)
+    assert "fewer rows on dim 0" not in notes(4)

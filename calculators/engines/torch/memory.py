@@ -94,6 +94,24 @@ def dtypes(precision: Precision) -> Dtypes:
     return Dtypes(FP32_BYTES, FP32_BYTES, HALF_BYTES)
 
 
+def _short_dim0(setup: TrainingSetup) -> str | None:
+    """A note where some tensor has fewer dim-0 rows than ranks (3-D expert tensors of a MoE
+    model): FSDP2 gives every rank one padded row, so those tensors gather and reduce N rows."""
+    ts = param_tensors(setup) or []
+    short = [t for t in ts if len(t.shape) >= 2 and t.shape[0] < setup.dp]
+    if not short:
+        return None
+    worst = max(short, key=lambda t: t.numel)
+    rows = worst.shape[0]
+    return (
+        f"{len(short)} tensors have fewer rows on dim 0 than the {setup.dp} ranks (e.g. "
+        f"{worst.name}, {rows} rows): FSDP2 pads each rank's shard to one row, so they are "
+        f"gathered and reduced as {setup.dp} rows, {setup.dp / rows:.3g}× their size, and "
+        "counted so here; sharding them on another dim (fully_shard's shard_placement_fn) "
+        "avoids it and is not modelled"
+    )
+
+
 def param_tensors(setup: TrainingSetup) -> Sequence[ParamTensor] | None:
     """The tensor list: ``engine_config["tensors"]``, the architecture's, or for a bare count
     the implied decoder's (``calculators.traffic.params_of``)."""
@@ -211,6 +229,9 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
             "gradients are freed by zero_grad(set_to_none=True)"
             + ("" if share.exact else "; padding ignored: no tensor shapes given"),
         ]
+        short = _short_dim0(setup)
+        if short is not None:
+            notes.append(short)
     bare = setup.architecture is None and "tensors" not in (setup.engine_config or {})
     implied = implied_note(setup.params) if bare and share.exact else None
     if implied is not None:
