@@ -19,6 +19,7 @@ from app.api.routes.communication import communication
 from app.api.routes.memory import answer
 from app.schemas.communication import CommunicationRequest
 from app.schemas.memory import MemoryRequest
+from bench.calc_bench import MANY_EXPERTS
 from calculators.architecture import MAX_BLOCK_MLPS, _tensors
 from calculators.engines.deepspeed import allocator, stage3
 from calculators.errors import InputError
@@ -101,19 +102,7 @@ def bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
 # stage-3 coordinator walk and the per-tensor parameter list still take seconds here, and the
 # torch engines' list close to one: known misses of the bound, kept as failing examples so that
 # the day they pass is noticed.
-_MANY_EXPERTS = {
-    "layers": 16,
-    "hidden": 64,
-    "heads": 4,
-    "vocab_size": 1000,
-    "ffn_hidden": 64,
-    "num_experts": 4096,
-    "experts_per_token": 2,
-    "gated_mlp": True,
-    "bias": False,
-    "norm": "rmsnorm",
-    "position_embedding": "rope",
-}
+_MANY_EXPERTS = MANY_EXPERTS  # the widest MoE the schema allows (bench/calc_bench.py)
 _WIDEST = {"model": {"architecture": _MANY_EXPERTS}, "dp": 8, "stages": [0, 1, 2, 3]}
 # Ψ = 1e15 with one-element gradient buckets: 1e15 buckets, counted without listing them
 _ONE_ELEMENT_BUCKETS = {

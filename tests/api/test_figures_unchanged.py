@@ -25,6 +25,7 @@ from app.api.routes.communication import communication
 from app.api.routes.memory import answer
 from app.schemas.communication import CommunicationRequest
 from app.schemas.memory import MemoryRequest
+from bench.calc_bench import MANY_EXPERTS
 from calculators.errors import InputError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "figures.json"
@@ -43,19 +44,7 @@ _DEEPSEEK_LIKE = {  # DeepSeek-V2-Lite's shape, fewer layers: 64 routed experts,
     "position_embedding": "rope",
     "activation": "silu",
 }
-_MANY_EXPERTS = {  # the widest MoE the schema allows: 16 layers x 4,096 experts
-    "layers": 16,
-    "hidden": 64,
-    "heads": 4,
-    "vocab_size": 1000,
-    "ffn_hidden": 64,
-    "num_experts": 4096,
-    "experts_per_token": 2,
-    "gated_mlp": True,
-    "bias": False,
-    "norm": "rmsnorm",
-    "position_embedding": "rope",
-}
+_MANY_EXPERTS = MANY_EXPERTS  # the widest MoE the schema allows (bench/calc_bench.py)
 _SMALL_MOE_BIASED = {  # biased experts, learned positions, odd sizes: padding on every tensor
     "layers": 3,
     "hidden": 96,
