@@ -303,10 +303,17 @@ def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
 
 
 def experts_backward(arch: Architecture, batch: Batch, regime: str) -> int:
-    """Bytes a MoE layer's backward holds, when the gate/up ``grouped_mm`` writes its input's
-    gradient, beyond what the layer saved (0: no experts, or nothing beyond).
+    """The most a MoE layer's backward holds beyond what the layer saved (0: no experts).
 
-    Backward runs the experts in reverse: the weighted product frees the down output and the
+    ``integrations/moe.py`` ``grouped_mm_experts_forward`` ends with ``weighted_out = proj_out *
+    sample_weights_g``, un-permuted by an index and summed over the top-k. Backward starts
+    there: the index's backward writes the un-permuted gradient (token-expert rows × hidden),
+    then the weighted product's backward writes both its inputs' gradients at that size before
+    autograd casts and sums them — three such tensors in the product's dtype, which is fp32
+    where the routing weights are (Mixtral's softmax in fp32), while the layer's saved tensors
+    are all still alive.
+
+    Then the experts run in reverse: the weighted product frees the down output and the
     routing weights, the down ``grouped_mm`` writes ``down_proj``'s gradient and frees its input,
     the activation's and product's backward free ``act(gate)``, ``act * up`` and the gate/up
     output, and the gate/up ``grouped_mm`` writes ``gate_up_proj``'s gradient, then its input's.
@@ -326,9 +333,10 @@ def experts_backward(arch: Architecture, batch: Batch, regime: str) -> int:
         weight_bytes = router
     else:
         weight_bytes = FP32_BYTES if m.router_weights_fp32 else d.lin
+    combine = 3 * max(x, weight_bytes) * n * h
     grads = x * e * 3 * f * h
     freed = 2 * x * n * f + weight_bytes * n  # act(gate) and act * up; the routing weights
-    return max(grads - freed, 0)
+    return max(combine, grads - freed, 0)
 
 
 def _total(terms: LayerTerms) -> int:

@@ -253,16 +253,9 @@ def _hf_step(family: str, world: int, stage: Stage, checkpointing: str) -> dict[
         # gradients written while the rest of the recomputed block is still saved
         ("qwen3_moe", 16, Stage.PARAMETERS, "full", "recompute"),
         # the combine's backward at the start of the experts' backward: Mixtral's fp32 routing
-        # weights promote the gradient of the weighted down output and its un-permuted copy to
-        # fp32 (token-expert rows × hidden); no moment counts them yet (3.9 % low here)
-        pytest.param(
-            "mixtral",
-            2,
-            Stage.PARAMETERS,
-            "full",
-            "recompute",
-            marks=pytest.mark.xfail(strict=True, reason="the experts' combine backward"),
-        ),
+        # weights make the un-permuted gradient and both gradients of the weighted product
+        # fp32 (token-expert rows × hidden) while the recomputed block is still saved
+        ("mixtral", 2, Stage.PARAMETERS, "full", "recompute"),
         # dense: the loss inside the model, all blocks gathered, the last step's logits held
         ("llama", 2, Stage.GRADIENTS, "none", "loss_forward"),
     ],
