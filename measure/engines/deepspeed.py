@@ -35,8 +35,8 @@ from torch import nn
 
 from calculators.conventions import Optimizer, Stage
 from measure.comms import CommCounter
-from measure.host_probe import run_probe
 from measure.engines.pytorch import make_optimizer_class
+from measure.host_probe import run_probe
 from measure.memory import DeviceMemory, device_memory, storage_bytes
 from measure.session import Progress, drop_cublas_workspaces, release, sync
 from measure.spec import StepPlan
@@ -209,13 +209,13 @@ def _measure(
         progress(1.0, "host probe: one short sequence per micro-step")
         training_batch = workload.make_batch(device, gen)
 
-        def micro_step_at(batch: tuple[torch.Tensor, ...]) -> None:
+        def micro_step_at(batch: tuple[torch.Tensor, ...], ds: Any = engine) -> None:
             bx, by = batch
-            _, probe_loss = workload.forward(engine, bx, by)
-            engine.backward(probe_loss)
+            _, probe_loss = workload.forward(ds, bx, by)
+            ds.backward(probe_loss)
 
         host_probe = run_probe(micro_step_at, engine.step, training_batch, probe_seq_len, device)
-        del training_batch
+        del training_batch, micro_step_at
 
     measured: dict[str, Any] = {
         "resident": resident,
