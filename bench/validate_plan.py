@@ -356,6 +356,20 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     probes: dict[Config, HostProbe] = {}
+    header = {
+        "model": count_params(arch),
+        "model_body": model,
+        "nd": nd,
+        "gpu": gpu.name,
+        "device_name": device_name,
+        "engine": engine.value,
+        "seq_len": args.seq_len,
+        "per_gpu_batch": args.per_gpu_batch,
+        "steps": args.steps,
+        "evaluated": planned.evaluated,
+        "calibration": args.calibration,
+    }
+    report: dict[str, Any] = {}
     for cand in planned.candidates[: args.max_runs]:
         c = cand.config
         t0 = time.perf_counter()
@@ -370,37 +384,41 @@ def main(argv: list[str] | None = None) -> int:
             f"{seconds:8.4f} s"
             + ("" if found is None else f"  probe {found.seconds * 1e3:.1f} ms")
             + f"  ({time.perf_counter() - t0:.0f} s wall, "
-            f"{time.perf_counter() - start:.0f} s so far)"
+            f"{time.perf_counter() - start:.0f} s so far)",
+            flush=True,
         )
+        # written after every run: a time limit that cuts the next run keeps these
+        report = write_report(args, header, setup, rows, probes, time.perf_counter() - start)
     if not rows:
         print("nothing fits: no run to compare")
         return 1
+    print(markdown(report))
+    return 0
 
+
+def write_report(
+    args: argparse.Namespace,
+    header: dict[str, Any],
+    setup: PlanSetup,
+    rows: list[dict[str, Any]],
+    probes: dict[Config, HostProbe],
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """``plan_validation_nd<N>.json`` and ``.md`` of the runs so far."""
     report = {
-        "model": count_params(arch),
-        "model_body": model,
-        "nd": nd,
-        "gpu": gpu.name,
-        "device_name": device_name,
-        "engine": engine.value,
-        "seq_len": args.seq_len,
-        "per_gpu_batch": args.per_gpu_batch,
-        "steps": args.steps,
-        "evaluated": planned.evaluated,
-        "calibration": args.calibration,
+        **header,
         **evaluate(setup, [(r["config"], r["measured"]) for r in rows], probes),
-        "wall_seconds": time.perf_counter() - start,
+        "wall_seconds": wall_seconds,
     }
     for run, row in zip(report["runs"], rows, strict=True):
         if "host_probe" in row:
             run["host_probe"] = row["host_probe"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"plan_validation_nd{nd}"
+    stem = out / f"plan_validation_nd{header['nd']}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
-    return 0
+    return report
 
 
 def _predicted(setup: PlanSetup, c: Config) -> float:
