@@ -867,6 +867,9 @@ def _gemm_efficiency(setup: PlanSetup, micro: MicroStep, per_micro: float) -> fl
     return eff
 
 
+# A step whose host dispatch is above this share of its measured micro-step is close to balanced:
+# the max(GPU, host) model assumes the queues overlap fully, which they do less near balance.
+BALANCED = 0.8
 # Bisection steps for the probe's host cost: the bracket shrinks 2^-60, far below any timing's
 # resolution.
 _PROBE_BISECTIONS = 60
@@ -1026,6 +1029,12 @@ def calibrate(
         )
     if learn is Learned.HOST:
         notes.append("figure host: the GEMM efficiency was not calibrated")
+    elif set_gpu and step.micro is not None and step.micro.host > BALANCED * per_micro:
+        notes.append(
+            f"the measured micro-step ({per_micro:.4g} s) is close to balanced (host dispatch "
+            f"{step.micro.host:.4g} s): where the queues do not overlap fully, the GEMM "
+            "efficiency absorbs the difference"
+        )
     elif not set_gpu:
         assert step.micro is not None
         notes.append(
