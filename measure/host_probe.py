@@ -96,13 +96,17 @@ def op_sequence(micro_step: Callable[[], None]) -> list[str]:
     ops: list[str] = []
 
     class Record(TorchDispatchMode):
-        def __torch_dispatch__(  # type: ignore[no-untyped-def]
-            self, func, types, args=(), kwargs=None
-        ):
+        def __torch_dispatch__(
+            self,
+            func: Any,
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
             ops.append(str(func.overloadpacket.__name__))
             return func(*args, **(kwargs or {}))
 
-    with Record():
+    with Record():  # type: ignore[no-untyped-call]
         micro_step()
     return ops
 
