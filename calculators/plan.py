@@ -995,13 +995,11 @@ def calibrate(
     prior = setup.efficiency
     eff, host = prior.value, prior.host_seconds_per_kernel
     fit = _probe_host(setup, config, probe, communicated)
-    set_host = fit.host is not None
     set_gpu = False
     notes: list[str] = []
     per_micro, other, step = _micro_seconds(setup, config, measured_seconds, communicated)
     for _ in range(2):  # each figure solved with the other's latest value
-        if fit.host is not None:
-            host = fit.host
+        host = prior.host_seconds_per_kernel if fit.host is None else fit.host
         if learn is Learned.HOST:
             break
         current = _with_figures(setup, eff, host)
@@ -1009,12 +1007,10 @@ def calibrate(
         micro = step.micro
         assert micro is not None
         set_gpu = micro.host < per_micro
-        if set_gpu:
-            eff = _gemm_efficiency(current, micro, per_micro)
-        if not set_host:
-            break
+        eff = _gemm_efficiency(current, micro, per_micro) if set_gpu else prior.value
         fit = _probe_host(_with_figures(setup, eff, host), config, probe, communicated)
-        set_host = fit.host is not None
+    set_host = fit.host is not None
+    host = prior.host_seconds_per_kernel if fit.host is None else fit.host
     if not set_host:
         notes.append(
             f"the host probe ({probe.seconds:.4g} s) is not longer than its predicted GPU work "
