@@ -175,7 +175,8 @@ def spec_for(args: argparse.Namespace, model: dict[str, Any], nd: int, c: Config
         "device": args.device,
         "steps": args.steps,
         "warmup_steps": 2,
-        "host_probe": args.calibration == "probe",
+        # bench/profile_plan.py hands its own arguments, without --calibration
+        "host_probe": getattr(args, "calibration", "runs") == "probe",
     }
 
 
