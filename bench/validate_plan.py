@@ -10,6 +10,11 @@ another model) at Nd = the number of visible GPUs; each candidate that fits is m
 after the runner's warm-up). The compute efficiency is then calibrated on one run (the planner's
 first choice, as ``POST /v1/calibrations`` would) and every prediction is redone with it.
 
+``--calibration probe``: every run also times the measure runner's host probe (the training
+micro-step at one 32-token sequence, ``measure.host_probe``), and the report adds a column
+calibrated on the first choice alone with its probe (the probe sets the host cost per kernel,
+the step the GEMM efficiency: both figures from one run), plus each run's own probe's host cost.
+
 Written: ``plan_validation_nd<N>.json`` and ``.md`` with, per candidate, the predicted step time
 (stated default efficiency and calibrated) and the measured one; the median |error| after
 calibration over the runs not used to calibrate; and whether the planner's first choice is within
@@ -37,12 +42,14 @@ from calculators.architecture import Architecture, count_params  # noqa: E402
 from calculators.batch import Checkpointing  # noqa: E402
 from calculators.communication import GradSync, Network  # noqa: E402
 from calculators.conventions import Engine, Precision, Stage  # noqa: E402
+from calculators.errors import InputError  # noqa: E402
 from calculators.gpus import Gpu, get_gpu, gpu_for_device_name  # noqa: E402
 from calculators.hf_config import architecture_from_hf_config  # noqa: E402
 from calculators.interconnects import get_interconnect  # noqa: E402
 from calculators.plan import (  # noqa: E402
     Calibration,
     Config,
+    HostProbe,
     Learned,
     OffloadChoice,
     PlanSetup,
@@ -85,6 +92,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-runs", type=int, default=8, help="measure at most this many")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument(
+        "--calibration",
+        default="runs",
+        choices=("runs", "probe"),
+        help="runs: calibrate on one and on two measured runs; probe: also time each run's "
+        "host probe and calibrate both figures on the first choice alone",
+    )
+    ap.add_argument(
         "--report",
         nargs="+",
         default=None,
@@ -119,14 +133,23 @@ def visible_gpus(device: str) -> tuple[int, str]:
     return 0, "cpu"
 
 
-def measure(spec: dict[str, Any]) -> float:
+def measure(spec: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """The run's step seconds and its host probe (None when the spec turned it off)."""
     from measure.runner import run
 
     result = run(spec)
     seconds = result["runs"][0]["step_time_s"]
     if not isinstance(seconds, int | float) or seconds <= 0:
         raise RuntimeError(f"no step time in the result: {result['runs'][0]}")
-    return float(seconds)
+    probe = result["runs"][0].get("host_probe")
+    return float(seconds), probe if isinstance(probe, dict) else None
+
+
+def host_probe(found: Any) -> HostProbe | None:
+    """The planner's view of a run's ``host_probe`` entry."""
+    if not isinstance(found, dict) or not isinstance(found.get("seconds"), int | float):
+        return None
+    return HostProbe(float(found["seconds"]), int(found["micro_batch_size"]), int(found["seq_len"]))
 
 
 def spec_for(args: argparse.Namespace, model: dict[str, Any], nd: int, c: Config) -> dict[str, Any]:
@@ -152,6 +175,8 @@ def spec_for(args: argparse.Namespace, model: dict[str, Any], nd: int, c: Config
         "device": args.device,
         "steps": args.steps,
         "warmup_steps": 2,
+        # bench/profile_plan.py hands its own arguments, without --calibration
+        "host_probe": getattr(args, "calibration", "runs") == "probe",
     }
 
 
@@ -197,6 +222,25 @@ def plan_setup(args: argparse.Namespace, arch: Architecture, gpu: Gpu, nd: int) 
 
 def _field(fields: dict[str, Any], key: str) -> str:
     return str(fields[key]).split(".")[-1].lower()
+
+
+def measured_probes(body: dict[str, Any]) -> dict[Config, HostProbe]:
+    """The host probes of a plan_validation JSON's runs, by configuration."""
+    found = {}
+    for (c, _), run in zip(measured_runs(body), _timed(body), strict=True):
+        probe = host_probe(run.get("host_probe"))
+        if probe is not None:
+            found[c] = probe
+    return found
+
+
+def _timed(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in body["runs"]
+        if isinstance(r.get("measured", r.get("step_s")), int | float)
+        and r.get("measured", r.get("step_s")) > 0
+    ]
 
 
 def measured_runs(body: dict[str, Any]) -> list[tuple[Config, float]]:
@@ -259,7 +303,7 @@ def report_files(args: argparse.Namespace) -> int:
             "engine": case.engine,
             "seq_len": case.seq_len,
             "per_gpu_batch": case.per_gpu_batch,
-            **evaluate(plan_setup(case, arch, gpu, nd), runs),
+            **evaluate(plan_setup(case, arch, gpu, nd), runs, measured_probes(body)),
         }
         bodies.append(result)
         sections.append(f"From `{name}`:\n\n" + markdown(result))
@@ -312,21 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    for cand in planned.candidates[: args.max_runs]:
-        c = cand.config
-        t0 = time.perf_counter()
-        seconds = measure(spec_for(args, model, nd, c))
-        rows.append({"config": c, "measured": seconds, "predicted_default": cand.step.total})
-        print(
-            f"  {config_label(c):40s} predicted {cand.step.total:8.4f} s  measured "
-            f"{seconds:8.4f} s  ({time.perf_counter() - t0:.0f} s wall, "
-            f"{time.perf_counter() - start:.0f} s so far)"
-        )
-    if not rows:
-        print("nothing fits: no run to compare")
-        return 1
-
-    report = {
+    probes: dict[Config, HostProbe] = {}
+    header = {
         "model": count_params(arch),
         "model_body": model,
         "nd": nd,
@@ -337,16 +368,58 @@ def main(argv: list[str] | None = None) -> int:
         "per_gpu_batch": args.per_gpu_batch,
         "steps": args.steps,
         "evaluated": planned.evaluated,
-        **evaluate(setup, [(r["config"], r["measured"]) for r in rows]),
-        "wall_seconds": time.perf_counter() - start,
+        "calibration": args.calibration,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"plan_validation_nd{nd}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(report))
+    report: dict[str, Any] = {}
+    for cand in planned.candidates[: args.max_runs]:
+        c = cand.config
+        t0 = time.perf_counter()
+        seconds, probe = measure(spec_for(args, model, nd, c))
+        rows.append({"config": c, "measured": seconds, "predicted_default": cand.step.total})
+        found = host_probe(probe)
+        if found is not None:
+            probes[c] = found
+            rows[-1]["host_probe"] = probe
+        print(
+            f"  {config_label(c):40s} predicted {cand.step.total:8.4f} s  measured "
+            f"{seconds:8.4f} s"
+            + ("" if found is None else f"  probe {found.seconds * 1e3:.1f} ms")
+            + f"  ({time.perf_counter() - t0:.0f} s wall, "
+            f"{time.perf_counter() - start:.0f} s so far)",
+            flush=True,
+        )
+        # written after every run: a time limit that cuts the next run keeps these
+        report = write_report(args, header, setup, rows, probes, time.perf_counter() - start)
+    if not rows:
+        print("nothing fits: no run to compare")
+        return 1
     print(markdown(report))
     return 0
+
+
+def write_report(
+    args: argparse.Namespace,
+    header: dict[str, Any],
+    setup: PlanSetup,
+    rows: list[dict[str, Any]],
+    probes: dict[Config, HostProbe],
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """``plan_validation_nd<N>.json`` and ``.md`` of the runs so far."""
+    report = {
+        **header,
+        **evaluate(setup, [(r["config"], r["measured"]) for r in rows], probes),
+        "wall_seconds": wall_seconds,
+    }
+    for run, row in zip(report["runs"], rows, strict=True):
+        if "host_probe" in row:
+            run["host_probe"] = row["host_probe"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"plan_validation_nd{header['nd']}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(markdown(report))
+    return report
 
 
 def _predicted(setup: PlanSetup, c: Config) -> float:
@@ -372,12 +445,31 @@ def _with(setup: PlanSetup, cal: Calibration, label: str) -> PlanSetup:
     return replace(setup, efficiency=e)
 
 
-def evaluate(setup: PlanSetup, measured: list[tuple[Config, float]]) -> dict[str, Any]:
+def _with_both(setup: PlanSetup, cal: Calibration, label: str) -> PlanSetup:
+    """``setup`` with both figures of a calibration that used the run's host probe."""
+    e = replace(
+        setup.efficiency,
+        value=cal.efficiency,
+        source=f"calibrated on {label}"
+        + ("" if cal.learned in (Learned.GPU, Learned.BOTH) else " (host-bound: stated)"),
+        host_seconds_per_kernel=cal.host_seconds_per_kernel,
+        host_source=f"host probe of {label}",
+    )
+    return replace(setup, efficiency=e)
+
+
+def evaluate(
+    setup: PlanSetup,
+    measured: list[tuple[Config, float]],
+    probes: dict[Config, HostProbe] | None = None,
+) -> dict[str, Any]:
     """Predicted vs measured step times: with the stated defaults; calibrated on the planner's
     first choice (one run, as ``POST /v1/calibrations`` would: it sets the figure of the queue
     the model finds binding); and calibrated on two runs (the first choice sets the GEMM
     efficiency, the measured run the model finds most host-bound, with two or more micro-steps,
-    the host cost per kernel)."""
+    the host cost per kernel). With ``probes`` (the runs' host probes): also calibrated on the
+    first choice and its probe alone (both figures from one run), and each run's host cost as
+    its own probe gives it."""
     first = _first_choice(setup, measured)
     cal_one = calibrate(setup, first[0], first[1])
     one = _with(setup, cal_one, config_label(first[0]))
@@ -398,14 +490,36 @@ def evaluate(setup: PlanSetup, measured: list[tuple[Config, float]]) -> dict[str
             two = _with(two, cal_gpu, config_label(first[0]))
             cal_host = calibrate(two, second[0], second[1], learn=Learned.HOST)
             two = _with(two, cal_host, config_label(second[0]))
+    probes = probes or {}
+    first_probe = probes.get(first[0])
+    cal_probe = None
+    setups = [("default", setup), ("calibrated", one), ("calibrated_two", two)]
+    probe_error = None
+    if first_probe is not None:
+        try:
+            cal_probe = calibrate(setup, first[0], first[1], probe=first_probe)
+        except InputError as err:
+            probe_error = f"{err.field}: {err.message}"
+        else:
+            label = config_label(first[0])
+            setups.append(("calibrated_probe", _with_both(setup, cal_probe, label)))
     runs = []
     for c, seconds in measured:
         row: dict[str, Any] = {"config": config_label(c), "measured": seconds}
         step = predict(setup, c)[1]
         row["bound_default"] = "host" if step.host_bound else "gpu"
-        for key, s in (("default", setup), ("calibrated", one), ("calibrated_two", two)):
+        for key, s in setups:
             row[f"predicted_{key}"] = _predicted(s, c)
             row[f"error_{key}"] = row[f"predicted_{key}"] / seconds - 1
+        own = probes.get(c)
+        if own is not None:  # this run's own probe: the host cost it alone implies
+            row["probe_seconds"] = own.seconds
+            try:
+                found = calibrate(setup, c, seconds, probe=own, learn=Learned.HOST)
+            except InputError:  # its predicted GPU work fills the probe: no host figure
+                row["probe_host_seconds_per_kernel"] = None
+            else:
+                row["probe_host_seconds_per_kernel"] = found.host_seconds_per_kernel
         row["config_fields"] = {k: str(v) for k, v in asdict(c).items()}
         runs.append(row)
     used_one = {config_label(first[0])}
@@ -432,7 +546,17 @@ def evaluate(setup: PlanSetup, measured: list[tuple[Config, float]]) -> dict[str
         "measured_fastest": config_label(fastest[0]),
         "runs": runs,
     }
-    for key, s in (("default", setup), ("calibrated", one), ("calibrated_two", two)):
+    if probe_error is not None:
+        result["probe_error"] = probe_error
+    if cal_probe is not None:
+        result.update(
+            calibrated_probe_learned=cal_probe.learned.value,
+            gemm_efficiency_probe=cal_probe.efficiency,
+            host_seconds_per_kernel_probe=cal_probe.host_seconds_per_kernel,
+            probe_notes=list(cal_probe.notes),
+            median_abs_error_calibrated_probe=median("calibrated_probe", used_one),
+        )
+    for key, s in setups:
         choice = _first_choice(s, measured)
         result[f"first_choice_{key}"] = config_label(choice[0])
         result[f"first_choice_{key}_within_5_percent"] = choice[1] <= fastest[1] * (1 + WITHIN)
@@ -475,6 +599,39 @@ def markdown(r: dict[str, Any]) -> str:
     def yes(key: str) -> str:
         return "yes" if r[f"first_choice_{key}_within_5_percent"] else "no"
 
+    if "probe_error" in r:
+        lines += ["", f"Not calibrated with the first choice's host probe: {r['probe_error']}."]
+    if "gemm_efficiency_probe" in r:
+        lines += [
+            "",
+            f"Calibrated on {r['calibrated_on']} alone with its host probe "
+            f"({r['calibrated_probe_learned']}): GEMM efficiency "
+            f"{r['gemm_efficiency_probe']:.3f}, host {r['host_seconds_per_kernel_probe'] * us:.1f} "
+            f"µs per kernel" + "".join(f"; {n}" for n in r["probe_notes"]) + ".",
+            "",
+            "| configuration | measured (s) | 1 run + probe (s) | error | probe (ms) | "
+            "its host cost (µs per kernel) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for run in r["runs"]:
+            probe = run.get("probe_seconds")
+            lines.append(
+                f"| {run['config']} | {run['measured']:.4f} | "
+                f"{run['predicted_calibrated_probe']:.4f} | "
+                f"{run['error_calibrated_probe']:+.1%} | "
+                + ("n/a |" if probe is None else f"{probe * 1e3:.1f} |")
+                + (
+                    " n/a |"
+                    if run.get("probe_host_seconds_per_kernel") is None
+                    else f" {run['probe_host_seconds_per_kernel'] * us:.1f} |"
+                )
+            )
+        lines += [
+            "",
+            f"Median |error| calibrated on one run with its probe: "
+            f"{pct(r['median_abs_error_calibrated_probe'])}; its first choice "
+            f"{r['first_choice_calibrated_probe']} (within 5 %: {yes('calibrated_probe')}).",
+        ]
     lines += [
         "",
         f"Median |error|: {pct(r['median_abs_error_default'])} with the stated defaults, "

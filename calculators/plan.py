@@ -627,7 +627,7 @@ class _Evaluator:
             return Regime.AUTOCAST  # DDP: fp32 parameters under torch.autocast
         return Regime.HALF
 
-    def micro_step(self, c: Config) -> MicroStep:
+    def micro_step(self, c: Config, host: HostFigures | None = None) -> MicroStep:
         s = self.setup
         batch = Batch(c.micro_batch_size, s.seq_len, c.activation_checkpointing)
         return micro_step(
@@ -641,7 +641,7 @@ class _Evaluator:
             engine_kernels(s.engine, c.stage),
             c.shard_group_size or s.gpus,
             s.gpu_side,
-            s.host_side,
+            host or s.host_side,
         )
 
     def step_time(self, c: Config) -> tuple[StepTime, Overlap, int]:
@@ -769,6 +769,24 @@ class Learned(StrEnum):
     """The step was GPU-bound: it sets the GEMM efficiency."""
     HOST = "host"
     """The step was host-bound: it sets the host cost per kernel."""
+    BOTH = "both"
+    """A host probe set the host cost per kernel and the GPU-bound step the GEMM efficiency."""
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """The training micro-step (forward + backward, no optimizer step) timed at a tiny batch,
+    as ``measure.host_probe`` times it.
+
+    Attributes:
+        seconds: median time of one such micro-step, synchronised at both ends.
+        micro_batch_size: its sequences.
+        seq_len: its tokens per sequence.
+    """
+
+    seconds: float
+    micro_batch_size: int
+    seq_len: int
 
 
 @dataclass(frozen=True)
@@ -778,11 +796,18 @@ class Calibration:
     Attributes:
         efficiency: fraction of the dense peak the GEMMs reached (the setup's when the step was
             host-bound and the GPU side is not what it measures).
-        host_seconds_per_kernel: host dispatch per kernel (the setup's when GPU-bound).
-        learned: which of the two the step set.
+        host_seconds_per_kernel: host dispatch per kernel (the setup's when GPU-bound and no
+            probe set it).
+        learned: which of the two the measurement set.
         other_seconds: predicted time outside the micro-steps taken off the measured step
             (optimizer step, exposed communication, offload transfer).
         predicted_step_seconds: the step the setup's figures predict.
+        probe_dispatches: kernels and engine-hook steps the model counts in the probe's
+            micro-step (None without a probe).
+        probe_gpu_seconds: the probe's predicted GPU work at the calibrated efficiency.
+        probe_other_seconds: the probe's predicted exposed communication and offload transfer
+            taken off its time.
+        notes: what the calibration could not set, and why.
     """
 
     efficiency: float
@@ -790,32 +815,24 @@ class Calibration:
     learned: Learned
     other_seconds: float
     predicted_step_seconds: float
+    probe_dispatches: float | None = None
+    probe_gpu_seconds: float | None = None
+    probe_other_seconds: float | None = None
+    notes: tuple[str, ...] = ()
 
 
-def calibrate(
-    setup: PlanSetup,
-    config: Config,
-    measured_seconds: float,
-    *,
-    communicated: bool = True,
-    learn: Learned | None = None,
-) -> Calibration:
-    """Solve the step-time model for the figure that binds in one measured configuration.
+def _with_figures(setup: PlanSetup, efficiency: float, host: float) -> PlanSetup:
+    e = replace(setup.efficiency, value=efficiency, host_seconds_per_kernel=host)
+    return replace(setup, efficiency=e)
 
-    The measured step minus the predicted optimizer step, exposed communication and offload,
-    over the micro-steps, is one micro-step's time. Where the setup's figures predict the GPU
-    to be the slower queue, that time sets the GEMM efficiency (attention and memory-bound
-    kernels kept at their stated figures); where they predict the host, it sets the host cost
-    per kernel. ``learn`` names the figure instead (the run is then taken to be bound by that
-    queue): a large micro-batch calibrates the GPU, a small one with several micro-steps the
-    host, and two runs calibrate both. ``communicated=False`` for a simulated world
-    (collectives complete without moving data): only the optimizer step is taken off.
-    """
+
+def _micro_seconds(
+    setup: PlanSetup, config: Config, measured_seconds: float, communicated: bool
+) -> tuple[float, float, StepTime]:
+    """(measured seconds per micro-step, predicted time outside the micro-steps, prediction)."""
     if measured_seconds <= 0:
         raise InputError("step_time_s", "a measured step time must be above 0 seconds")
     _, step, _ = predict(setup, config)
-    micro = step.micro
-    assert micro is not None  # predict always times the micro-step
     other = step.optimizer_step
     if communicated:
         other += step.exposed_communication + step.offload_transfer
@@ -827,33 +844,222 @@ def calibrate(
             f"optimizer step, communication and offload ({other:.4g} s): nothing left for the "
             "micro-steps",
         )
-    eff = setup.efficiency.value
-    host = setup.efficiency.host_seconds_per_kernel
-    learned = learn or (Learned.HOST if micro.host_bound else Learned.GPU)
-    if learned is Learned.HOST:
-        host *= per_micro / micro.host
+    return per_micro, other, step
+
+
+def _gemm_efficiency(setup: PlanSetup, micro: MicroStep, per_micro: float) -> float:
+    """The GEMM efficiency at which the micro-step's GPU work lasts ``per_micro`` seconds."""
+    gemm = micro.gemm_forward + micro.gemm_backward
+    rest = micro.gpu - gemm
+    if per_micro <= rest:
+        raise InputError(
+            "step_time_s",
+            f"the measured micro-step ({per_micro:.4g} s) is not longer than its predicted "
+            f"attention and memory-bound kernels ({rest:.4g} s): nothing left for GEMMs",
+        )
+    eff = setup.efficiency.value * gemm / (per_micro - rest)
+    if eff > 1:
+        raise InputError(
+            "step_time_s",
+            f"the measured step implies GEMMs at {eff:.0%} of the peak: above 100 %, "
+            "so the GPU's peak or the model given does not match the run",
+        )
+    return eff
+
+
+# A step whose host dispatch is above this share of its measured micro-step is close to balanced:
+# the max(GPU, host) model assumes the queues overlap fully, which they do less near balance.
+BALANCED = 0.8
+# Bisection steps for the probe's host cost: the bracket shrinks 2^-60, far below any timing's
+# resolution.
+_PROBE_BISECTIONS = 60
+
+
+@dataclass(frozen=True)
+class _ProbeFit:
+    host: float | None  # None: the probe's predicted GPU work and communication fill its time
+    dispatches: float
+    gpu_seconds: float
+    other_seconds: float
+
+
+def _probe_host(
+    setup: PlanSetup, config: Config, probe: HostProbe, communicated: bool
+) -> _ProbeFit:
+    """The host cost per kernel at which the model predicts the probe's measured time.
+
+    The probe is ``config``'s micro-step at the probe's batch, one micro-step, forward and
+    backward only: predicted as max(GPU work, dispatches × host cost) plus the forward and
+    backward collectives left exposed (their windows are the phases' durations, so they shrink
+    as the host cost grows) and the per-micro-step offload transfer. That prediction never
+    falls as the host cost grows, so bisection finds the smallest host cost that reaches the
+    measured time.
+    """
+    if probe.seconds <= 0:
+        raise InputError("host_probe", "the probe's time must be above 0 seconds")
+    gpus = setup.gpus
+    probe_setup = replace(
+        setup, seq_len=probe.seq_len, global_batch_size=probe.micro_batch_size * gpus
+    )
+    probe_config = replace(
+        config, micro_batch_size=probe.micro_batch_size, grad_accumulation_steps=1
+    )
+    ev = _Evaluator(probe_setup)
+    comm = ev.communication(probe_config) if communicated else None
+    ov = overlap(setup.engine, config.stage, ev.config)
+    flags = {Phase.FORWARD: ov.forward, Phase.BACKWARD: ov.backward}
+
+    def parts(host: float) -> tuple[MicroStep, float]:
+        micro = ev.micro_step(probe_config, HostFigures(host, "probe"))
+        if comm is None:
+            return micro, 0.0
+        windows = {
+            Phase.FORWARD: max(micro.gpu_forward, micro.host_forward),
+            Phase.BACKWARD: max(micro.gpu_backward, micro.host_backward),
+        }
+        exposed = sum(exposed_seconds(comm.phases[p], 1, windows[p], flags[p]) for p in flags)
+        return micro, exposed + comm.transfer[0]
+
+    def predicted(host: float) -> float:
+        micro, other = parts(host)
+        return micro.seconds + other
+
+    micro0, other0 = parts(0.0)
+    dispatches = micro0.kernels + micro0.hook_steps
+    if predicted(0.0) >= probe.seconds or dispatches <= 0:
+        return _ProbeFit(None, dispatches, micro0.gpu, other0)
+    low, high = 0.0, probe.seconds / dispatches  # predicted(high) ≥ dispatches × high
+    for _ in range(_PROBE_BISECTIONS):
+        mid = (low + high) / 2
+        if predicted(mid) < probe.seconds:
+            low = mid
+        else:
+            high = mid
+    micro, other = parts(high)
+    return _ProbeFit(high, dispatches, micro.gpu, other)
+
+
+def calibrate(
+    setup: PlanSetup,
+    config: Config,
+    measured_seconds: float,
+    *,
+    communicated: bool = True,
+    learn: Learned | None = None,
+    probe: HostProbe | None = None,
+) -> Calibration:
+    """Solve the step-time model for the figures one measured configuration sets.
+
+    The measured step minus the predicted optimizer step, exposed communication and offload,
+    over the micro-steps, is one micro-step's time. Without a probe: where the setup's figures
+    predict the GPU to be the slower queue, that time sets the GEMM efficiency (attention and
+    memory-bound kernels kept at their stated figures); where they predict the host, it sets
+    the host cost per kernel. ``learn`` names the figure instead (the run is then taken to be
+    bound by that queue).
+
+    With a host probe (the same micro-step at a tiny batch, :class:`HostProbe`): the probe sets
+    the host cost per kernel (its time over the kernels and hook steps the model counts, less
+    its exposed communication), then the measured step, with that host cost, sets the GEMM
+    efficiency where the model finds it GPU-bound; where the probe's host cost makes the step
+    host-bound, the efficiency keeps the setup's figure and a note says why. Each figure is
+    solved with the other's latest value, twice. ``learn=HOST`` takes the probe alone,
+    ``learn=GPU`` the step alone. ``communicated=False`` for a simulated world (collectives
+    complete without moving data): only the optimizer step is taken off.
+    """
+    if learn is Learned.BOTH and probe is None:
+        raise InputError("figure", "both figures from one run need the run's host probe")
+    use_probe = probe is not None and learn is not Learned.GPU
+    if not use_probe:
+        per_micro, other, step = _micro_seconds(setup, config, measured_seconds, communicated)
+        micro = step.micro
+        assert micro is not None  # predict always times the micro-step
+        eff = setup.efficiency.value
+        host = setup.efficiency.host_seconds_per_kernel
+        learned = learn or (Learned.HOST if micro.host_bound else Learned.GPU)
+        if learned is Learned.HOST:
+            host *= per_micro / micro.host
+        else:
+            eff = _gemm_efficiency(setup, micro, per_micro)
+        skipped: tuple[str, ...] = ()
+        if probe is not None:
+            skipped = ("figure gpu: the host probe was not used",)
+        return Calibration(
+            efficiency=eff,
+            host_seconds_per_kernel=host,
+            learned=learned,
+            other_seconds=other,
+            predicted_step_seconds=step.total,
+            notes=skipped,
+        )
+    assert probe is not None
+    prior = setup.efficiency
+    eff, host = prior.value, prior.host_seconds_per_kernel
+    fit = _probe_host(setup, config, probe, communicated)
+    set_gpu = False
+    notes: list[str] = []
+    per_micro, other, step = _micro_seconds(setup, config, measured_seconds, communicated)
+    for _ in range(2):  # each figure solved with the other's latest value
+        host = prior.host_seconds_per_kernel if fit.host is None else fit.host
+        if learn is Learned.HOST:
+            break
+        current = _with_figures(setup, eff, host)
+        per_micro, other, step = _micro_seconds(current, config, measured_seconds, communicated)
+        micro = step.micro
+        assert micro is not None
+        set_gpu = micro.host < per_micro
+        eff = _gemm_efficiency(current, micro, per_micro) if set_gpu else prior.value
+        fit = _probe_host(_with_figures(setup, eff, host), config, probe, communicated)
+    set_host = fit.host is not None
+    host = prior.host_seconds_per_kernel if fit.host is None else fit.host
+    if not set_host:
+        notes.append(
+            f"the host probe ({probe.seconds:.4g} s) is not longer than its predicted GPU work "
+            f"and communication ({fit.gpu_seconds + fit.other_seconds:.4g} s): it does not "
+            "show the host, so the host cost keeps its figure "
+            f"({prior.host_seconds_per_kernel * 1e6:.3g} µs per kernel: {prior.host_source})"
+        )
+    elif fit.gpu_seconds > 0.5 * probe.seconds:
+        notes.append(
+            f"the probe's predicted GPU work ({fit.gpu_seconds:.4g} s) is over half its time "
+            f"({probe.seconds:.4g} s): the host cost assumes the two queues overlap fully"
+        )
+    if learn is Learned.HOST:
+        notes.append("figure host: the GEMM efficiency was not calibrated")
+    elif set_gpu and step.micro is not None and step.micro.host > BALANCED * per_micro:
+        notes.append(
+            f"the measured micro-step ({per_micro:.4g} s) is close to balanced (host dispatch "
+            f"{step.micro.host:.4g} s): where the queues do not overlap fully, the GEMM "
+            "efficiency absorbs the difference"
+        )
+    elif not set_gpu:
+        assert step.micro is not None
+        notes.append(
+            f"the measured micro-step ({per_micro:.4g} s) is host-bound at the probe's host "
+            f"cost (predicted host dispatch {step.micro.host:.4g} s ≥ the measured time): it "
+            "does not show the GPU's speed, so the GEMM efficiency keeps its figure "
+            f"({prior.value:.3g}: {prior.source})"
+        )
+    if set_host and set_gpu:
+        learned = Learned.BOTH
+    elif set_host:
+        learned = Learned.HOST
+    elif set_gpu:
+        learned = Learned.GPU
     else:
-        gemm = micro.gemm_forward + micro.gemm_backward
-        rest = micro.gpu - gemm
-        if per_micro <= rest:
-            raise InputError(
-                "step_time_s",
-                f"the measured micro-step ({per_micro:.4g} s) is not longer than its predicted "
-                f"attention and memory-bound kernels ({rest:.4g} s): nothing left for GEMMs",
-            )
-        eff *= gemm / (per_micro - rest)
-        if eff > 1:
-            raise InputError(
-                "step_time_s",
-                f"the measured step implies GEMMs at {eff:.0%} of the peak: above 100 %, "
-                "so the GPU's peak or the model given does not match the run",
-            )
+        raise InputError(
+            "host_probe",
+            "neither figure can be calibrated: " + "; ".join(notes),
+        )
     return Calibration(
         efficiency=eff,
         host_seconds_per_kernel=host,
         learned=learned,
         other_seconds=other,
-        predicted_step_seconds=step.total,
+        predicted_step_seconds=predict(setup, config)[1].total,
+        probe_dispatches=fit.dispatches,
+        probe_gpu_seconds=fit.gpu_seconds,
+        probe_other_seconds=fit.other_seconds,
+        notes=tuple(notes),
     )
 
 

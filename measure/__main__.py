@@ -57,6 +57,13 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         action="store_true",
         help="run on the CPU even when the run's arithmetic alone takes over a minute there",
     )
+    p.add_argument(
+        "--host-probe",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time the micro-step at one 32-token sequence (the host's dispatch, for "
+        "POST /v1/calibrations); default: on a GPU only",
+    )
     a = p.parse_args(argv)
     if a.spec:
         with open(a.spec) as f:
@@ -77,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         "device": a.device,
         "steps": a.steps,
         "warmup_steps": a.warmup_steps,
+        "host_probe": a.host_probe,
     }
     # a flag left out is a field left out: the spec's default, or what --engine-config decides
     if a.stages is not None:

@@ -176,6 +176,22 @@ def _resolve_mode(ms: MeasureSpec, device: torch.device) -> str:
     return "distributed" if gpus > 1 and ms.dp == gpus else "simulated"
 
 
+def probe_host(ms: MeasureSpec, device: torch.device) -> bool:
+    """Whether the run times the host probe (:mod:`measure.host_probe`): as the request says,
+    else on a GPU (where it calibrates the planner's host cost) and not on the CPU."""
+    return ms.host_probe if ms.host_probe is not None else device.type == "cuda"
+
+
+def host_probe_off(ms: MeasureSpec) -> str:
+    """Why a run's ``host_probe`` is null."""
+    if ms.host_probe is False:
+        return "host_probe is null: the request turned the host probe off"
+    return (
+        "host_probe is null: the host probe runs on a GPU by default (host_probe: true asks"
+        " for it on the CPU)"
+    )
+
+
 def _measure_stage(
     ms: MeasureSpec,
     workload: Workload,
@@ -184,6 +200,8 @@ def _measure_stage(
     simulated: bool,
     progress: Progress,
 ) -> dict[str, Any]:
+    probe = probe_host(ms, device)
+    seq = None if ms.model.kind is ModelKind.MLP else ms.seq_len
     if ms.engine is Engine.DEEPSPEED:
         from measure.engines import deepspeed as ds_engine
 
@@ -196,10 +214,14 @@ def _measure_stage(
             ms.ds_config(stage),
             ms.seed,
             progress,
+            probe_host=probe,
+            probe_seq_len=seq,
         )
     from measure.engines import pytorch
 
-    return pytorch.measure_stage(workload, stage, ms, device, simulated, progress)
+    return pytorch.measure_stage(
+        workload, stage, ms, device, simulated, progress, probe_host=probe, probe_seq_len=seq
+    )
 
 
 def _stage_runs(
@@ -230,11 +252,15 @@ def _stage_runs(
             "rank": dist.get_rank(),
             "measured": measured["measured"],
             "step_time_s": measured["step_time_s"],
+            # the micro-step at one short sequence: the host's dispatch (calibrates the planner)
+            "host_probe": measured.get("host_probe"),
         }
         run.update(
             compare_run(training_setup(ms, workload, world, settings, stage), stage, measured)
         )
         notes = list(measured.get("notes", []))
+        if run["host_probe"] is None:
+            notes.append(host_probe_off(ms))
         if ms.model.prediction_note:
             notes.append(ms.model.prediction_note)
         run["notes"] = notes

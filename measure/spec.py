@@ -122,6 +122,7 @@ class MeasureSpec:
     offload: Offload = field(default_factory=Offload)
     engine_config: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
     allow_slow_cpu: bool = False
+    host_probe: bool | None = None  # None: on a GPU only (measure.runner.probe_host)
     resolved: Decided | None = field(default=None, hash=False, compare=False)
     """What the request's ``engine_config`` decided (None: the request carries none)."""
 
@@ -588,6 +589,7 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
         offload=offload,
         engine_config=engine_config,
         allow_slow_cpu=_flag(body, "allow_slow_cpu", False),
+        host_probe=None if body.get("host_probe") is None else _flag(body, "host_probe", False),
         resolved=decided,
     )
     if engine is Engine.DEEPSPEED:

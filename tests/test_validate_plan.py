@@ -124,3 +124,39 @@ def test_the_model_agrees_with_the_committed_profiles(tmp_path: Path) -> None:
         assert body["median_abs_error_calibrated"] <= 0.10, body["source"]
         assert body["first_choice_calibrated_within_5_percent"], body["source"]
     assert "Median |error|" in (tmp_path / "plan_model_check.md").read_text()
+
+
+def test_one_run_with_its_probe_recovers_the_figures_it_was_made_with() -> None:
+    """``--calibration probe``: step times and probes made by the model with known figures; the
+    first choice and its probe alone give both back, and every run is then predicted exactly."""
+    from dataclasses import replace
+
+    from calculators.communication import Phase
+    from calculators.gpus import get_gpu
+    from calculators.plan import Efficiency, HostProbe, _Evaluator, plan, predict
+
+    args = validate_plan.parse(["--gpus", "2", "--calibration", "probe"])
+    arch, _ = validate_plan.architecture(args)
+    setup = validate_plan.plan_setup(args, arch, get_gpu("h200"), 2)
+    made = replace(setup, efficiency=Efficiency(0.66, "made", host_seconds_per_kernel=22e-6))
+    measured, probes = [], {}
+    for cand in plan(setup).candidates:
+        c = cand.config
+        measured.append((c, predict(made, c)[1].total))
+        small = replace(made, seq_len=32, global_batch_size=2)
+        one = replace(c, micro_batch_size=1, grad_accumulation_steps=1)
+        step = predict(small, one)[1]
+        step_phase = _Evaluator(small).communication(one).phases[Phase.STEP].total(1)
+        probes[c] = HostProbe(step.total - step.optimizer_step - step_phase, 1, 32)
+    r = validate_plan.evaluate(setup, measured, probes)
+    assert r["calibrated_probe_learned"] == "both"
+    assert r["gemm_efficiency_probe"] == pytest.approx(0.66, rel=1e-6)
+    assert r["host_seconds_per_kernel_probe"] == pytest.approx(22e-6, rel=1e-6)
+    assert r["median_abs_error_calibrated_probe"] == pytest.approx(0, abs=1e-6)
+    for run in r["runs"]:  # each run's own probe gives the same host cost
+        assert run["probe_host_seconds_per_kernel"] == pytest.approx(22e-6, rel=1e-6)
+    text = validate_plan.markdown(
+        {**r, "model": 1, "nd": 2, "device_name": "H200", "engine": "torch",
+         "per_gpu_batch": 8, "seq_len": 1024}
+    )  # fmt: skip
+    assert "alone with its host probe (both)" in text and "22.0 µs per kernel" in text

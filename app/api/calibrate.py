@@ -1,5 +1,5 @@
-"""A stored measurement in, a calibration out: the GEMM efficiency or host cost per kernel the
-measured step implies."""
+"""A stored measurement in, a calibration out: the GEMM efficiency and host cost per kernel the
+measured step implies (both from one run where it carries the host probe)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,15 @@ from calculators.conventions import Engine, Optimizer, Precision, Stage
 from calculators.errors import InputError
 from calculators.gpus import Gpu, gpu_for_device_name
 from calculators.interconnects import get_interconnect
-from calculators.plan import Calibration, Config, Learned, OffloadChoice, PlanSetup, calibrate
+from calculators.plan import (
+    Calibration,
+    Config,
+    HostProbe,
+    Learned,
+    OffloadChoice,
+    PlanSetup,
+    calibrate,
+)
 
 FIELD = "measurement_id"
 # measure.runner's defaults when a request gives no batch
@@ -36,6 +44,7 @@ class MeasuredRun:
     stage: Stage
     measured_seconds: float
     calibration: Calibration
+    probe: HostProbe | None = None
 
 
 def _offload(body: Any) -> OffloadChoice:
@@ -67,9 +76,23 @@ def _engine_config(req: dict[str, Any], decided: dict[str, Any]) -> dict[str, An
     return out
 
 
+def host_probe(run: dict[str, Any]) -> HostProbe | None:
+    """The run's host probe (``measure.host_probe``), if it timed one."""
+    found = run.get("host_probe")
+    if not isinstance(found, dict):
+        return None
+    seconds, micro, seq = (found.get(k) for k in ("seconds", "micro_batch_size", "seq_len"))
+    if not isinstance(seconds, int | float) or seconds <= 0:
+        raise InputError(FIELD, "the run's host probe has no time")
+    if not isinstance(micro, int) or not isinstance(seq, int) or micro < 1 or seq < 1:
+        raise InputError(FIELD, "the run's host probe does not say its batch")
+    return HostProbe(float(seconds), micro, seq)
+
+
 def measured_run(job: Job, stage: int | None, figure: Learned | None = None) -> MeasuredRun:
     """The calibration a succeeded measure job implies for one of its runs (``figure``: the
-    figure it sets; None = the queue the model finds binding in that run)."""
+    figure it sets; None = both where the run timed the host probe, else the queue the model
+    finds binding in that run)."""
     if job.status is not JobStatus.SUCCEEDED or not job.result:
         raise InputError(FIELD, f"the job is {job.status.value}; only a succeeded one calibrates")
     result, req = job.result, job.request
@@ -127,11 +150,21 @@ def measured_run(job: Job, stage: int | None, figure: Learned | None = None) -> 
     config = Config(
         Stage(run["stage"]), micro, ga, ckpt, _offload(decided.get("offload") or req.get("offload"))
     )
+    probe = host_probe(run)
+    if figure is Learned.BOTH and probe is None:
+        raise InputError(
+            "figure",
+            "both figures from one run need its host probe, and this run has none (measure "
+            "again with host_probe: true, or calibrate gpu and host from two runs)",
+        )
     cal = calibrate(
         setup,
         config,
         float(seconds),
         communicated=run.get("mode") != "simulated",
         learn=figure,
+        probe=probe,
     )
-    return MeasuredRun(gpu, device_name, precision, engine, config.stage, float(seconds), cal)
+    return MeasuredRun(
+        gpu, device_name, precision, engine, config.stage, float(seconds), cal, probe
+    )

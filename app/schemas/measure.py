@@ -63,6 +63,12 @@ class MeasureRequest(TrainingIn):
         description="Keep the last logits and loss referenced between steps, as a training "
         "loop that rebinds them does (the torch engine's prediction assumes the same).",
     )
+    host_probe: StrictBool | None = Field(
+        None,
+        description="Also time the training micro-step (forward + backward) at one sequence of "
+        "32 tokens after the timed steps: the host's dispatch time, from which "
+        "POST /v1/calibrations sets the host cost per kernel. null = on a GPU, off on the CPU.",
+    )
 
 
 def _utc(seconds: float | None) -> datetime | None:

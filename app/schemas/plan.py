@@ -383,7 +383,9 @@ class CalibrationRequest(StrictModel):
     figure: Learned | None = Field(
         None,
         description="With measurement_id: which figure the run sets, gpu (the GEMM "
-        "efficiency) or host (the host cost per kernel); null = the queue the model finds "
+        "efficiency), host (the host cost per kernel: from the run's host probe where it timed "
+        "one) or both (needs the host probe); null = both where the run timed the host probe "
+        "(the efficiency only where the step shows the GPU), else the queue the model finds "
         "binding in that run (a large micro-batch: gpu; several small micro-steps: host).",
     )
 
@@ -450,9 +452,9 @@ class CalibrationPublic(BaseModel):
     )
     figure: Learned | None = Field(
         None,
-        description="Which figure this calibration sets for /v1/plan: gpu (efficiency) or "
-        "host (host_seconds_per_kernel); null: stored by an earlier step-time model, which "
-        "/v1/plan no longer uses (see note).",
+        description="Which figure this calibration sets for /v1/plan: gpu (efficiency), "
+        "host (host_seconds_per_kernel) or both; null: stored by an earlier step-time model, "
+        "which /v1/plan no longer uses (see note).",
     )
     measurement_id: str | None = Field(description="The measure job (null: see note).")
     stage: int | None = Field(description="The run's ZeRO stage (null: see note).")
@@ -460,6 +462,17 @@ class CalibrationPublic(BaseModel):
     predicted_other_seconds: float | None = Field(
         description="Predicted exposed communication, optimizer step and offload taken off the "
         "measured step (null: see note)."
+    )
+    host_probe_seconds: float | None = Field(
+        None,
+        description="The run's host probe: one micro-step (forward + backward) at one short "
+        "sequence, median seconds; it set host_seconds_per_kernel (null: see note).",
+    )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What the measurement could not set, and why (a host-bound step leaves the "
+        "efficiency at its stated figure; a probe that does not show the host leaves the host "
+        "cost).",
     )
     note: str = Field(description="Where the efficiency comes from.")
     created_at: float

@@ -36,6 +36,7 @@ from torch import nn
 from calculators.conventions import Optimizer, Stage
 from measure.comms import CommCounter
 from measure.engines.pytorch import make_optimizer_class
+from measure.host_probe import run_probe
 from measure.memory import DeviceMemory, device_memory, storage_bytes
 from measure.session import Progress, drop_cublas_workspaces, release, sync
 from measure.spec import StepPlan
@@ -90,11 +91,26 @@ def measure_stage(
     config: dict[str, Any],
     seed: int = 0,
     progress: Progress | None = None,
+    probe_host: bool = False,
+    probe_seq_len: int | None = None,
 ) -> dict[str, Any]:
-    """Measure one DeepSpeed stage on this rank; the process group must be initialised."""
+    """Measure one DeepSpeed stage on this rank; the process group must be initialised.
+    ``probe_host``: also time ``engine(x)`` + ``engine.backward(loss)`` at a tiny batch
+    (:mod:`measure.host_probe`), ``engine.step()`` untimed between repetitions (it steps the
+    optimizer at the accumulation boundary, as in the timed loop)."""
     with device_memory(device) as mem:
         result = _measure(
-            workload, stage, optimizer, device, plan, config, seed, mem, progress or _quiet
+            workload,
+            stage,
+            optimizer,
+            device,
+            plan,
+            config,
+            seed,
+            mem,
+            progress or _quiet,
+            probe_host,
+            probe_seq_len,
         )
     release(device)
     return result
@@ -110,6 +126,8 @@ def _measure(
     seed: int,
     mem: DeviceMemory,
     progress: Progress,
+    probe_host: bool = False,
+    probe_seq_len: int | None = None,
 ) -> dict[str, Any]:
     global _linear_patched
     import deepspeed
@@ -186,6 +204,19 @@ def _measure(
     sync(device)
     step_time = (time.perf_counter() - t0) / plan.steps if plan.steps else None
 
+    host_probe = None
+    if probe_host:
+        progress(1.0, "host probe: one short sequence per micro-step")
+        training_batch = workload.make_batch(device, gen)
+
+        def micro_step_at(batch: tuple[torch.Tensor, ...], ds: Any = engine) -> None:
+            bx, by = batch
+            _, probe_loss = workload.forward(ds, bx, by)
+            ds.backward(probe_loss)
+
+        host_probe = run_probe(micro_step_at, engine.step, training_batch, probe_seq_len, device)
+        del training_batch, micro_step_at
+
     measured: dict[str, Any] = {
         "resident": resident,
         "model_state_resident": resident - held_bytes,
@@ -218,4 +249,5 @@ def _measure(
         "collectives": counter.collectives(),
         "measured_sent_bytes_per_rank": counter.sent_bytes_per_rank,
         "step_time_s": step_time,
+        "host_probe": host_probe,
     }

@@ -28,6 +28,7 @@ from torch import nn
 from calculators.conventions import Optimizer, Precision, Stage
 from calculators.errors import InputError
 from measure.comms import CommCounter
+from measure.host_probe import run_probe
 from measure.memory import DeviceMemory, attribution, device_memory
 from measure.session import Progress, release, sync
 from measure.spec import MeasureSpec
@@ -165,10 +166,16 @@ def measure_stage(
     device: torch.device,
     simulated: bool,
     progress: Progress,
+    probe_host: bool = False,
+    probe_seq_len: int | None = None,
 ) -> dict[str, Any]:
-    """Measure one stage on this rank; the process group must already be initialised."""
+    """Measure one stage on this rank; the process group must already be initialised.
+    ``probe_host``: also time the micro-step at a tiny batch (:mod:`measure.host_probe`) of at
+    most ``probe_seq_len`` tokens."""
     with device_memory(device) as mem:
-        result = _measure(workload, stage, spec, device, simulated, mem, progress)
+        result = _measure(
+            workload, stage, spec, device, simulated, mem, progress, probe_host, probe_seq_len
+        )
     release(device)  # the engine, model and batches died with _measure's frame
     return result
 
@@ -181,6 +188,8 @@ def _measure(
     simulated: bool,
     mem: DeviceMemory,
     progress: Progress,
+    probe_host: bool = False,
+    probe_seq_len: int | None = None,
 ) -> dict[str, Any]:
     plan = spec.plan
     torch.manual_seed(spec.seed + dist.get_rank())
@@ -275,6 +284,21 @@ def _measure(
     sync(device)
     step_time = (time.perf_counter() - t0) / plan.steps if plan.steps else None
 
+    host_probe = None
+    if probe_host:
+        progress(1.0, "host probe: one short sequence per micro-step")
+
+        def micro_step_at(batch: tuple[torch.Tensor, ...]) -> None:
+            x, y = batch
+            with engine.autocast():
+                _, loss = workload.forward(engine.module, x, y)
+            loss.backward()
+
+        def after() -> None:
+            engine.optimizer.zero_grad(set_to_none=True)
+
+        host_probe = run_probe(micro_step_at, after, batches[0], probe_seq_len, device)
+
     resident = phases["after_zero_grad"]
     held_bytes = parts["held_outputs"]  # the loop's last logits and loss, not the engine's
     kept = resident - baseline - held_bytes
@@ -305,5 +329,6 @@ def _measure(
         "collectives": counter.collectives(),
         "measured_sent_bytes_per_rank": counter.sent_bytes_per_rank,
         "step_time_s": step_time,
+        "host_probe": host_probe,
         "notes": [] if cuda else [CPU_PHASES_NOTE],
     }

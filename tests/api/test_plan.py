@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,10 +14,10 @@ from app.api.examples import PLAN_EXAMPLES
 from app.jobs.store import JobStatus
 from calculators.architecture import count_params
 from calculators.batch import Checkpointing
-from calculators.communication import Network
+from calculators.communication import Network, Phase
 from calculators.conventions import Engine, Stage
 from calculators.gpus import get_gpu
-from calculators.plan import Config, Efficiency, OffloadChoice, PlanSetup, predict
+from calculators.plan import Config, Efficiency, OffloadChoice, PlanSetup, _Evaluator, predict
 from tests.api.fakes import fake_runner
 
 GPT = {
@@ -186,8 +187,14 @@ def test_gpu_presets_listed(client: TestClient) -> None:
     assert "datasheet" in by_name["h200"]["source"]
 
 
-def _store_measurement(client: TestClient, step_time: float, device: str = "cuda") -> str:
-    """A succeeded 2-GPU measure job, as the runner would have stored it."""
+def _store_measurement(
+    client: TestClient,
+    step_time: float,
+    device: str = "cuda",
+    probe: dict[str, Any] | None = None,
+) -> str:
+    """A succeeded 2-GPU measure job, as the runner would have stored it (``probe``: the run's
+    ``host_probe`` entry)."""
     store = client.app.state.jobs.store  # type: ignore[attr-defined]
     request = {
         "model": {"architecture": GPT},
@@ -202,21 +209,26 @@ def _store_measurement(client: TestClient, step_time: float, device: str = "cuda
     result = {
         "environment": {"device_type": device, "device_name": "NVIDIA L4"},
         "runs": [
-            {"stage": 2, "step_time_s": step_time, "world_size": 2, "mode": "distributed"},
+            {
+                "stage": 2,
+                "step_time_s": step_time,
+                "world_size": 2,
+                "mode": "distributed",
+                "host_probe": probe,
+            },
         ],
     }
     store.finish(job.id, JobStatus.SUCCEEDED, result=json.dumps(result))
     return str(job.id)
 
 
-def _predicted_step(efficiency: float, host: float = 33e-6) -> float:
+def _setup(efficiency: float, host: float) -> PlanSetup:
     from calculators.architecture import Architecture
+    from calculators.interconnects import PRESETS
 
     arch = Architecture(**GPT)  # type: ignore[arg-type]
     gpu = get_gpu("l4")
-    from calculators.interconnects import PRESETS
-
-    setup = PlanSetup(
+    return PlanSetup(
         architecture=arch,
         params=count_params(arch),
         gpu=gpu,
@@ -227,8 +239,25 @@ def _predicted_step(efficiency: float, host: float = 33e-6) -> float:
         seq_len=512,
         efficiency=Efficiency(efficiency, "test", host_seconds_per_kernel=host),
     )
-    config = Config(Stage.GRADIENTS, 2, 1, Checkpointing.NONE, OffloadChoice.NONE)
-    return predict(setup, config)[1].total
+
+
+MEASURED = Config(Stage.GRADIENTS, 2, 1, Checkpointing.NONE, OffloadChoice.NONE)
+
+
+def _predicted_step(efficiency: float, host: float = 33e-6) -> float:
+    return predict(_setup(efficiency, host), MEASURED)[1].total
+
+
+def _predicted_probe(efficiency: float, host: float) -> dict[str, Any]:
+    """The run's host_probe entry as the model with these figures predicts it: the measured
+    configuration's forward and backward at one sequence of 32 tokens (no optimizer step, and
+    the step's own collectives left out)."""
+    small = replace(_setup(efficiency, host), seq_len=32, global_batch_size=2)
+    one = replace(MEASURED, micro_batch_size=1)
+    _, step, _ = predict(small, one)
+    step_phase = _Evaluator(small).communication(one).phases[Phase.STEP].total(1)
+    seconds = step.total - step.optimizer_step - step_phase - step.offload_transfer
+    return {"seconds": seconds, "micro_batch_size": 1, "seq_len": 32, "repetitions": 10}
 
 
 def test_calibration_from_a_measurement_is_stored_and_used(isolated: TestClient) -> None:
@@ -254,6 +283,47 @@ def test_calibration_from_a_measurement_is_stored_and_used(isolated: TestClient)
     assert other["calibration"]["host_calibration_id"] is None
     fp32 = post(isolated, {**SMALL, "precision": "fp32"})  # another precision: the default
     assert fp32["calibration"]["host_calibration_id"] is None
+
+
+def test_one_run_with_its_host_probe_sets_both_figures(isolated: TestClient) -> None:
+    # GEMMs at 20 % of the peak, 2 µs per kernel: the step is GPU-bound, the probe host-bound
+    probe = _predicted_probe(0.2, 2e-6)
+    job_id = _store_measurement(isolated, _predicted_step(0.2, 2e-6), probe=probe)
+    r = isolated.post("/v1/calibrations", json={"measurement_id": job_id})
+    assert r.status_code == 201, r.text
+    cal = r.json()
+    assert cal["figure"] == "both" and "host probe" in cal["note"]
+    assert cal["efficiency"] == pytest.approx(0.2, rel=1e-6)
+    assert cal["host_seconds_per_kernel"] == pytest.approx(2e-6, rel=1e-6)
+    assert cal["host_probe_seconds"] == pytest.approx(probe["seconds"])
+    body = post(isolated, SMALL)  # the plan takes both figures from it
+    assert body["calibration"]["calibration_id"] == cal["id"]
+    assert body["calibration"]["host_calibration_id"] == cal["id"]
+    assert body["calibration"]["efficiency"] == pytest.approx(0.2, rel=1e-6)
+    assert body["calibration"]["host_seconds_per_kernel"] == pytest.approx(2e-6, rel=1e-6)
+
+
+def test_a_host_bound_run_with_its_probe_keeps_the_stated_efficiency(isolated: TestClient) -> None:
+    probe = _predicted_probe(0.75, 50e-6)
+    job_id = _store_measurement(isolated, _predicted_step(0.75, 50e-6), probe=probe)
+    cal = isolated.post("/v1/calibrations", json={"measurement_id": job_id}).json()
+    assert cal["figure"] == "host"
+    assert cal["host_seconds_per_kernel"] == pytest.approx(50e-6, rel=1e-6)
+    assert cal["efficiency"] == 0.75
+    assert any("host-bound at the probe's host cost" in n for n in cal["notes"])
+    body = post(isolated, SMALL)
+    assert body["calibration"]["host_calibration_id"] == cal["id"]
+    assert body["calibration"]["calibration_id"] is None  # the GEMM efficiency stays stated
+
+
+def test_both_figures_need_the_host_probe(isolated: TestClient) -> None:
+    job_id = _store_measurement(isolated, _predicted_step(0.2, 2e-6))
+    r = isolated.post("/v1/calibrations", json={"measurement_id": job_id, "figure": "both"})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["field"] == "figure"
+    # without a probe the run sets one figure, and says why the probe's time is null
+    cal = isolated.post("/v1/calibrations", json={"measurement_id": job_id}).json()
+    assert cal["host_probe_seconds"] is None and "timed no host probe" in cal["note"]
 
 
 def test_calibration_of_the_gpu_figure(isolated: TestClient) -> None:

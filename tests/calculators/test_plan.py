@@ -16,6 +16,7 @@ from calculators.gpus import PRESETS, get_gpu, gpu_for_device_name
 from calculators.plan import (
     Config,
     Efficiency,
+    HostProbe,
     Learned,
     OffloadChoice,
     PlanSetup,
@@ -227,6 +228,99 @@ def test_calibration_recovers_the_host_cost_it_was_made_with() -> None:
     # asked for the GPU figure instead, the same run reads as slow GEMMs
     forced = calibrate(s, c, step.total, learn=Learned.GPU)
     assert forced.learned is Learned.GPU and forced.efficiency < s.efficiency.value
+
+
+def _probe_seconds(made: PlanSetup, c: Config, probe_seq: int) -> float:
+    """What the model with ``made``'s figures predicts for the host probe: ``c``'s forward and
+    backward at one sequence of ``probe_seq`` tokens, one micro-step, no optimizer step (the
+    step's own collectives are not overlapped: the whole phase is left out)."""
+    small = replace(made, seq_len=probe_seq, global_batch_size=made.gpus)
+    one = replace(c, micro_batch_size=1, grad_accumulation_steps=1)
+    _, step, _ = predict(small, one)
+    step_phase = _Evaluator(small).communication(one).phases[Phase.STEP].total(1)
+    return step.total - step.optimizer_step - step_phase - step.offload_transfer
+
+
+# (engine, GPUs, configuration): GPU-bound steps of 1024-token sequences
+ONE_RUN_CASES = [
+    (Engine.TORCH, 1, Config(Stage.NONE, 8, 1, Checkpointing.NONE, OffloadChoice.NONE)),
+    (Engine.TORCH, 8, Config(Stage.PARAMETERS, 16, 1, Checkpointing.NONE, OffloadChoice.NONE)),
+    (Engine.TORCH, 8, Config(Stage.NONE, 4, 2, Checkpointing.FULL, OffloadChoice.NONE)),
+    (Engine.DEEPSPEED, 4, Config(Stage.GRADIENTS, 8, 1, Checkpointing.NONE, OffloadChoice.NONE)),
+]
+
+
+@pytest.mark.parametrize(("engine", "gpus", "c"), ONE_RUN_CASES)
+def test_one_run_with_a_probe_recovers_both_figures(engine: Engine, gpus: int, c: Config) -> None:
+    per_gpu = c.micro_batch_size * c.grad_accumulation_steps
+    s = setup(engine, preset="gpt2-xl", gpus=gpus, gpus_per_node=gpus, seq_len=1024)
+    s = replace(s, global_batch_size=per_gpu * gpus)
+    made = replace(s, efficiency=Efficiency(0.61, "test", host_seconds_per_kernel=21e-6))
+    _, step, _ = predict(made, c)
+    assert not step.host_bound  # the main step shows the GPU
+    probe = HostProbe(_probe_seconds(made, c, 32), 1, 32)
+    found = calibrate(s, c, step.total, probe=probe)
+    assert found.learned is Learned.BOTH
+    assert found.host_seconds_per_kernel == pytest.approx(21e-6, rel=1e-6)
+    assert found.efficiency == pytest.approx(0.61, rel=1e-6)
+    assert found.probe_dispatches is not None and found.probe_dispatches > 0
+    # the probe is host-bound: its GPU work is a small part of its time
+    assert found.probe_gpu_seconds is not None and found.probe_gpu_seconds < 0.5 * probe.seconds
+    assert found.notes == ()
+    # the figures reproduce both measurements
+    fitted = replace(
+        s,
+        efficiency=Efficiency(
+            found.efficiency, "fit", host_seconds_per_kernel=found.host_seconds_per_kernel
+        ),
+    )
+    assert predict(fitted, c)[1].total == pytest.approx(step.total, rel=1e-6)
+    assert _probe_seconds(fitted, c, 32) == pytest.approx(probe.seconds, rel=1e-6)
+
+
+def test_a_host_bound_run_with_a_probe_sets_the_host_cost_alone() -> None:
+    s = setup(preset="gpt2", global_batch_size=64, seq_len=128)
+    c = Config(Stage.PARAMETERS, 1, 8, Checkpointing.NONE, OffloadChoice.NONE)
+    made = replace(s, efficiency=Efficiency(0.5, "test", host_seconds_per_kernel=25e-6))
+    _, step, _ = predict(made, c)
+    assert step.host_bound
+    found = calibrate(s, c, step.total, probe=HostProbe(_probe_seconds(made, c, 32), 1, 32))
+    assert found.learned is Learned.HOST
+    assert found.host_seconds_per_kernel == pytest.approx(25e-6, rel=1e-6)
+    assert found.efficiency == s.efficiency.value  # the stated default, and a note says why
+    assert len(found.notes) == 1 and "host-bound at the probe's host cost" in found.notes[0]
+
+
+def test_a_probe_shorter_than_its_gpu_work_leaves_the_host_cost() -> None:
+    s = setup(preset="gpt2-xl", gpus=1, gpus_per_node=1, global_batch_size=8, seq_len=1024)
+    c = Config(Stage.NONE, 8, 1, Checkpointing.NONE, OffloadChoice.NONE)
+    made = replace(s, efficiency=Efficiency(0.61, "test"))
+    total = predict(made, c)[1].total
+    found = calibrate(s, c, total, probe=HostProbe(1e-6, 1, 32))
+    assert found.learned is Learned.GPU
+    assert found.efficiency == pytest.approx(0.61, rel=1e-6)
+    assert found.host_seconds_per_kernel == s.efficiency.host_seconds_per_kernel
+    assert "does not show the host" in found.notes[0]
+
+
+def test_figures_one_at_a_time_with_a_probe() -> None:
+    s = setup(preset="gpt2-xl", gpus=1, gpus_per_node=1, global_batch_size=8, seq_len=1024)
+    c = Config(Stage.NONE, 8, 1, Checkpointing.NONE, OffloadChoice.NONE)
+    made = replace(s, efficiency=Efficiency(0.61, "test", host_seconds_per_kernel=21e-6))
+    total = predict(made, c)[1].total
+    probe = HostProbe(_probe_seconds(made, c, 32), 1, 32)
+    host = calibrate(s, c, total, probe=probe, learn=Learned.HOST)
+    assert host.learned is Learned.HOST and host.efficiency == s.efficiency.value
+    assert host.host_seconds_per_kernel == pytest.approx(21e-6, rel=1e-6)
+    gpu = calibrate(s, c, total, probe=probe, learn=Learned.GPU)
+    assert gpu.learned is Learned.GPU and gpu.efficiency == pytest.approx(0.61, rel=1e-6)
+    assert gpu.host_seconds_per_kernel == s.efficiency.host_seconds_per_kernel
+    with pytest.raises(InputError) as err:
+        calibrate(s, c, total, learn=Learned.BOTH)
+    assert err.value.field == "figure"
+    with pytest.raises(InputError) as err:
+        calibrate(s, c, total, probe=HostProbe(0.0, 1, 32))
+    assert err.value.field == "host_probe"
 
 
 @pytest.mark.parametrize(

@@ -153,7 +153,7 @@ def test_tiny_deepspeed_run_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/validate_deepspeed.py ``--only tiny`` through the runner: gloo, a world of 1."""
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setenv("DS_BUILD_OPS", "0")
-    result = run(_spec())
+    result = run(_spec(host_probe=True))
     assert result["engine"] == "deepspeed"
     assert result["convention"].startswith("deepspeed:")
     assert result["environment"]["deepspeed"]
@@ -167,6 +167,9 @@ def test_tiny_deepspeed_run_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
             "calculators.communication (engine deepspeed)"
         )
         assert r["communication"]["measured_sent_bytes_per_rank"] == 0  # one rank sends nothing
+        probe = r["host_probe"]
+        assert probe["seconds"] > 0 and (probe["micro_batch_size"], probe["seq_len"]) == (1, 32)
+        assert probe["same_ops_as_training"] is True
 
 
 @pytest.mark.parametrize(("installed", "field"), [(True, "mode"), (False, "engine")])

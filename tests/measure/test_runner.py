@@ -157,3 +157,46 @@ def test_cuda_simulated_mixed_bf16() -> None:
         assert m["peak"] >= m["resident"] > 0
         assert abs(r["relative_error"]["model_state_resident"]) < 0.02
         assert abs(r["communication"]["relative_error"]) < 0.02
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_host_probe_is_recorded_when_asked(stage: int) -> None:
+    """The training micro-step at one 16-token sequence (the run's 16 tokens cut to at most 32),
+    its op sequence the training batch's; by default the CPU runs no probe and says so."""
+    spec = _spec(
+        {"architecture": SMALL_GPT},
+        stages=[stage],
+        precision="mixed_bf16",
+        batch={"micro_batch_size": 2, "seq_len": 16},
+        host_probe=True,
+    )
+    probe = run(spec)["runs"][0]["host_probe"]
+    assert (probe["micro_batch_size"], probe["seq_len"]) == (1, 16)
+    assert probe["repetitions"] == 10
+    assert 0 < probe["min_seconds"] <= probe["seconds"] <= probe["max_seconds"]
+    assert 0 < probe["dispatch_seconds"] <= probe["seconds"]
+    assert probe["same_ops_as_training"] is True
+    assert probe["ops_per_micro_step"] == probe["probe_ops_per_micro_step"] > 100
+    off = run({**spec, "host_probe": None})["runs"][0]
+    assert off["host_probe"] is None
+    assert any(n.startswith("host_probe is null") for n in off["notes"])
+
+
+def test_probe_batch_keeps_one_short_sequence() -> None:
+    from measure.host_probe import compare_ops, probe_batch
+
+    tokens = torch.arange(4 * 64).view(4, 64)
+    x, y, h = probe_batch((tokens, tokens + 1, torch.zeros(4, 8)), 32)
+    assert x.shape == y.shape == (1, 32) and h.shape == (1, 8)
+    assert x.tolist()[0] == list(range(32))
+    same = compare_ops(["mm", "add"], ["mm", "add"])
+    assert same["same_ops_as_training"] is True and "first_difference" not in same
+    differ = compare_ops(["mm", "_flash", "add"], ["mm", "_efficient", "add"])
+    assert differ["same_ops_as_training"] is False
+    assert differ["first_difference"] == {"index": 1, "training": "_flash", "probe": "_efficient"}
+
+
+def test_host_probe_must_be_a_flag() -> None:
+    with pytest.raises(InputError) as err:
+        run(_spec({"architecture": SMALL_GPT}, host_probe="yes"))
+    assert err.value.field == "host_probe"

@@ -78,3 +78,15 @@ def test_a_long_cpu_run_is_refused_unless_asked_for() -> None:
     assert err.value.field == "device" and "allow_slow_cpu" in err.value.message
     allowed = parse_spec({**body, "allow_slow_cpu": True})
     assert check_cpu_cost(allowed, params, rate) == pytest.approx(10 * CPU_LIMIT_S)
+
+
+@pytest.mark.parametrize(("value", "read"), [(None, None), (True, True), (False, False)])
+def test_host_probe_is_a_flag_or_left_to_the_device(value: bool | None, read: bool | None) -> None:
+    body = _body() if value is None else _body(host_probe=value)
+    assert parse_spec(body).host_probe is read
+    assert MeasureRequest(**body).host_probe is read
+    from measure.__main__ import parse_args
+
+    flag = [] if value is None else ["--host-probe" if value else "--no-host-probe"]
+    args = ["--architecture", '{"layers": 2, "hidden": 64, "heads": 2, "vocab_size": 128}']
+    assert parse_args([*args, *flag])["host_probe"] is read

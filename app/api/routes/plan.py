@@ -44,6 +44,9 @@ def calibration_store(request: Request, settings: SettingsDep) -> Iterator[JobSt
 
 
 StoreDep = Annotated[JobStore, Depends(calibration_store)]
+# the stored calibrations that set each figure
+SETS_GPU = (Learned.GPU.value, Learned.BOTH.value)
+SETS_HOST = (Learned.HOST.value, Learned.BOTH.value)
 
 
 @router.post("/plan", response_model=PlanResponse)
@@ -67,7 +70,7 @@ def efficiency_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> Efficienc
     if request.efficiency is not None:
         out = replace(out, value=request.efficiency, source="given by the request")
     else:
-        chosen = next((c for c in found if c.detail.get("figure") == Learned.GPU.value), None)
+        chosen = next((c for c in found if c.detail.get("figure") in SETS_GPU), None)
         if chosen is not None:
             out = replace(
                 out, value=chosen.efficiency, source=_source(chosen), calibration_id=chosen.id
@@ -78,7 +81,7 @@ def efficiency_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> Efficienc
             host_seconds_per_kernel=request.host_seconds_per_kernel,
             host_source="given by the request",
         )
-    chosen = next((c for c in found if c.detail.get("figure") == Learned.HOST.value), None)
+    chosen = next((c for c in found if c.detail.get("figure") in SETS_HOST), None)
     if chosen is not None:
         out = replace(
             out,
@@ -145,6 +148,14 @@ def _public(c: Calibration) -> CalibrationPublic:
         )
     elif not measured:
         note = f"given by the request, not measured by this service: {d.get('source')}"
+    elif figure == Learned.BOTH.value:
+        note = (
+            f"job {d['measurement_id']}: the host probe (the micro-step at "
+            f"{d.get('host_probe_micro_batch_size')} × {d.get('host_probe_seq_len')} tokens) "
+            "over the kernels and hook steps the model counts sets the host cost per kernel; "
+            "the measured step less the predicted optimizer step, communication and offload, "
+            "per micro-step, with that host cost, sets the GEMM efficiency"
+        )
     elif figure == Learned.HOST.value:
         note = (
             f"measured step of job {d['measurement_id']} less the predicted optimizer step, "
@@ -157,9 +168,23 @@ def _public(c: Calibration) -> CalibrationPublic:
             "communication and offload, per micro-step: GPU-bound, so it sets the GEMM "
             "efficiency (attention and memory-bound kernels at their stated figures)"
         )
+    if figure == Learned.HOST.value and d.get("host_probe_seconds") is not None:
+        note = (
+            f"job {d['measurement_id']}: the host probe over the kernels and hook steps the "
+            "model counts sets the host cost per kernel"
+        )
     host = d.get("host_seconds_per_kernel")
     if host is None and figure is not None:
         note += "; host_seconds_per_kernel is null: a given efficiency says nothing of the host"
+    probe_s = d.get("host_probe_seconds")
+    if probe_s is None:
+        if not measured:
+            why = "not measured by this service"
+        elif d.get("host_probe_used") is False:
+            why = "the run's host probe was not used (figure gpu asked for the step alone)"
+        else:
+            why = "the measured run timed no host probe"
+        note += f"; host_probe_seconds is null: {why}"
     return CalibrationPublic(
         id=c.id,
         gpu=c.gpu,
@@ -173,6 +198,8 @@ def _public(c: Calibration) -> CalibrationPublic:
         stage=d.get("stage"),
         measured_step_time_seconds=d.get("measured_step_time_seconds"),
         predicted_other_seconds=d.get("predicted_other_seconds"),
+        host_probe_seconds=probe_s,
+        notes=list(d.get("notes") or []),
         note=note,
         created_at=c.created_at,
     )
@@ -189,9 +216,9 @@ def add_calibration(
     request: Annotated[CalibrationRequest, Body(openapi_examples=CALIBRATION_EXAMPLES)],
     jobs: JobsDep,
 ) -> CalibrationPublic:
-    """Store the GEMM efficiency or host cost per kernel a GPU's run implies (from a succeeded
-    measurement, or a given efficiency); /v1/plan uses the newest of each for that GPU and
-    precision."""
+    """Store the GEMM efficiency and host cost per kernel a GPU's run implies (from a succeeded
+    measurement, both at once where it timed the host probe; or a given efficiency); /v1/plan
+    uses the newest of each for that GPU and precision."""
     if request.measurement_id is None:
         assert request.gpu is not None and request.efficiency is not None  # one_source
         gpu = get_gpu(request.gpu)
@@ -230,7 +257,18 @@ def add_calibration(
         "predicted_other_seconds": run.calibration.other_seconds,
         "figure": run.calibration.learned.value,
         "host_seconds_per_kernel": run.calibration.host_seconds_per_kernel,
+        "notes": list(run.calibration.notes),
     }
+    if run.probe is not None:
+        used = run.calibration.probe_dispatches is not None
+        detail["host_probe_used"] = used
+        if used:
+            detail.update(
+                host_probe_seconds=run.probe.seconds,
+                host_probe_micro_batch_size=run.probe.micro_batch_size,
+                host_probe_seq_len=run.probe.seq_len,
+                host_probe_dispatches=run.calibration.probe_dispatches,
+            )
     stored = jobs.store.add_calibration(
         uuid.uuid4().hex,
         run.gpu.name,
