@@ -121,21 +121,20 @@ def fetch_order(params: Sequence[ParamTensor]) -> tuple[list[str], list[str]]:
 @dataclass(frozen=True)
 class _Steps:
     """``steps`` consecutive module fetches with ``entries`` parameter uses of ``elements``
-    elements in all; ``last`` is the offset of the last fetch that owns a parameter (-1: none).
-    ``params``: the one fetch's parameters when it owns one that is not persistent."""
+    elements in all; ``params``: the one fetch's parameters when it owns one that is not
+    persistent."""
 
     steps: int
     entries: int
     elements: int
-    last: int
     params: tuple[int, ...] | None = None
 
 
 def _fetch(mine: tuple[int, ...], numel: Sequence[int], persistent: Sequence[bool]) -> _Steps:
     elements = sum(numel[i] for i in mine)
     if all(persistent[i] for i in mine):
-        return _Steps(1, len(mine), elements, 0 if mine else -1)
-    return _Steps(1, len(mine), elements, 0, mine)
+        return _Steps(1, len(mine), elements)
+    return _Steps(1, len(mine), elements, mine)
 
 
 def _joined(steps: list[_Steps]) -> list[_Steps]:
@@ -144,10 +143,7 @@ def _joined(steps: list[_Steps]) -> list[_Steps]:
     for s in steps:
         if s.params is None and out and out[-1].params is None:
             a = out[-1]
-            last = a.steps + s.last if s.entries else a.last
-            out[-1] = _Steps(
-                a.steps + s.steps, a.entries + s.entries, a.elements + s.elements, last
-            )
+            out[-1] = _Steps(a.steps + s.steps, a.entries + s.entries, a.elements + s.elements)
         else:
             out.append(s)
     return out
@@ -160,8 +156,7 @@ def _repeated(copy: Callable[[int], list[_Steps]], copies: int, reverse: bool) -
     first = copy(order[0])
     if len(first) == 1 and first[0].params is None:
         s = first[0]
-        last = (copies - 1) * s.steps + s.last if s.entries else -1
-        return [_Steps(s.steps * copies, s.entries * copies, s.elements * copies, last)]
+        return [_Steps(s.steps * copies, s.entries * copies, s.elements * copies)]
     out = list(first)
     for c in order[1:]:
         out += copy(c)
@@ -419,24 +414,19 @@ def _stage3_trace(
             if first == n_forward - 1:
                 kept = list(available)
             continue
-        # a stretch of persistent fetches: each pops its entries (``head`` reaches the
-        # stretch's last entry at its fetch ``s.last``) and prefetches while the budget lasts;
-        # once it does not, the rest of the stretch only pops
+        # A stretch of persistent fetches. Each pops its own entries, which can be neither
+        # prefetched nor released, so ``head`` passes them all at once: the prefetch search
+        # starts at the first entry after them either way, and a queue that ends inside the
+        # stretch leaves no use to play out. Each fetch prefetches while the budget lasts;
+        # once it does not, the rest of the stretch changes nothing.
+        head = max(head, entry + s.entries)
         j = 0
-        while j < s.steps:
-            if head >= n_queue:
-                break
-            if s.entries and j >= s.last:
-                head = max(head, entry + s.entries)
-            budget = min(max_live - n_available, prefetch)
-            if head < n_queue and budget > 0:
+        while j < s.steps and head < n_queue:
+            if min(max_live - n_available, prefetch) > 0:
                 prefetch_at(first + j)
                 end = j + 1
-            elif s.entries and j < s.last:
-                head = max(head, entry + s.entries)
-                end = s.last + 1 if head >= n_queue else s.steps
             else:
-                end = j + 1 if head >= n_queue else s.steps
+                end = s.steps
             if first + j <= n_forward - 1 < first + end:
                 kept = list(available)
             j = end
