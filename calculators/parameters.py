@@ -152,9 +152,10 @@ class ParamTemplate:
     kinds: tuple[BlockKind, ...]
     experts: int
 
-    def index(self, t: int, kind: int | None, block: int, expert: int) -> int:
-        """The full list's index of template tensor ``t`` in copy ``block`` of its kind (counted
-        from the kind's first block) and, for an expert's tensor, expert ``expert``."""
+    def index(self, t: int, kind: int | None) -> int:
+        """The full list's index of template tensor ``t`` (of block kind ``kind``, ``None``
+        outside the blocks): in the kind's first block, expert 0. Block ``b`` of the kind
+        holds it ``b · block_length`` further on, expert ``e`` ``e · expert`` further."""
         if kind is None:
             if t < self.first:
                 return t
@@ -162,11 +163,8 @@ class ParamTemplate:
         k = self.kinds[kind]
         u = t - self.first - sum(x.pre + x.expert + x.post for x in self.kinds[:kind])
         base = self.first + sum(x.blocks * self.block_length(x) for x in self.kinds[:kind])
-        base += block * self.block_length(k)
-        if u < k.pre:
-            return base + u
         if u < k.pre + k.expert:
-            return base + k.pre + expert * k.expert + u - k.pre
+            return base + u
         return base + k.pre + self.experts * k.expert + u - k.pre - k.expert
 
     def block_length(self, kind: BlockKind) -> int:

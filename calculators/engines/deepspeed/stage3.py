@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate, compress
@@ -149,17 +149,22 @@ def _joined(steps: list[_Steps]) -> list[_Steps]:
     return out
 
 
-def _repeated(copy: Callable[[int], list[_Steps]], copies: int, reverse: bool) -> list[_Steps]:
-    """The fetches of ``copies`` identical subtrees in trace order: one stretch when a copy is
-    one (its parameters all persistent), else each copy's fetches."""
-    order = range(copies - 1, -1, -1) if reverse else range(copies)
-    first = copy(order[0])
-    if len(first) == 1 and first[0].params is None:
-        s = first[0]
+def _repeated(copy: list[_Steps], copies: int, stride: int, reverse: bool) -> list[_Steps]:
+    """The fetches of ``copies`` identical subtrees in trace order, from the first copy's
+    (``copy``; copy ``c``'s parameters are ``stride · c`` further down the list): one stretch
+    when a copy is one (its parameters all persistent), else each copy's fetches."""
+    if len(copy) == 1 and copy[0].params is None:
+        s = copy[0]
         return [_Steps(s.steps * copies, s.entries * copies, s.elements * copies)]
-    out = list(first)
-    for c in order[1:]:
-        out += copy(c)
+    out: list[_Steps] = []
+    for c in range(copies - 1, -1, -1) if reverse else range(copies):
+        shift = stride * c
+        out += [
+            s
+            if s.params is None or not shift
+            else _Steps(1, s.entries, s.elements, tuple(i + shift for i in s.params))
+            for s in copy
+        ]
     return _joined(out)
 
 
@@ -182,9 +187,9 @@ def _trace_by_template(
     params: ParamList, numel: Sequence[int], persistent: Sequence[bool]
 ) -> tuple[list[_Steps], list[_Steps]]:
     """Forward and backward fetches of an architecture's tensors, from its template: the
-    subtree of the first block of each kind (and of its expert 0) stands for every copy, the
-    copies' tensors found by index (``ParamTemplate.index``). Persistence must depend on a
-    tensor's size alone (copies alike)."""
+    subtree of the first block of each kind (and of its expert 0) stands for every copy, whose
+    tensors lie a whole block (expert) further down the list per copy. Persistence must depend
+    on a tensor's size alone (copies alike)."""
     template = params.template
     children = module_tree(template.tensors)
     owned: dict[str, list[int]] = {}
@@ -195,31 +200,26 @@ def _trace_by_template(
         n: f"blocks.{k.start}.experts.0" for n, k in enumerate(template.kinds) if k.expert
     }
 
-    def subtree(
-        node: str, reverse: bool, kind: int | None, block: int, expert: int
-    ) -> list[_Steps]:
-        mine = tuple(template.index(t, kind, block, expert) for t in owned.get(node, ()))
+    def subtree(node: str, reverse: bool, kind: int | None) -> list[_Steps]:
+        """The fetches of ``node``'s subtree in the first block of its kind (expert 0)."""
+        mine = tuple(template.index(t, kind) for t in owned.get(node, ()))
         out = [_fetch(mine, numel, persistent)]
         kids = children[node]
         for kid in reversed(kids) if reverse else kids:
             if kid in block_roots:
                 k = block_roots[kid]
-                out += _repeated(blocks_of(kid, reverse, k), template.kinds[k].blocks, reverse)
+                stride = template.block_length(template.kinds[k])
+                out += _repeated(
+                    subtree(kid, reverse, k), template.kinds[k].blocks, stride, reverse
+                )
             elif kind is not None and kid == expert_roots.get(kind):
-                out += _repeated(experts_of(kid, reverse, kind, block), template.experts, reverse)
+                stride = template.kinds[kind].expert
+                out += _repeated(subtree(kid, reverse, kind), template.experts, stride, reverse)
             else:
-                out += subtree(kid, reverse, kind, block, expert)
+                out += subtree(kid, reverse, kind)
         return _joined(out)
 
-    def blocks_of(node: str, reverse: bool, kind: int) -> Callable[[int], list[_Steps]]:
-        return lambda block: subtree(node, reverse, kind, block, 0)
-
-    def experts_of(
-        node: str, reverse: bool, kind: int, block: int
-    ) -> Callable[[int], list[_Steps]]:
-        return lambda expert: subtree(node, reverse, kind, block, expert)
-
-    return subtree("", False, None, 0, 0), subtree("", True, None, 0, 0)
+    return subtree("", False, None), subtree("", True, None)
 
 
 def stage3_trace(params: Sequence[ParamTensor], knobs: Knobs) -> Stage3Trace:
