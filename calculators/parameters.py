@@ -276,6 +276,22 @@ def param_numels(params: Sequence[ParamTensor]) -> Sequence[int]:
     return [p.numel for p in params]
 
 
+def first_block_span(params: Sequence[ParamTensor]) -> tuple[int, int]:
+    """Where the first block's tensors (group ``blocks.0``) start and end in ``params``: after
+    the tensors outside the blocks that come first; both the list's length without blocks."""
+    if isinstance(params, ParamList):
+        template = params.template
+        if not template.kinds:
+            return len(params), len(params)
+        return template.first, template.first + template.block_length(template.kinds[0])
+    first = next((i for i, p in enumerate(params) if p.group != ROOT_GROUP), len(params))
+    end = first
+    for i in range(first, len(params)):
+        if params[i].group == "blocks.0":
+            end = i + 1
+    return first, end
+
+
 @lru_cache(maxsize=16)
 def architecture_params(arch: Architecture) -> ParamList:
     """Every parameter of ``arch`` in ``named_parameters`` order, once per architecture (a sweep

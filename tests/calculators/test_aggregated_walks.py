@@ -39,7 +39,14 @@ from calculators.engines.deepspeed.stage3 import (
 )
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import TrainingSetup
-from calculators.parameters import ParamList, architecture_params, param_numels, tally
+from calculators.parameters import (
+    ROOT_GROUP,
+    ParamList,
+    ParamTensor,
+    architecture_params,
+    param_numels,
+    tally,
+)
 from measure.hf_families import FAMILIES, family_config
 from tests.calculators.test_stage3_trace import reference_trace
 
@@ -229,7 +236,20 @@ knobs_drawn = st.builds(
 )
 
 
-def _same_walks(arch: Architecture, knobs: Knobs, world: int, batch: Batch | None) -> None:
+def late_gradients_walk(params: tuple[ParamTensor, ...], tied: bool, accumulation: int) -> int:
+    """First-block backward's gradients, as first written: every tensor's bar block 0's and
+    those before it (a tied head's aside)."""
+    first_block = next((i for i, p in enumerate(params) if p.group != ROOT_GROUP), len(params))
+    late = {i for i, p in enumerate(params) if p.group == "blocks.0"}
+    late |= {i for i in range(first_block) if not (tied and i == 0)}
+    return sum(
+        block(HALF * p.numel) for i, p in enumerate(params) if accumulation > 1 or i not in late
+    )
+
+
+def _same_walks(
+    arch: Architecture, knobs: Knobs, world: int, batch: Batch | None, accumulation: int = 1
+) -> None:
     runs = architecture_params(arch)
     assert isinstance(runs, ParamList)
     listed = tuple(runs.tensors)  # the same tensors, walked one by one
@@ -256,11 +276,16 @@ def _same_walks(arch: Architecture, knobs: Knobs, world: int, batch: Batch | Non
     )
     shape = layouts.step_shape(setup, knobs)
     assert runs == listed
-    assert layouts.stage0(runs, 2, shape, True, 2) == layouts.stage0(listed, 2, shape, True, 2)
+    acc = accumulation
+    assert layouts.stage0(runs, 2, shape, True, acc) == layouts.stage0(listed, 2, shape, True, acc)
     for stage in (Stage.OPTIMIZER, Stage.GRADIENTS):
-        assert layouts.stage12(runs, world, stage, knobs, 2, shape, True, 2) == layouts.stage12(
-            listed, world, stage, knobs, 2, shape, True, 2
+        assert layouts.stage12(runs, world, stage, knobs, 2, shape, True, acc) == layouts.stage12(
+            listed, world, stage, knobs, 2, shape, True, acc
         )
+    late = layouts.first_block_backward(shape, runs, acc, {})
+    if late:
+        grads = late["first_block_backward"].buffers["gradients"]
+        assert grads == late_gradients_walk(listed, arch.tied_embeddings, acc)
     assert layouts.stage3(runs, world, knobs, 2, shape, True, True) == layouts.stage3(
         listed, world, knobs, 2, shape, True, True
     )
@@ -275,14 +300,15 @@ def _same_walks(arch: Architecture, knobs: Knobs, world: int, batch: Batch | Non
         [
             None,
             Batch(micro_batch_size=1, seq_len=8),
-            Batch(1, 8, activation_checkpointing=Checkpointing.FULL, grad_accumulation_steps=2),
+            Batch(1, 8, activation_checkpointing=Checkpointing.FULL),
         ]
     ),
+    accumulation=st.sampled_from([1, 2]),
 )
 def test_runs_walk_as_the_tensors_do(
-    arch: Architecture, knobs: Knobs, world: int, batch: Batch | None
+    arch: Architecture, knobs: Knobs, world: int, batch: Batch | None, accumulation: int
 ) -> None:
-    _same_walks(arch, knobs, world, batch)
+    _same_walks(arch, knobs, world, batch, accumulation)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -291,7 +317,7 @@ def test_runs_walk_as_the_tensors_do(
 def test_transformers_blocks_walk_as_their_tensors_do(
     family: str, knobs: Knobs, world: int
 ) -> None:
-    _same_walks(_family(family), knobs, world, None)
+    _same_walks(_family(family), knobs, world, Batch(1, 8, Checkpointing.FULL))
 
 
 def test_the_widest_moe_trace_is_one_stretch_per_block_part() -> None:

@@ -29,7 +29,7 @@ from calculators.engines.deepspeed.stage3 import (
 )
 from calculators.engines.torch.peak import holds_outputs
 from calculators.model_states import Placement, TrainingSetup
-from calculators.parameters import ROOT_GROUP, ParamTensor, param_numels, tally
+from calculators.parameters import ParamTensor, first_block_span, param_numels, tally
 
 FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
 
@@ -168,14 +168,11 @@ def first_block_backward(
     assert acts is not None  # shape.known
     if not acts.recompute:
         return {}
-    first_block = next((i for i, p in enumerate(params) if p.group != ROOT_GROUP), len(params))
-    late = {i for i, p in enumerate(params) if p.group == "blocks.0"}
-    late |= {i for i in range(first_block) if not (shape.tied and i == 0)}
-    grads = sum(
-        block(HALF_BYTES * p.numel)
-        for i, p in enumerate(params)
-        if accumulation > 1 or i not in late
-    )
+    numels = param_numels(params)
+    first_block, block_end = first_block_span(params)
+    # made late: the first block's gradients and those before it, bar a tied head's
+    early = [*numels[:1]] if shape.tied and first_block > 0 else []
+    grads = blocks(HALF_BYTES, numels if accumulation > 1 else [*early, *numels[block_end:]])
     alive = (
         acts.layers
         - (shape.blocks - 1) * shape.block_input
