@@ -183,12 +183,12 @@ class ParamList(Sequence[ParamTensor]):
     Blocks of one kind repeat the same tensors and experts the same MLP, so the element
     counts (``numels``) are laid out from the first block of each kind and its expert 0 as
     whole-list repetitions, without a tensor object per parameter (a 16-layer, 4,096-expert
-    MoE has ~197k). The named tensors are built on first use of an item, once per list: only
-    walks that read names (the stage-3 coordinator's module tree, the torch engines) pay for
-    them. Equal to the tuple of the same tensors; hashed by the architecture.
+    MoE has ~197k); ``template`` holds one copy of each repeated part. The named tensors are
+    built on first use of an item, once per list: only walks that read names pay for them (the
+    torch engines; the stage-3 coordinator when the model persistence threshold binds, so that
+    equal tensors differ by position). Equal to the tuple of the same tensors; hashed by the
+    architecture.
     """
-
-    __slots__ = ("__dict__", "arch")
 
     def __init__(self, arch: Architecture) -> None:
         self.arch = arch

@@ -212,6 +212,10 @@ def architectures(draw: st.DrawFn) -> Architecture:
         max_seq_len=16 if learned else None,
         embedding_norm=draw(st.booleans()),
         final_norm=draw(st.booleans()),
+        kv_heads=draw(st.sampled_from([None, 1])),
+        qkv_bias=draw(st.sampled_from([None, True, False])),
+        lm_head_bias=draw(st.booleans()),
+        embed_proj_dim=draw(st.sampled_from([None, 3, 8])),
     )
 
 
