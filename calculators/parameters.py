@@ -6,9 +6,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from typing import overload
 
 from calculators.architecture import (
     MAX_DIM,
@@ -62,9 +63,23 @@ class ParamTensor:
         return -(-self.shape[0] // world) * math.prod(self.shape[1:])
 
 
+class Numels(tuple[int, ...]):
+    """Each tensor's elements in order, with how often each size occurs (``sizes``), counted
+    from the distinct tensors of an architecture rather than one by one."""
+
+    sizes: Counter[int]
+
+    def __new__(cls, values: Iterable[int], sizes: Counter[int]) -> Numels:
+        out = super().__new__(cls, values)
+        out.sizes = sizes
+        return out
+
+
 def tally(values: Iterable[int]) -> Counter[int]:
     """How many times each value occurs: a sum of ``f(value)`` over tensors is a sum over the
     distinct values (blocks repeat the same shapes, experts are identical)."""
+    if isinstance(values, Numels):
+        return Counter(values.sizes)
     return Counter(values)
 
 
@@ -100,13 +115,195 @@ def _param(name: str, shape: tuple[int, ...], group: str) -> ParamTensor:
     return p
 
 
-@lru_cache(maxsize=16)  # few: a MoE model's list runs to ~50k tensors
-def architecture_params(arch: Architecture) -> tuple[ParamTensor, ...]:
-    """Every parameter of ``arch`` in ``named_parameters`` order, once per architecture (a sweep
-    asks for the same list per Nd and stage).
+@dataclass(frozen=True)
+class BlockKind:
+    """Blocks alike in a :class:`ParamTemplate`.
 
-    Built from ``block_template``: the first block of each kind (and its expert 0) named again
-    for every block and expert, the same list ``tensors(arch)`` gives.
+    Attributes:
+        start: the first block's index.
+        blocks: how many blocks of this kind follow one another.
+        pre: tensors of a block before its experts' run (all of them without experts).
+        expert: tensors of one expert (0 without experts).
+        post: tensors of a block after its experts' run.
+    """
+
+    start: int
+    blocks: int
+    pre: int
+    expert: int
+    post: int
+
+
+@dataclass(frozen=True)
+class ParamTemplate:
+    """One copy of each repeated part of a parameter list: the tensors before the blocks
+    (``first`` of them), then the first block of each kind with its expert 0, then the tensors
+    after the blocks.
+
+    Attributes:
+        tensors: the template's tensors, named as the first copy of each is.
+        first: tensors before the blocks.
+        kinds: the kinds of block, in order.
+        experts: copies of each expert's tensors per block.
+    """
+
+    tensors: tuple[ParamTensor, ...]
+    first: int
+    kinds: tuple[BlockKind, ...]
+    experts: int
+
+    def index(self, t: int, kind: int | None) -> int:
+        """The full list's index of template tensor ``t`` (of block kind ``kind``, ``None``
+        outside the blocks): in the kind's first block, expert 0. Block ``b`` of the kind
+        holds it ``b · block_length`` further on, expert ``e`` ``e · expert`` further."""
+        if kind is None:
+            if t < self.first:
+                return t
+            return self.length - (len(self.tensors) - t)
+        k = self.kinds[kind]
+        u = t - self.first - sum(x.pre + x.expert + x.post for x in self.kinds[:kind])
+        base = self.first + sum(x.blocks * self.block_length(x) for x in self.kinds[:kind])
+        if u < k.pre + k.expert:
+            return base + u
+        return base + k.pre + self.experts * k.expert + u - k.pre - k.expert
+
+    def block_length(self, kind: BlockKind) -> int:
+        return kind.pre + self.experts * kind.expert + kind.post
+
+    @property
+    def length(self) -> int:
+        """Tensors in the full list."""
+        blocks = sum(k.blocks * self.block_length(k) for k in self.kinds)
+        return len(self.tensors) - sum(k.pre + k.expert + k.post for k in self.kinds) + blocks
+
+
+class ParamList(Sequence[ParamTensor]):
+    """An architecture's parameters in ``named_parameters`` order, held by its architecture.
+
+    Blocks of one kind repeat the same tensors and experts the same MLP, so the element
+    counts (``numels``) are laid out from the first block of each kind and its expert 0 as
+    whole-list repetitions, without a tensor object per parameter (a 16-layer, 4,096-expert
+    MoE has ~197k); ``template`` holds one copy of each repeated part. The named tensors are
+    built on first use of an item, once per list: only walks that read names pay for them (the
+    torch engines; the stage-3 coordinator when the model persistence threshold binds, so that
+    equal tensors differ by position). Equal to the tuple of the same tensors; hashed by the
+    architecture.
+    """
+
+    def __init__(self, arch: Architecture) -> None:
+        self.arch = arch
+
+    @cached_property
+    def numels(self) -> Numels:
+        """Each tensor's elements, in order (the same as ``p.numel`` over the tensors)."""
+        counts = tensor_counts(self.arch)
+        sizes: Counter[int] = Counter()
+        for t, count in counts:
+            sizes[t.numel] += count
+        first = tuple(t.numel for t, _ in counts if t.layer is None and t.stage_hint == "first")
+        last = tuple(t.numel for t, _ in counts if t.layer is None and t.stage_hint != "first")
+        out = list(first)
+        for start, blocks in block_kinds(self.arch):
+            layer = block_template(self.arch, start)
+            block: list[int] = []
+            for k, (t, per_expert) in enumerate(layer):
+                if not per_expert:
+                    block.append(t.numel)
+                elif k == 0 or not layer[k - 1][1]:  # the first tensor of the experts' run
+                    run = [x.numel for x, _ in itertools.takewhile(lambda p: p[1], layer[k:])]
+                    block += run * self.arch.num_experts
+            out += block * blocks
+        out += last
+        return Numels(out, sizes)
+
+    @cached_property
+    def template(self) -> ParamTemplate:
+        """The tensors outside the blocks, and the first block of each kind with its expert 0
+        (the rest are copies of them)."""
+        counts = tensor_counts(self.arch)
+        first = [t for t, _ in counts if t.layer is None and t.stage_hint == "first"]
+        last = [t for t, _ in counts if t.layer is None and t.stage_hint != "first"]
+        tensors = [_param(t.name, t.shape, ROOT_GROUP) for t in first]
+        kinds = []
+        for start, blocks in block_kinds(self.arch):
+            layer = block_template(self.arch, start)
+            flags = [per_expert for _, per_expert in layer]
+            pre = flags.index(True) if True in flags else len(flags)
+            experts = sum(flags)
+            kinds.append(BlockKind(start, blocks, pre, experts, len(flags) - pre - experts))
+            tensors += [_param(t.name, t.shape, f"blocks.{start}") for t, _ in layer]
+        tensors += [_param(t.name, t.shape, ROOT_GROUP) for t in last]
+        return ParamTemplate(tuple(tensors), len(first), tuple(kinds), self.arch.num_experts)
+
+    @cached_property
+    def tensors(self) -> tuple[ParamTensor, ...]:
+        """The named tensors (built once per list)."""
+        return _named_params(self.arch)
+
+    def __len__(self) -> int:
+        return len(self.numels)
+
+    @overload
+    def __getitem__(self, index: int) -> ParamTensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[ParamTensor, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> ParamTensor | tuple[ParamTensor, ...]:
+        return self.tensors[index]
+
+    def __iter__(self) -> Iterator[ParamTensor]:
+        return iter(self.tensors)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ParamList):
+            return self.arch == other.arch
+        if isinstance(other, tuple | list):
+            return self.tensors == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((ParamList, self.arch))
+
+    def __repr__(self) -> str:
+        return f"ParamList({self.arch!r})"
+
+
+def param_numels(params: Sequence[ParamTensor]) -> Sequence[int]:
+    """Each tensor's elements, in order; from the architecture for a :class:`ParamList`."""
+    if isinstance(params, ParamList):
+        return params.numels
+    return [p.numel for p in params]
+
+
+def first_block_span(params: Sequence[ParamTensor]) -> tuple[int, int]:
+    """Where the first block's tensors (group ``blocks.0``) start and end in ``params``: after
+    the tensors outside the blocks that come first; both the list's length without blocks."""
+    if isinstance(params, ParamList):
+        template = params.template
+        if not template.kinds:
+            return len(params), len(params)
+        return template.first, template.first + template.block_length(template.kinds[0])
+    first = next((i for i, p in enumerate(params) if p.group != ROOT_GROUP), len(params))
+    end = first
+    for i in range(first, len(params)):
+        if params[i].group == "blocks.0":
+            end = i + 1
+    return first, end
+
+
+@lru_cache(maxsize=16)
+def architecture_params(arch: Architecture) -> ParamList:
+    """Every parameter of ``arch`` in ``named_parameters`` order, once per architecture (a sweep
+    asks for the same list per Nd and stage); the tensors themselves are named on first use
+    (:class:`ParamList`)."""
+    return ParamList(arch)
+
+
+def _named_params(arch: Architecture) -> tuple[ParamTensor, ...]:
+    """The named tensors of ``arch``, built from ``block_template``: the first block of each
+    kind (and its expert 0) named again for every block and expert, the same list
+    ``tensors(arch)`` gives.
     """
     counts = tensor_counts(arch)
     first = [t for t, _ in counts if t.layer is None and t.stage_hint == "first"]

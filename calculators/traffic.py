@@ -213,7 +213,7 @@ class CommunicationEstimate:
     ignores: str = IGNORED
 
 
-def params_of(setup: TrainingSetup) -> tuple[ParamTensor, ...] | None:
+def params_of(setup: TrainingSetup) -> Sequence[ParamTensor] | None:
     """The device's parameter tensors in ``named_parameters`` order.
 
     ``engine_config["tensors"]`` where the caller knows the built module's own list (the

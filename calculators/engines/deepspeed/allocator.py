@@ -113,8 +113,12 @@ class CachingAllocator:
         self._insert(b)
 
 
-@lru_cache(maxsize=32)
-def stage0_unsplit_bytes(numels: tuple[int, ...], n_states: int, adam: bool) -> tuple[int, int]:
+# the most elements of a tensor whose fp32 copy the small pool serves: block(4 n) <= kSmallSize
+# (kSmallSize is a multiple of BLOCK)
+SMALL_POOL_FP32_ELEMENTS = K_SMALL_SIZE // FP32_BYTES
+
+
+def stage0_unsplit_bytes(numels: Sequence[int], n_states: int, adam: bool) -> tuple[int, int]:
     """Bytes the allocator hands out beyond the rounded requests of stage 0's tensors.
 
     Replays DeepSpeed's allocation order on a fresh device: the module is cast on the host and
@@ -132,7 +136,16 @@ def stage0_unsplit_bytes(numels: tuple[int, ...], n_states: int, adam: bool) -> 
     # Only the large pool hands out blocks bigger than asked: sizes are multiples of BLOCK, so a
     # small-pool remainder is 0 or >= BLOCK and always split off. The pools share no block
     # (a segment serves one pool; merges stay inside it), so the small requests are skipped.
-    large = [n for n in numels if max(block(FP32_BYTES * n), BLOCK) > K_SMALL_SIZE]
+    # The 16-bit copies of a tensor go to the small pool whenever its fp32 copy does.
+    if max(tally(numels), default=0) <= SMALL_POOL_FP32_ELEMENTS:
+        return 0, 0
+    large = tuple(filter(SMALL_POOL_FP32_ELEMENTS.__lt__, numels))
+    return _replay(large, n_states, adam)
+
+
+@lru_cache(maxsize=32)
+def _replay(large: tuple[int, ...], n_states: int, adam: bool) -> tuple[int, int]:
+    """``stage0_unsplit_bytes`` on the large-pool tensors alone, in order."""
     alloc = CachingAllocator()
 
     def get(nbytes: int) -> tuple[_Block, int] | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, compress
 
 from calculators.activations import INDEX_BYTES, ActivationBreakdown, Regime, activations
 from calculators.conventions import FP32_BYTES, HALF_BYTES, Stage
@@ -16,13 +16,20 @@ from calculators.engines.deepspeed.allocator import block, blocks, stage0_unspli
 from calculators.engines.deepspeed.buckets import (
     MEMORY_OPT_ALLREDUCE_SIZE,
     fallback_buckets,
-    ipg_walk,
+    ipg_ranges,
+    partition_share,
 )
 from calculators.engines.deepspeed.config import Knobs, whole
-from calculators.engines.deepspeed.stage3 import Stage3Trace, stage3_trace
+from calculators.engines.deepspeed.stage3 import (
+    Stage3Trace,
+    gathered_numels,
+    reduce_scatter_buffer,
+    stage3_trace,
+    sub_groups,
+)
 from calculators.engines.torch.peak import holds_outputs
 from calculators.model_states import Placement, TrainingSetup
-from calculators.parameters import ROOT_GROUP, ParamTensor, tally
+from calculators.parameters import ParamTensor, first_block_span, param_numels, tally
 
 FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
 
@@ -161,14 +168,11 @@ def first_block_backward(
     assert acts is not None  # shape.known
     if not acts.recompute:
         return {}
-    first_block = next((i for i, p in enumerate(params) if p.group != ROOT_GROUP), len(params))
-    late = {i for i, p in enumerate(params) if p.group == "blocks.0"}
-    late |= {i for i in range(first_block) if not (shape.tied and i == 0)}
-    grads = sum(
-        block(HALF_BYTES * p.numel)
-        for i, p in enumerate(params)
-        if accumulation > 1 or i not in late
-    )
+    numels = param_numels(params)
+    first_block, block_end = first_block_span(params)
+    # made late: the first block's gradients and those before it, bar a tied head's
+    early = [*numels[:1]] if shape.tied and first_block > 0 else []
+    grads = blocks(HALF_BYTES, numels if accumulation > 1 else [*early, *numels[block_end:]])
     alive = (
         acts.layers
         - (shape.blocks - 1) * shape.block_input
@@ -222,7 +226,7 @@ def _partition_elems(n: int, world: int) -> int:
 def stage0(
     params: Sequence[ParamTensor], n_states: int, shape: StepShape, adam: bool, accumulation: int
 ) -> Layout:
-    numels = [p.numel for p in params]
+    numels = param_numels(params)
     p16 = blocks(HALF_BYTES, numels)  # module cast to 16-bit, per tensor (engine.py)
     master = blocks(FP32_BYTES, numels)  # p.clone().float() per tensor (unfused_optimizer.py:72-77)
     states = n_states * master  # created eagerly: initialize_optimizer_states (:413-433)
@@ -296,7 +300,7 @@ def stage12(
     adam: bool,
     accumulation: int,
 ) -> Layout:
-    numels = [p.numel for p in params]
+    numels = param_numels(params)
     psi = sum(numels)
     # stage_1_and_2.py:387, 446: the flat group is padded to a multiple of 2 x N
     # (nccl_start_alignment_factor = 2); each rank owns len / N elements.
@@ -311,12 +315,8 @@ def stage12(
     ipg = (2 if overlap else 1) * block(HALF_BYTES * rbs) if knobs.contiguous_gradients else 0
     # rank 0's partition is [0, part): whole parameters that start inside it
     # (params_in_partition), and the largest slice of one of them
-    g_p, start, max_slice = 0, 0, 0
-    for n in numels:
-        if start < part:
-            g_p += n
-            max_slice = max(max_slice, min(n, part - start))
-        start += n
+    offsets = [0, *accumulate(numels)]
+    g_p, max_slice = partition_share(numels, offsets, part)
     gip = block(HALF_BYTES * g_p)  # grads_in_partition (copy_grads_in_partition :2183-2197)
     notes = [
         f"stage {int(stage)}: flat 16-bit group padded to {padded} elements, partition "
@@ -326,22 +326,18 @@ def stage12(
     # reduction: walk the gradients in bucket order; a bucket is reduced when the next gradient
     # would overflow it (:1422-1428) and flattened into a new 16-bit tensor when it spans more
     # than one partition (allreduce_bucket -> self.flatten, no copy for a single slice).
-    order = list(range(len(numels)))
     # stage 2 (and stage 1 with overlap_comm) reduces from the hooks, in backward order;
     # stage 1 otherwise walks the parameters at the boundary (reduce_gradients :958-982)
     in_hooks = stage is Stage.GRADIENTS or overlap
-    if in_hooks:
-        order.reverse()
     if in_hooks and psi > rbs:
         notes.append(
             "buckets reduced during backward are counted without the activations "
             "still alive at that point"
         )
-    # a bucket is a run of consecutive parameters (zero-sized ones skipped), so its elements,
-    # extent and rounded gradients are differences of prefix sums
-    offsets = [0, *accumulate(numels)]
-    if not in_hooks:
-        rounded = [0, *accumulate(block(HALF_BYTES * n) for n in numels)]
+    # a bucket is a run of consecutive parameters (zero-sized ones skipped), so its elements
+    # and extent are differences of prefix sums (in backward order, psi minus them)
+    walked = numels[::-1] if in_hooks else numels
+    sums = [0, *accumulate(walked)] if in_hooks else offsets
 
     def spans(first: int, last_end: int) -> bool:
         return world > 1 and first // part != (last_end - 1) // part
@@ -349,11 +345,9 @@ def stage12(
     reduce_peak = 0
     grads_left = 0 if in_hooks else blocks(HALF_BYTES, numels)
     partition_allocated = False
-    walk = ipg_walk([numels[i] for i in order], rbs)
-    for j, members in enumerate(walk):
-        first, last = order[members[0]], order[members[-1]]
-        low, high = min(first, last), max(first, last) + 1
-        lo, hi = offsets[low], offsets[high]
+    walk = ipg_ranges(walked, sums, rbs)
+    for j, (first, end) in enumerate(walk):
+        lo, hi = (psi - sums[end], psi - sums[first]) if in_hooks else (sums[first], sums[end])
         elems = hi - lo
         copy = block(HALF_BYTES * elems) if spans(lo, hi) else 0
         if j == len(walk) - 1:  # the last bucket, reduced by the epilogue
@@ -361,7 +355,7 @@ def stage12(
             break
         if not in_hooks:
             # moved into the bucket, autograd's freed
-            grads_left -= rounded[high] - rounded[low]
+            grads_left -= blocks(HALF_BYTES, walked[first:end])
         reduce_peak = max(reduce_peak, grads_left + copy + (gip if partition_allocated else 0))
         partition_allocated = partition_allocated or lo < part
     if offload:
@@ -470,24 +464,16 @@ def stage3(
     adam: bool,
     exact: bool,
 ) -> Layout:
-    numels = [p.numel for p in params]
-    parts = [-(-n // world) for n in numels]  # _partition_elems per parameter
-    local = sum(parts)
+    numels = param_numels(params)
+    # _partition_elems per parameter, summed once per distinct size
+    local = sum(count * _partition_elems(n, world) for n, count in tally(numels).items())
     trace = stage3_trace(params, knobs) if exact else Stage3Trace((False,), (True,))
     lp = block(HALF_BYTES * local)  # lp_param_buffer after defragment (stage3.py:972)
     rbs = knobs.reduce_bucket_size
     ipg = block(HALF_BYTES * rbs) if knobs.contiguous_gradients else 0  # stage3.py:779-784
     gradbuf = block(HALF_BYTES * local)  # grad_partitions_flat_buffer (:791-802)
     # sub-groups close once they reach sub_group_size (_create_fp16_sub_groups :1210-1233)
-    groups: list[int] = []
-    current = 0
-    for n in parts:
-        current += n
-        if current >= knobs.sub_group_size:
-            groups.append(current)
-            current = 0
-    if current:
-        groups.append(current)
+    groups = sub_groups(numels, world, knobs.sub_group_size)
     largest = max(groups)
     master = sum(block(FP32_BYTES * s) for s in groups)
     states = n_states * master
@@ -496,24 +482,10 @@ def stage3(
     # NoGatherHandle points param.data at the partition itself (partition_parameters.py
     # _no_gather_coalesced).
     gathers = world > 1
-    persistent = [n for n, f in zip(numels, trace.persistent, strict=True) if f]
+    persistent = list(compress(numels, trace.persistent))
     persist = blocks(HALF_BYTES, persistent) if gathers else 0
     # gathered at the end of forward: what the coordinator keeps (stage3_trace), plus the head
-    last = len(numels) - 1
-    gathered = (
-        blocks(
-            HALF_BYTES,
-            [
-                n
-                for i, (n, f, k) in enumerate(
-                    zip(numels, trace.persistent, trace.kept, strict=True)
-                )
-                if not f and (k or i == last)
-            ],
-        )
-        if gathers
-        else 0
-    )
+    gathered = blocks(HALF_BYTES, gathered_numels(numels, trace)) if gathers else 0
     offload = knobs.offload_optimizer is not None
     offload_params = knobs.offload_param is not None
     notes = [
@@ -529,16 +501,7 @@ def stage3(
     moments = forward_moments(shape, shape.first_gradient(numels), gathered, 0)
     # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds a
     # padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor
-    order = numels[::-1]
-    buckets = [[order[m] for m in b] for b in ipg_walk(order, knobs.reduce_bucket_size)]
-    cat = max(
-        (
-            0
-            if len(b) == 1 and b[0] % world == 0
-            else block(HALF_BYTES * sum(_partition_elems(n, world) * world for n in b))
-        )
-        for b in buckets
-    )
+    cat = reduce_scatter_buffer(numels, knobs.reduce_bucket_size, world)
     moments["gradient_reduction"] = Moment(
         0, {"held_outputs": shape.held, "reduce_scatter_buffer": cat}
     )
@@ -567,7 +530,9 @@ def stage3(
             {
                 "held_outputs": shape.held,
                 "reduce_scatter_buffer": cat,
-                "offload_partition_copies": block((HALF_BYTES + FP32_BYTES) * max(parts)),
+                "offload_partition_copies": block(
+                    (HALF_BYTES + FP32_BYTES) * _partition_elems(max(numels), world)
+                ),
             },
         )
         device = Placement(
@@ -586,7 +551,7 @@ def stage3(
         g32 = block(FP32_BYTES * largest)
         base = {"held_outputs": shape.held}
         # step (:2873-2949): gathered parameters are released first (_partition_all_parameters)
-        norm = block(FP64_BYTES * max(parts))
+        norm = block(FP64_BYTES * _partition_elems(max(numels), world))
         moments["grad_norm"] = Moment(0, {**base, "norm_fp64_copy": norm})
         moments["fp32_gradient"] = Moment(
             0, {**base, "flat_16bit_gradient": block(HALF_BYTES * largest), "fp32_gradient": g32}

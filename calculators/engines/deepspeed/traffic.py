@@ -21,7 +21,7 @@ from calculators.engines.deepspeed.config import Knobs, param_list, parse_config
 from calculators.engines.deepspeed.stage3 import Stage3Plan, stage3_plan
 from calculators.errors import InputError
 from calculators.model_states import ceil_div
-from calculators.parameters import implied_note
+from calculators.parameters import implied_note, param_numels
 from calculators.topology import Group, Op
 from calculators.traffic import (
     Collective,
@@ -74,8 +74,8 @@ def _ds_stage12(setup: CommunicationSetup, stage: Stage, knobs: Knobs) -> Engine
     # engine.py allreduce_gradients: stage 2 reduces on every micro-step, stage 1 only at the
     # accumulation boundary (optimizer.reduce_gradients).
     reductions = k if stage is Stage.GRADIENTS else 1
-    numels = [p.numel for p in params]
-    order = numels if stage is Stage.OPTIMIZER else list(reversed(numels))
+    numels = param_numels(params)
+    order = numels if stage is Stage.OPTIMIZER else numels[::-1]
     buckets = ipg_buckets(order, knobs.reduce_bucket_size, whole_run=not exact)
     out: list[Collective] = []
     grad_bytes = cb * psi
@@ -394,7 +394,7 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         pb = PRECISION_BYTES[t.precision].parameter
         cb = knobs.communication_bytes or pb
         params, exact = param_list(t)
-        numels = [p.numel for p in params]
+        numels = param_numels(params)
         # engine.py allreduce_gradients -> buffered_allreduce_fallback, at the accumulation
         # boundary only.
         buckets = fallback_buckets(numels, MEMORY_OPT_ALLREDUCE_SIZE, whole_run=not exact)
