@@ -153,7 +153,7 @@ def _host_body(p: Placement, buffers: int = 0) -> dict[str, int]:
     }
 
 
-# nothing in a place (no offload): one body shared by every answer, encoded, never changed
+# nothing in a place (no offload): one body shared by every answer, only read by the encoder
 _NO_HOST_BODY: dict[str, int] = {
     "total": 0,
     "parameters": 0,
@@ -172,12 +172,13 @@ def stage_memory_body(
     """:class:`StageMemory`'s fields, in its order; ``names`` memoises ``readable`` over one
     answer (its stages repeat most sizes)."""
     per = per_device_body(est)
-    resident, peak = est.resident, est.peak
     said = {}
     for key, value in per.items():
         if value is not None:
-            # ``readable`` never answers "": a miss falls through to it
-            said[key] = names.get(value) or names.setdefault(value, readable(value))
+            text = names.get(value)
+            if text is None:
+                text = names[value] = readable(value)
+            said[key] = text
     return {
         "stage": int(est.stage),
         "per_device": per,
@@ -188,12 +189,12 @@ def stage_memory_body(
         "components": dict(est.components),
         "breakdown": {
             "theory": est.theory,
-            "allocated_resident": resident,
-            "allocated_peak": peak,
+            "allocated_resident": est.resident,
+            "allocated_peak": est.peak,
             "reserved": None,
             "outside_allocator": None,
         },
-        "notes": [*est.notes, *extra_notes] if extra_notes else list(est.notes),
+        "notes": [*est.notes, *extra_notes],
     }
 
 
