@@ -10,6 +10,7 @@ here is lower than the one wrk measures on a quiet machine.
 
     python3 bench/asgi_bench.py                     # 15 rounds
     python3 bench/asgi_bench.py --json out.json
+    python3 bench/asgi_bench.py --layers            # + the paper question from each layer down
 """
 
 from __future__ import annotations
@@ -97,12 +98,29 @@ async def start(app: Any) -> None:
     await asyncio.wait_for(started.wait(), 30)
 
 
-async def measure(names: list[str], rounds: int, requests: int) -> dict[str, float]:
+def layers(app: Any) -> list[Any]:
+    """The service's ASGI layers, outermost first, down to the direct answers (the layer that
+    answers the calculators' POSTs): each called directly times the request without the ones
+    above it."""
+    stack = [app, app.middleware_stack]
+    while type(stack[-1]).__name__ != "DirectAnswers":
+        stack.append(stack[-1].app)
+    return stack
+
+
+async def measure(
+    names: list[str], rounds: int, requests: int, by_layer: bool = False
+) -> dict[str, float]:
     from app.main import app as service
 
     await start(service)
     apps = {"floor": floor, "service": service}
     calls = {name: request(apps[TARGETS[name][0]], *TARGETS[name][1:]) for name in names}
+    if by_layer:  # the paper question from each layer down
+        _, path, body = TARGETS["memory_paper"]
+        for layer in layers(service)[1:]:
+            calls[f"paper from {type(layer).__name__}"] = request(layer, path, body)
+        names = list(calls)
     best = dict.fromkeys(names, float("inf"))
     for _ in range(rounds):  # interleaved, so every target sees the same spells of load
         for name in names:
@@ -120,15 +138,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="batches per target (<= 100)")
     parser.add_argument("--requests", type=int, default=100, help="requests per batch (<= 1000)")
+    parser.add_argument(
+        "--layers", action="store_true", help="also the paper question from each ASGI layer down"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
-    names = list(TARGETS)
-    best = asyncio.run(measure(names, min(args.rounds, 100), min(args.requests, 1000)))
+    best = asyncio.run(
+        measure(list(TARGETS), min(args.rounds, 100), min(args.requests, 1000), args.layers)
+    )
+    names = list(best)
     load = os.getloadavg()
     print(f"machine: {machine()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"{'target':20s} {'µs/request':>11s} {'floor/target':>13s}")
+    print(f"{'target':38s} {'µs/request':>11s} {'floor/target':>13s}")
     for name in names:
-        print(f"{name:20s} {best[name] * 1e6:11.0f} {best['floor'] / best[name]:13.3f}")
+        print(f"{name:38s} {best[name] * 1e6:11.0f} {best['floor'] / best[name]:13.3f}")
     if args.json:
         summary = {
             "machine": machine(),

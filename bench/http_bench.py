@@ -7,7 +7,10 @@ no middleware). Only one is loaded at a time. Each round runs, for every service
 (1 thread, 32 connections, --duration seconds) against the floor and right after it against
 the target: each ratio is the target's rate over the floor's in that pair (the machine's load
 moves between runs). A target's ratio, p50 and p99 are the medians over the rounds (goals are
-checked on them); the worst round's p99 is printed beside.
+checked on them); the worst round's ratio and p99 are printed beside. Each run also reads the
+server's CPU time (``/proc``) and reports its CPU microseconds per answered request, and the
+floor's over the target's (``cpu ratio``): on a machine other work shares, the rates swing with
+that work, the CPU per request much less.
 
     apt-get install -y wrk
     python3 bench/http_bench.py                                  # 3 rounds x 5 s per target
@@ -128,6 +131,31 @@ def wrk(url: str, duration_s: int, connections: int, script: str | None) -> dict
     return parse_wrk(out.stdout)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; else None)."""
+    stat = Path(f"/proc/{pid}/stat")
+    if not stat.exists():
+        return None
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_wrk(
+    pid: int, url: str, duration_s: int, connections: int, script: str | None
+) -> dict[str, Any]:
+    """``wrk`` plus the server's CPU microseconds per answered request over the run: the cost
+    of a request, which the machine's other load disturbs far less than the rate."""
+    before = cpu_seconds(pid)
+    result = wrk(url, duration_s, connections, script)
+    after = cpu_seconds(pid)
+    result["cpu_us_per_request"] = (
+        None
+        if before is None or after is None or not result["requests"]
+        else (after - before) * 1e6 / result["requests"]
+    )
+    return result
+
+
 def installed() -> dict[str, str | None]:
     """Versions of the server stack (None: not installed)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -230,8 +258,13 @@ def main() -> int:
             wrk(url, max(args.warmup, 1), args.connections, script)
         for _ in range(rounds):
             for name in names[1:]:  # each target right after a floor run of its own
-                floors[name].append(wrk(plan["floor"][0], duration, args.connections, None))
-                runs[name].append(wrk(plan[name][0], duration, args.connections, plan[name][1]))
+                floor_pid, pid = servers[1].pid, servers[0].pid
+                floors[name].append(
+                    timed_wrk(floor_pid, plan["floor"][0], duration, args.connections, None)
+                )
+                runs[name].append(
+                    timed_wrk(pid, plan[name][0], duration, args.connections, plan[name][1])
+                )
     finally:
         for server in servers:
             server.terminate()
@@ -243,12 +276,24 @@ def main() -> int:
     for name in names:
         rs = runs[name]
         ratios = [r["rate"] / f["rate"] for r, f in zip(rs, floors[name], strict=True)]
+        cpu_ratios = [
+            f["cpu_us_per_request"] / r["cpu_us_per_request"]
+            for r, f in zip(rs, floors[name], strict=True)
+            if r["cpu_us_per_request"] and f["cpu_us_per_request"]
+        ]
         result[name] = {
             "rate": statistics.mean(r["rate"] for r in rs),
             "ratio": statistics.median(ratios),
             "p50_ms": statistics.median(r["p50_ms"] for r in rs),
             "p99_ms": statistics.median(r["p99_ms"] for r in rs),
             "p99_worst_ms": max(r["p99_ms"] for r in rs),
+            "cpu_us_per_request": statistics.median(
+                r["cpu_us_per_request"] or float("nan") for r in rs
+            ),
+            # the floor's CPU per request over the target's, per round (median): the rate ratio
+            # a machine with a core to spare for the server would give
+            "cpu_ratio": statistics.median(cpu_ratios) if cpu_ratios else None,
+            "ratio_worst": min(ratios),
             "requests": sum(r["requests"] for r in rs),
             "non_2xx": sum(r["non_2xx"] for r in rs),
             "rounds": [{**r, "ratio": q} for r, q in zip(rs, ratios, strict=True)],
@@ -258,8 +303,8 @@ def main() -> int:
     print(f"server: --http {args.http} --loop {args.loop}; {installed()}")
     print(f"wrk -t1 -c{args.connections} -d{duration}s, {rounds} rounds")
     print(
-        f"{'target':20s} {'req/s':>9s} {'ratio':>6s} {'p50 ms':>7s} {'p99 ms':>7s} "
-        f"{'worst':>7s}  goal"
+        f"{'target':20s} {'req/s':>9s} {'ratio':>6s} {'worst':>6s} {'p50 ms':>7s} "
+        f"{'p99 ms':>7s} {'worst':>7s} {'cpu µs':>7s} {'cpu ratio':>9s}  goal"
     )
     ok = True
     for name in names:
@@ -270,9 +315,11 @@ def main() -> int:
             [*([f"ratio>={least}"] if least else []), *([f"p99<{most:g}"] if most else [])]
         )
         ok &= met and not r["non_2xx"]
+        cpu_ratio = "" if r["cpu_ratio"] is None else f"{r['cpu_ratio']:.3f}"
         print(
-            f"{name:20s} {r['rate']:9.1f} {r['ratio']:6.3f} {r['p50_ms']:7.2f} "
-            f"{r['p99_ms']:7.2f} {r['p99_worst_ms']:7.2f}  {goal} "
+            f"{name:20s} {r['rate']:9.1f} {r['ratio']:6.3f} {r['ratio_worst']:6.3f} "
+            f"{r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {r['p99_worst_ms']:7.2f} "
+            f"{r['cpu_us_per_request']:7.1f} {cpu_ratio:>9s}  {goal} "
             f"{'' if not goal else ('met' if met else 'MISSED')}"
             + (f" ({r['non_2xx']} non-2xx)" if r["non_2xx"] else "")
         )

@@ -14,15 +14,19 @@ from calculators.model_states import TrainingSetup, model_state_memory
 def estimate(setup: TrainingSetup, stages: Iterable[Stage]) -> MemoryEstimate:
     """Estimate each stage with the engine ``setup.engine`` names."""
     model = engine_model(setup.engine)
+    asked = [s if type(s) is Stage else Stage(s) for s in stages]
+    if setup.engine is Engine.PAPER:  # the paper's model states are their own theory
+        return MemoryEstimate(
+            setup=setup, stages=tuple(model.estimates(setup, asked)), convention=model.convention
+        )
     results = []
-    for est in model.estimates(setup, [s if type(s) is Stage else Stage(s) for s in stages]):
+    for est in model.estimates(setup, asked):
         stage = est.stage
-        theory: int | None = est.model_states
-        if setup.engine is not Engine.PAPER:
-            try:
-                theory = model_state_memory(setup, stage).device.total
-            except InputError:  # a setup the engine runs but the paper's accounting cannot
-                theory = None
+        theory: int | None
+        try:
+            theory = model_state_memory(setup, stage).device.total
+        except InputError:  # a setup the engine runs but the paper's accounting cannot
+            theory = None
         results.append(with_theory(est, theory))
     return MemoryEstimate(setup=setup, stages=tuple(results), convention=model.convention)
 

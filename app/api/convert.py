@@ -27,6 +27,8 @@ from calculators.presets import get_preset
 from calculators.topology import Network, make_topology
 from calculators.traffic import CommunicationSetup, ZeroPlusPlus
 
+STAGES = {int(s): s for s in Stage}  # Stage(n), without the enum's call per stage
+
 
 def resolve_model(spec: ModelSpec) -> tuple[int, Architecture | None]:
     """Ψ and, when the request describes one, the architecture."""
@@ -169,7 +171,7 @@ def memory_question(req: MemoryRequest) -> MemoryQuestion:
         arch = _traced(req, arch, batch)
     decided = decide(req, arch, req.batch)
     setup = to_setup(req, params, arch, batch, decided)
-    stages = decided.stages if decided else tuple(Stage(s) for s in req.stages)
+    stages = decided.stages if decided else tuple(STAGES[s] for s in req.stages)
     return MemoryQuestion(setup, stages, decided)
 
 

@@ -6,9 +6,10 @@ matching over every route, the dependency solver, the body's content-type parsin
 stacks, the telemetry hooks) costs more CPU than the paper question's whole computation. This
 layer answers those three operations itself when the request is an ordinary one: a POST with
 ``Content-Type: application/json``, no query string, a body that parses and validates. It parses
-the body as FastAPI does (``json.loads``, then the route's body model in Python mode), calls the
-same function the route calls and sends the same ``Response``; a refused answer goes through
-the same handler (``app.core.errors``).
+and validates the body in one pass (the route's body model in JSON mode: whatever it accepts,
+FastAPI's ``json.loads`` then Python-mode validation accepts as the same model), calls the same
+function the route calls and sends the same ``Response``; a refused answer goes through the
+same handler (``app.core.errors``).
 
 Anything else (a query parameter, another content type, a body that does not parse or validate,
 a mounted ``root_path``, OpenTelemetry configured) is handed to FastAPI unchanged, the body
@@ -19,7 +20,6 @@ security headers, CORS, the concurrency limit and the body cap), so those apply 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -92,7 +92,10 @@ class DirectAnswers:
             if not message.get("more_body", False):
                 break
         try:
-            request = direct.body.model_validate(json.loads(b"".join(chunks)))
+            # pydantic-core parses and validates in one pass; what it accepts, FastAPI's
+            # ``json.loads`` then Python-mode validation accepts as the same model
+            # (tests/api/test_direct.py); what it refuses, FastAPI refuses or answers itself
+            request = direct.body.model_validate_json(b"".join(chunks))
         except Exception:  # noqa: BLE001 (a refusal: FastAPI's handlers word it)
             await self.app(scope, _replay(messages, receive), send)
             return

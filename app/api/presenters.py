@@ -58,7 +58,7 @@ from calculators.estimates import MemoryEstimate, StageEstimate
 from calculators.inference import InferenceMemory
 from calculators.interconnects import Interconnect
 from calculators.labels import labels
-from calculators.model_states import Placement, TrainingSetup
+from calculators.model_states import NOWHERE, Placement, TrainingSetup
 from calculators.plan import Candidate, Config, Plan
 from calculators.traffic import CommunicationEstimate, StageCommunication
 
@@ -84,6 +84,8 @@ BARE_PARAMS_NOTE = (
 
 def null_notes(est: StageEstimate, setup: TrainingSetup) -> list[str]:
     """Why activations, temporary_buffers or peak are null, where the engine's notes do not say."""
+    if est.activations is not None and est.temporary_buffers is not None and est.peak is not None:
+        return []
     said = " ".join(est.notes)
     nulls = [
         name
@@ -140,6 +142,8 @@ def per_device(est: StageEstimate) -> PerDevice:
 
 def _host_body(p: Placement, buffers: int = 0) -> dict[str, int]:
     """:class:`HostMemory`'s fields, in its order."""
+    if p is NOWHERE and not buffers:
+        return _NO_HOST_BODY
     return {
         "total": p.parameters + p.gradients + p.optimizer_states + buffers,
         "parameters": p.parameters,
@@ -147,6 +151,16 @@ def _host_body(p: Placement, buffers: int = 0) -> dict[str, int]:
         "optimizer_states": p.optimizer_states,
         "buffers": buffers,
     }
+
+
+# nothing in a place (no offload): one body shared by every answer, only read by the encoder
+_NO_HOST_BODY: dict[str, int] = {
+    "total": 0,
+    "parameters": 0,
+    "gradients": 0,
+    "optimizer_states": 0,
+    "buffers": 0,
+}
 
 
 def stage_memory_body(

@@ -35,7 +35,7 @@ class TrainingIn(StrictModel):
             description="ZeRO stages, 0 to 3.",
             json_schema_extra={"uniqueItems": True},
         ),
-    ] = [0, 1, 2, 3]
+    ] = Field((0, 1, 2, 3), validate_default=True)  # a fresh list each time, no deep copy
     precision: Precision = Field(
         Precision.MIXED_FP16,
         description="mixed_fp16 / mixed_bf16 (16-bit params and grads, fp32 master and states), "

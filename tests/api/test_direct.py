@@ -3,16 +3,23 @@ FastAPI's route answers: status, headers and bytes, for ordinary bodies and for 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.direct import DirectAnswers
 from app.main import create_app
+from app.schemas.communication import CommunicationRequest
+from app.schemas.memory import MemoryRequest
+from app.schemas.sweep import MemorySweepRequest
 
 PAPER = {"model": {"params": 7_500_000_000}, "dp": 64}
 HEAVY = {
@@ -49,6 +56,10 @@ CASES: list[tuple[str, bytes, dict[str, str], bool]] = [
         JSON,
         True,
     ),
+    # a repeated key: the last one counts, in JSON mode as in json.loads
+    ("/v1/memory", b'{"model": {"params": 7500000000}, "dp": 8, "dp": 64}', JSON, True),
+    # a byte-order mark: json.loads reads it, JSON mode does not, so FastAPI answers it
+    ("/v1/memory", b'\xef\xbb\xbf{"model": {"params": 7500000000}, "dp": 64}', JSON, False),
     # refusals FastAPI words: the body replayed to it
     ("/v1/memory", b'{"model": {"params": 7500000000}, "dp": 64', JSON, False),
     ("/v1/memory", b'{"model": {"params": 7500000000}}', JSON, False),
@@ -159,3 +170,93 @@ def test_metrics_count_direct_answers_under_the_route(
     text = direct.get("/metrics").text
     assert 'route="/v1/memory"' in text
     assert 'route="<unrouted>",method="POST"' not in text
+
+
+# JSON values a body may carry where the schemas expect numbers, strings, lists and objects
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(["7.5B", "80GiB", "paper", "deepspeed", "torch", "cpu", "bf16", "x"]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=8,
+)
+_whole = st.integers(0, 5000) | st.integers(0, 5000).map(float) | st.sampled_from([0.5, -1, 1e400])
+_bodies = st.fixed_dictionaries(
+    {
+        "model": st.fixed_dictionaries(
+            {"params": st.integers(1, 10**13) | st.sampled_from(["7.5B", "1e9", 7.5e9]) | _json}
+        ),
+        "dp": _whole | _json,
+    },
+    optional={
+        "stages": st.lists(st.integers(0, 3) | st.sampled_from([1.0, 2.5, True]), max_size=5)
+        | _json,
+        "tp": _whole | _json,
+        "pp": _whole | _json,
+        "k": st.floats(0, 2000) | _whole | _json,
+        "precision": st.sampled_from(["mixed_fp16", "bf16", "fp32"]) | _json,
+        "engine": st.sampled_from(["paper", "deepspeed", "torch"]) | _json,
+        "offload": st.fixed_dictionaries({}, optional={"optimizer": st.sampled_from(["cpu"])})
+        | _json,
+        "master_weights": st.booleans() | _json,
+        "dp_values": st.lists(_whole, max_size=3) | _json,
+        "device_memory": st.sampled_from(["80GiB", 8e10, 80000000000]) | _json,
+    },
+)
+
+
+@pytest.mark.parametrize("model", [MemoryRequest, MemorySweepRequest, CommunicationRequest])
+@settings(max_examples=150, deadline=None)
+@given(body=_bodies, spaced=st.booleans())
+def test_json_mode_accepts_only_what_fastapi_accepts_alike(
+    model: type[BaseModel], body: dict[str, Any], spaced: bool
+) -> None:
+    """The layer validates the raw body in JSON mode; FastAPI runs ``json.loads`` and then the
+    model in Python mode. Whatever the first accepts, the second accepts as the same model (a
+    body the first refuses goes to FastAPI, which words the refusal or answers it)."""
+    raw = json.dumps(body, separators=None if spaced else (",", ":")).encode()
+    try:
+        fast = model.model_validate_json(raw)
+    except ValidationError:
+        return
+    slow = model.model_validate(json.loads(raw))
+    assert fast == slow
+    assert fast.model_fields_set == slow.model_fields_set
+
+
+ACCEPTED = [
+    b'{"model": {"params": 7.5e9}, "dp": 64.0, "stages": [3, 1.0]}',
+    b'{"model": {"params": "7.5B"}, "dp": 64, "dp": 8, "k": 0.1, "precision": "bf16"}',
+    b'{"model": {"params": 99999999999}, "dp": 64, "pp": 1.0, "tp": 2.0}',
+    b'{"model": {"params": 7500000000}, "dp": 64, "offload": {"optimizer": "cpu"}, '
+    b'"stages": [1, 2, 3], "master_weights": false}',
+    b'{"model": {"preset": "llama3-8b"}, "dp": 64, "engine": "deepspeed", "engine_config": '
+    b'{"zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8}, "x": [1e300, -0.0]}}',
+]
+
+
+# what only the memory questions take: a batch, the device's memory
+MEMORY_ONLY = [
+    b'{"model": {"preset": "llama3-8b"}, "dp": 8, "batch": {"micro_batch_size": 2.0, '
+    b'"seq_len": 4096}, "engine": "torch", "device_memory": "80GiB"}',
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "raw"),
+    [
+        *(
+            (m, r)
+            for m in (MemoryRequest, MemorySweepRequest, CommunicationRequest)
+            for r in ACCEPTED
+        ),
+        *((m, r) for m in (MemoryRequest, MemorySweepRequest) for r in MEMORY_ONLY),
+    ],
+)
+def test_json_mode_reads_bodies_as_fastapi_does(model: type[BaseModel], raw: bytes) -> None:
+    fast = model.model_validate_json(raw)
+    slow = model.model_validate(json.loads(raw))
+    assert fast == slow
+    assert fast.model_fields_set == slow.model_fields_set
