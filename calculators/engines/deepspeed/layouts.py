@@ -446,14 +446,6 @@ def stage12(
         # overlap_comm off: hooks only set up the bucket; autograd keeps every gradient until
         # engine.allreduce_gradients -> reduce_gradients walks them (engine.py:3088-3092)
         moments.update(first_block_backward(shape, params, accumulation, {"ipg_buckets": ipg}))
-        moments.update(
-            tied_embedding_backward(
-                shape, blocks(HALF_BYTES, numels) - shape.head_grad, {"ipg_buckets": ipg}
-            )
-        )
-    else:
-        # every other gradient sits in the bucket (or was reduced) by then
-        moments.update(tied_embedding_backward(shape, 0, {"ipg_buckets": ipg}))
         moments["end_of_backward"] = Moment(
             0,
             {
@@ -462,6 +454,14 @@ def stage12(
                 "ipg_buckets": ipg,
             },
         )
+        moments.update(
+            tied_embedding_backward(
+                shape, blocks(HALF_BYTES, numels) - shape.head_grad, {"ipg_buckets": ipg}
+            )
+        )
+    else:
+        # every other gradient sits in the bucket (or was reduced) by then
+        moments.update(tied_embedding_backward(shape, 0, {"ipg_buckets": ipg}))
     if stage is Stage.OPTIMIZER:
         # stage 1 reduces only at the boundary (reduce_ready_partitions_and_remove_grads
         # :2293): the gradients and the bucket (allocated by the first hook, released only by
