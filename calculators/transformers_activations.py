@@ -362,10 +362,11 @@ def final_norm_backward(arch: Architecture, batch: Batch) -> int:
     return _norm_backward(arch, batch.tokens, arch.hidden, HALF_BYTES)
 
 
-def layer_backward(arch: Architecture, batch: Batch, dense: bool) -> int:
+def layer_backward(arch: Architecture, batch: Batch, dense: bool, moved: bool = False) -> int:
     """With 16-bit parameters: what a layer's first backward ops hold at their largest beyond
     its saved tensors and the gradient entering it (``dense``: a dense-MLP layer, else an
-    experts layer).
+    experts layer; ``moved``: a gradient hook takes each weight gradient away as soon as it is
+    accumulated, as DeepSpeed's stage 2 and 3 hooks do).
 
     - Dense MLP ``down(act(gate) * up)``: ``down``'s backward writes its input's gradient and
       frees that saved input, the product's backward writes both factors' gradients: two
@@ -377,8 +378,12 @@ def layer_backward(arch: Architecture, batch: Batch, dense: bool) -> int:
       (``new_zeros`` + ``index_put``) another, then the product's backward writes both factors'
       gradients in the promoted dtype and casts the experts' one back: three ``tokens·k ×
       hidden`` tensors in the product's dtype (fp32 with fp32 routing weights) and one in the
-      experts' dtype. A shared expert's backward may run first and free what it saved; that is
-      not subtracted (errs high by at most those bytes).
+      experts' dtype. Then the gated product's backward: ``down``'s input gradient and both
+      factors' (``tokens·k × ffn`` each) less ``down``'s freed input and the freed ``proj_out``,
+      with ``down_proj``'s weight gradient; and the gate/up ``grouped_mm`` writing its input's
+      gradient with both experts' weight gradients alive (:func:`experts_backward`); with
+      ``moved``, ``down_proj``'s is gone by then. A shared expert's backward may run first and
+      free what it saved; that is not subtracted (errs high by at most those bytes).
     - Sandwich norms (Gemma-2/3): the post-feedforward norm's backward runs first, with the whole
       layer saved (:func:`_norm_backward`).
     """
@@ -397,6 +402,14 @@ def layer_backward(arch: Architecture, batch: Batch, dense: bool) -> int:
             weights = FP32_BYTES if m.router_weights_fp32 else x
         product = max(weights, x)
         candidates.append(3 * product * n * h + (x * n * h if product != x else 0))
+        # further down: the gated product's backward (down's input gradient and both
+        # factors', down's saved input and the weighted product's saved proj_out freed;
+        # down_proj's weight gradient written), then the gate/up grouped_mm with both
+        # experts' weight gradients at once
+        f, e = arch.ffn, arch.num_experts
+        down = 0 if moved else x * e * f * h
+        candidates.append(2 * x * n * f + down - x * n * h)
+        candidates.append(experts_backward(arch, batch, "half") - (x * e * f * h - down))
         if m.shared_expert_ffn:
             candidates.append(2 * x * t * m.shared_expert_ffn)
     if m.sandwich_norms:
@@ -409,13 +422,13 @@ def first_layer_backward(arch: Architecture, batch: Batch) -> int:
     return layer_backward(arch, batch, dense=dense_layers(arch) > 0)
 
 
-def last_layer_backward(arch: Architecture, batch: Batch) -> int:
+def last_layer_backward(arch: Architecture, batch: Batch, moved: bool = False) -> int:
     """With 16-bit parameters: bytes above the same instant as :func:`final_norm_backward` at
     the largest point of the last layer's first backward ops (:func:`layer_backward`; its saved
     tensors alive, or recomputed under checkpointing), net of what the final norm saved, freed
     by then (the norm's input gradient stands in for the head's input gradient)."""
     dense = dense_layers(arch) >= arch.layers
-    return layer_backward(arch, batch, dense) - _norm_internal(
+    return layer_backward(arch, batch, dense, moved) - _norm_internal(
         arch, batch.tokens, arch.hidden, HALF_BYTES
     )
 

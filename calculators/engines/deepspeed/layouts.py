@@ -63,6 +63,7 @@ class StepShape:
     final_norm_backward: int = 0
     last_layer_backward: int | None = None
     first_layer_backward: int = 0
+    last_layer_backward_moved: int | None = None  # the same where hooks move each gradient
 
     def first_gradient(self, numels: Sequence[int]) -> int:
         """The gradient the head's backward makes first: its weight's, which exists even when
@@ -92,7 +93,7 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         held = block(HALF_BYTES * t * v) + block(FP32_BYTES) + 2 * block(INDEX_BYTES * t)
     fp32_logits = block(FP32_BYTES * t * v)
     head = block(HALF_BYTES * v * (arch.embed_proj_dim or arch.hidden))
-    freed, norm, layer, first_layer = 0, 0, None, 0
+    freed, norm, layer, first_layer, layer_moved = 0, 0, None, 0, None
     if arch.modelling is not None:
         from calculators import transformers_activations as hf
 
@@ -100,6 +101,7 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
             freed = block(HALF_BYTES * t * v)  # tanh(logits / cap), saved by tanh's backward
         norm = hf.final_norm_backward(arch, batch)
         layer = hf.last_layer_backward(arch, batch)
+        layer_moved = hf.last_layer_backward(arch, batch, moved=True)
         first_layer = hf.first_layer_backward(arch, batch)
     return StepShape(
         acts,
@@ -114,6 +116,7 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         norm,
         layer,
         first_layer,
+        layer_moved,
     )
 
 
@@ -176,8 +179,9 @@ def forward_moments(
                 "gathered_parameters": gathered,
             },
         )
-    if shape.last_layer_backward is not None:
-        out["last_layer_backward"] = Moment(base + recompute + shape.last_layer_backward, after)
+    layer = shape.last_layer_backward_moved if hook_moves_gradients else shape.last_layer_backward
+    if layer is not None:
+        out["last_layer_backward"] = Moment(base + recompute + layer, after)
     return out
 
 
