@@ -257,6 +257,10 @@ def tied_embedding_backward(
     }
 
 
+# the moments of the start of backward, repeated on later micro-steps (later_micro_steps)
+BACKWARD_START = ("loss_backward", "first_gradient", "final_norm_backward", "last_layer_backward")
+
+
 def later_micro_steps(
     moments: dict[str, Moment], accumulation: int, carried: Mapping[str, int], names: Sequence[str]
 ) -> None:
@@ -313,9 +317,7 @@ def stage0(
     # the tied weight's gradient is one of the three
     moments.update(tied_embedding_backward(shape, g16 - shape.head_grad, {}))
     # autograd accumulates into param.grad; the all-reduce runs at the boundary only
-    later_micro_steps(
-        moments, accumulation, {"accumulated_gradients": g16}, ("loss_backward", "first_gradient")
-    )
+    later_micro_steps(moments, accumulation, {"accumulated_gradients": g16}, BACKWARD_START)
     moments["gradient_allreduce"] = Moment(
         0, {"held_outputs": shape.held, "gradients": g16, "allreduce_flatten": flat}
     )
@@ -474,7 +476,7 @@ def stage12(
             moments,
             accumulation,
             {"accumulated_gradients": blocks(HALF_BYTES, numels), "ipg_buckets": ipg},
-            ("loss_backward", "first_gradient"),
+            BACKWARD_START,
         )
     moments["gradient_reduction"] = Moment(
         0, {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak}
@@ -486,7 +488,7 @@ def stage12(
             moments,
             accumulation,
             {"accumulated_gradients": gip},
-            ("loss_backward", "first_gradient", "gradient_reduction"),
+            (*BACKWARD_START, "gradient_reduction"),
         )
 
     master = block(FP32_BYTES * part)
