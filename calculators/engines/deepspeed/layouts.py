@@ -58,12 +58,13 @@ class StepShape:
     # beyond the loss, freed before the head's weight gradient (Gemma-2's soft-capping tanh
     # output); what the final norm's backward and the last layer's first backward ops add to
     # the instant that gradient exists (transformers_activations final_norm_backward,
-    # last_layer_backward)
+    # last_layer_backward, the second where hooks move each gradient away); what the first
+    # layer's first backward ops add to its saved tensors (first_layer_backward)
     logits_path_freed: int = 0
     final_norm_backward: int = 0
     last_layer_backward: int | None = None
     first_layer_backward: int = 0
-    last_layer_backward_moved: int | None = None  # the same where hooks move each gradient
+    last_layer_backward_moved: int | None = None
 
     def first_gradient(self, numels: Sequence[int]) -> int:
         """The gradient the head's backward makes first: its weight's, which exists even when
