@@ -339,6 +339,108 @@ def experts_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     return max(combine, grads - freed, 0)
 
 
+def _norm_backward(arch: Architecture, rows: int, width: int, in_bytes: int) -> int:
+    """Bytes an RMSNorm's backward holds at its largest beyond what was alive when its output's
+    gradient arrived (``rows`` vectors of ``width``, input and output ``in_bytes`` wide).
+
+    The autograd formulas run from the output back: the weight product's backward (Gemma's
+    ``to(input_dtype)`` and ``x_normed * (1 + weight)`` first), then ``x * rsqrt(var)``, which
+    leaves x's first gradient (fp32) waiting for the second; ``mean``'s backward (``expand``
+    then ``div``) and ``pow``'s (``grad * (2 * x.pow(1))``: three more) make four fp32 tensors
+    on top of it. By then the incoming gradient, the normalised tensor the weight product saved
+    (16-bit in Llama's norm, fp32 in Gemma's) and the fp32 ``rsqrt`` statistics are freed;
+    ``x.to(float32)`` stays saved until ``pow``'s backward ends. Vectors of ``width`` (the
+    weight's gradient) are left out."""
+    normed = FP32_BYTES if _m(arch).norm_plus_one else in_bytes
+    return (
+        5 * FP32_BYTES * rows * width
+        - in_bytes * rows * width
+        - normed * rows * width
+        - FP32_BYTES * rows
+    )
+
+
+def final_norm_backward(arch: Architecture, batch: Batch) -> int:
+    """With 16-bit parameters (the module cast, as DeepSpeed does): what the final norm's
+    backward adds at its largest to the instant the head's weight gradient exists.
+
+    At that instant the loss's saved log-softmax output and, with soft-capping, ``tanh``'s
+    output are freed, and the gradient of the head's input stands in for the head's saved input
+    (the norm's output); it is the gradient entering the norm (:func:`_norm_backward`)."""
+    return _norm_backward(arch, batch.tokens, arch.hidden, HALF_BYTES)
+
+
+def layer_backward(arch: Architecture, batch: Batch, dense: bool, moved: bool = False) -> int:
+    """With 16-bit parameters: what a layer's first backward ops hold at their largest beyond
+    its saved tensors and the gradient entering it (``dense``: a dense-MLP layer, else an
+    experts layer; ``moved``: a gradient hook takes each weight gradient away as soon as it is
+    accumulated, as DeepSpeed's stage 2 and 3 hooks do).
+
+    - Dense MLP ``down(act(gate) * up)``: ``down``'s backward writes its input's gradient and
+      frees that saved input, the product's backward writes both factors' gradients: two
+      ``tokens × ffn`` tensors beyond the saved layer (Phi-3's fused ``gate_up_proj`` the same,
+      its ``chunk`` backward concatenating them once the activation's input is freed).
+    - Experts (``integrations/moe.py`` ``grouped_mm_experts_forward``): the output is the sum
+      over the top-k rows of ``proj_out * routing_weight``, reordered by ``inv_perm``; the sum's
+      backward materialises a ``tokens·k × hidden`` gradient, the reorder's backward
+      (``new_zeros`` + ``index_put``) another, then the product's backward writes both factors'
+      gradients in the promoted dtype and casts the experts' one back: three ``tokens·k ×
+      hidden`` tensors in the product's dtype (fp32 with fp32 routing weights) and one in the
+      experts' dtype. Then the gated product's backward: ``down``'s input gradient and both
+      factors' (``tokens·k × ffn`` each) less ``down``'s freed input and the freed ``proj_out``,
+      with ``down_proj``'s weight gradient; and the gate/up ``grouped_mm`` writing its input's
+      gradient with both experts' weight gradients alive (:func:`experts_backward`); with
+      ``moved``, ``down_proj``'s is gone by then. A shared expert's backward may run first and
+      free what it saved; that is not subtracted (errs high by at most those bytes).
+    - Sandwich norms (Gemma-2/3): the post-feedforward norm's backward runs first, with the whole
+      layer saved (:func:`_norm_backward`).
+    """
+    t, h = batch.tokens, arch.hidden
+    m = _m(arch)
+    x = HALF_BYTES
+    candidates = []
+    if dense or arch.num_experts <= 1:
+        f = (m.dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
+        candidates.append(2 * x * t * f)
+    else:
+        n = t * arch.experts_per_token
+        if m.router_fp32:
+            weights = FP32_BYTES
+        else:
+            weights = FP32_BYTES if m.router_weights_fp32 else x
+        product = max(weights, x)
+        candidates.append(3 * product * n * h + (x * n * h if product != x else 0))
+        # further down: the gated product's backward (down's input gradient and both
+        # factors', down's saved input and the weighted product's saved proj_out freed;
+        # down_proj's weight gradient written), then the gate/up grouped_mm with both
+        # experts' weight gradients at once
+        f, e = arch.ffn, arch.num_experts
+        down = 0 if moved else x * e * f * h
+        candidates.append(2 * x * n * f + down - x * n * h)
+        candidates.append(experts_backward(arch, batch, "half") - (x * e * f * h - down))
+        if m.shared_expert_ffn:
+            candidates.append(2 * x * t * m.shared_expert_ffn)
+    if m.sandwich_norms:
+        candidates.append(_norm_backward(arch, t, h, x))
+    return max(candidates)
+
+
+def first_layer_backward(arch: Architecture, batch: Batch) -> int:
+    """:func:`layer_backward` of the first layer (DeepSeek's first layers are dense)."""
+    return layer_backward(arch, batch, dense=dense_layers(arch) > 0)
+
+
+def last_layer_backward(arch: Architecture, batch: Batch, moved: bool = False) -> int:
+    """With 16-bit parameters: bytes above the same instant as :func:`final_norm_backward` at
+    the largest point of the last layer's first backward ops (:func:`layer_backward`; its saved
+    tensors alive, or recomputed under checkpointing), net of what the final norm saved, freed
+    by then (the norm's input gradient stands in for the head's input gradient)."""
+    dense = dense_layers(arch) >= arch.layers
+    return layer_backward(arch, batch, dense, moved) - _norm_internal(
+        arch, batch.tokens, arch.hidden, HALF_BYTES
+    )
+
+
 def _total(terms: LayerTerms) -> int:
     return terms.norms + terms.linear_inputs + terms.attention + terms.mlp
 

@@ -61,6 +61,17 @@ class StepShape:
     block_input: int = 0  # one block's 16-bit input (hidden_states), what checkpointing keeps
     blocks: int = 0
     tied: bool = False  # the head reuses the token embedding
+    # transformers' modelling code (0 for the canonical decoder): what the logits path saved
+    # beyond the loss, freed before the head's weight gradient (Gemma-2's soft-capping tanh
+    # output); what the final norm's backward and the last layer's first backward ops add to
+    # the instant that gradient exists (transformers_activations final_norm_backward,
+    # last_layer_backward, the second where hooks move each gradient away); what the first
+    # layer's first backward ops add to its saved tensors (first_layer_backward)
+    logits_path_freed: int = 0
+    final_norm_backward: int = 0
+    last_layer_backward: int | None = None
+    first_layer_backward: int = 0
+    last_layer_backward_moved: int | None = None
 
     def first_gradient(self, numels: Sequence[int]) -> int:
         """The gradient the head's backward makes first: its weight's, which exists even when
@@ -90,6 +101,16 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         held = block(HALF_BYTES * t * v) + block(FP32_BYTES) + 2 * block(INDEX_BYTES * t)
     fp32_logits = block(FP32_BYTES * t * v)
     head = block(HALF_BYTES * v * (arch.embed_proj_dim or arch.hidden))
+    freed, norm, layer, first_layer, layer_moved = 0, 0, None, 0, None
+    if arch.modelling is not None:
+        from calculators import transformers_activations as hf
+
+        if arch.modelling.final_logit_softcap:
+            freed = block(HALF_BYTES * t * v)  # tanh(logits / cap), saved by tanh's backward
+        norm = hf.final_norm_backward(arch, batch)
+        layer = hf.last_layer_backward(arch, batch)
+        layer_moved = hf.last_layer_backward(arch, batch, moved=True)
+        first_layer = hf.first_layer_backward(arch, batch)
     return StepShape(
         acts,
         held,
@@ -99,29 +120,51 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         HALF_BYTES * t * arch.hidden,
         arch.layers,
         arch.tied_embeddings,
+        freed,
+        norm,
+        layer,
+        first_layer,
+        layer_moved,
     )
 
 
 def forward_moments(
-    shape: StepShape, first_grad: int, gathered: int = 0, bucket_first_hook: int = 0
+    shape: StepShape,
+    first_grad: int,
+    gathered: int = 0,
+    bucket_first_hook: int = 0,
+    hook_moves_gradients: bool = False,
 ) -> dict[str, Moment]:
     """Moments of the loss and the start of backward, common to every stage.
 
     - ``loss_backward``: everything forward saved, and the two fp32 tokens × vocab gradients
       of ``cross_entropy(logits.float())`` (nll_loss's grad input and log_softmax's).
-    - ``first_gradient``: the log-softmax output is freed, the head's weight gradient exists and
+    - ``first_gradient``: the log-softmax output (and what the logits path saved beyond it,
+      ``StepShape.logits_path_freed``) is freed, the head's weight gradient exists and
       (stages 1/2) the first gradient hook allocates the IPG bucket
       (stage_1_and_2.py ``setup_buckets``).
+    - ``final_norm_backward`` and ``last_layer_backward`` (transformers' modelling code): the
+      first ops after it, with the bucket alive. An untied head's gradient is gone by then
+      where the hook copies it into the bucket (``hook_moves_gradients``: stage 2, stage 1
+      with overlap_comm, stage 3); a tied one waits in the shared weight's input buffer until
+      the embedding's backward.
     """
     if not shape.known:
         return {}
-    eof = shape.end_of_forward
+    base = shape.end_of_forward - shape.log_softmax_out - shape.logits_path_freed
+    later = 0 if hook_moves_gradients and not shape.tied else first_grad
+    after = {
+        "first_gradient": later,
+        "ipg_buckets": bucket_first_hook,
+        "gathered_parameters": gathered,
+    }
     out = {
         "loss_backward": Moment(
-            eof, {"loss_gradients": shape.loss_grads, "gathered_parameters": gathered}
+            shape.end_of_forward,
+            {"loss_gradients": shape.loss_grads, "gathered_parameters": gathered},
         ),
         "first_gradient": Moment(
-            eof - shape.log_softmax_out,
+            base,
             {
                 "first_gradient": first_grad,
                 "ipg_buckets": bucket_first_hook,
@@ -129,18 +172,24 @@ def forward_moments(
             },
         ),
     }
+    if shape.final_norm_backward:
+        out["final_norm_backward"] = Moment(base + shape.final_norm_backward, after)
     assert shape.acts is not None  # shape.known
-    if shape.acts.recompute:
+    recompute = shape.acts.recompute
+    if recompute:
         # activation checkpointing: the last block's forward runs again at the start of
-        # backward (torch.utils.checkpoint); not validated against DeepSpeed runs
+        # backward (torch.utils.checkpoint)
         out["recompute"] = Moment(
-            eof - shape.log_softmax_out + shape.acts.recompute,
+            base + recompute,
             {
                 "first_gradient": first_grad,
                 "ipg_buckets": bucket_first_hook,
                 "gathered_parameters": gathered,
             },
         )
+    layer = shape.last_layer_backward_moved if hook_moves_gradients else shape.last_layer_backward
+    if layer is not None:
+        out["last_layer_backward"] = Moment(base + recompute + layer, after)
     return out
 
 
@@ -182,8 +231,39 @@ def first_block_backward(
         - shape.log_softmax_out
         + acts.recompute
         + 2 * shape.block_input
+        + shape.first_layer_backward
     )
     return {"first_block_backward": Moment(alive, {"gradients": grads, **buffers})}
+
+
+def tied_embedding_backward(
+    shape: StepShape, gradients: int, buffers: Mapping[str, int]
+) -> dict[str, Moment]:
+    """The last op of backward when the head is tied to the token embedding.
+
+    The head's weight gradient has waited in the shared weight's input buffer since the head's
+    backward; ``embedding_dense_backward`` writes the embedding's own 16-bit vocab × hidden
+    gradient and autograd adds the two out of place (``InputBuffer::accumulate``) before
+    AccumulateGrad runs: three such tensors at once, beside the ``gradients`` still held
+    (stage 0, stage 1 without overlap_comm: all the others) and the outputs the loop holds.
+    """
+    if not shape.known or not shape.tied:
+        return {}
+    return {
+        "tied_embedding_backward": Moment(
+            0,
+            {
+                "held_outputs": shape.held,
+                "gradients": gradients,
+                "tied_embedding_gradients": 3 * shape.head_grad,
+                **buffers,
+            },
+        )
+    }
+
+
+# the moments of the start of backward, repeated on later micro-steps (later_micro_steps)
+BACKWARD_START = ("loss_backward", "first_gradient", "final_norm_backward", "last_layer_backward")
 
 
 def later_micro_steps(
@@ -239,10 +319,10 @@ def stage0(
     flat = block(HALF_BYTES * largest) if len(numels) > 1 else 0
     moments = forward_moments(shape, shape.first_gradient(numels))
     moments.update(first_block_backward(shape, params, accumulation, {}))
+    # the tied weight's gradient is one of the three
+    moments.update(tied_embedding_backward(shape, g16 - shape.head_grad, {}))
     # autograd accumulates into param.grad; the all-reduce runs at the boundary only
-    later_micro_steps(
-        moments, accumulation, {"accumulated_gradients": g16}, ("loss_backward", "first_gradient")
-    )
+    later_micro_steps(moments, accumulation, {"accumulated_gradients": g16}, BACKWARD_START)
     moments["gradient_allreduce"] = Moment(
         0, {"held_outputs": shape.held, "gradients": g16, "allreduce_flatten": flat}
     )
@@ -362,7 +442,7 @@ def stage12(
         gip = 0  # offload copies each in-partition slice straight to the pinned fp32 buffer
     reduce_peak = max(reduce_peak, gip)
 
-    moments = forward_moments(shape, shape.first_gradient(numels), 0, ipg)
+    moments = forward_moments(shape, shape.first_gradient(numels), 0, ipg, in_hooks)
     if not in_hooks:
         # overlap_comm off: hooks only set up the bucket; autograd keeps every gradient until
         # engine.allreduce_gradients -> reduce_gradients walks them (engine.py:3088-3092)
@@ -375,6 +455,14 @@ def stage12(
                 "ipg_buckets": ipg,
             },
         )
+        moments.update(
+            tied_embedding_backward(
+                shape, blocks(HALF_BYTES, numels) - shape.head_grad, {"ipg_buckets": ipg}
+            )
+        )
+    else:
+        # every other gradient sits in the bucket (or was reduced) by then
+        moments.update(tied_embedding_backward(shape, 0, {"ipg_buckets": ipg}))
     if stage is Stage.OPTIMIZER:
         # stage 1 reduces only at the boundary (reduce_ready_partitions_and_remove_grads
         # :2293): the gradients and the bucket (allocated by the first hook, released only by
@@ -383,7 +471,7 @@ def stage12(
             moments,
             accumulation,
             {"accumulated_gradients": blocks(HALF_BYTES, numels), "ipg_buckets": ipg},
-            ("loss_backward", "first_gradient"),
+            BACKWARD_START,
         )
     moments["gradient_reduction"] = Moment(
         0, {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak}
@@ -395,7 +483,7 @@ def stage12(
             moments,
             accumulation,
             {"accumulated_gradients": gip},
-            ("loss_backward", "first_gradient", "gradient_reduction"),
+            (*BACKWARD_START, "gradient_reduction"),
         )
 
     master = block(FP32_BYTES * part)
@@ -498,7 +586,7 @@ def stage3(
     if not exact:
         notes.append("approximate: no architecture, Ψ taken as one tensor kept gathered")
     # the IPG bucket is persistent here; the head's gradient is copied into it and freed
-    moments = forward_moments(shape, shape.first_gradient(numels), gathered, 0)
+    moments = forward_moments(shape, shape.first_gradient(numels), gathered, 0, True)
     # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds a
     # padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor
     cat = reduce_scatter_buffer(numels, knobs.reduce_bucket_size, world)
