@@ -100,11 +100,13 @@ class LiveStorages(TorchDispatchMode):
     def _forget(self, key: int, _ref: weakref.ref[torch.UntypedStorage]) -> None:
         self._refs.pop(key, None)
 
-    def live_bytes(self) -> int:
+    def live_bytes(self, leave_out: frozenset[int] | set[int] = frozenset()) -> int:
+        """Bytes of the storages alive now, each once (``leave_out``: data pointers not
+        counted)."""
         seen: dict[int, int] = {}
         for ref in list(self._refs.values()):
             st = ref()
-            if st is not None and st.nbytes() and st.data_ptr() not in seen:
+            if st is not None and st.nbytes() and st.data_ptr() not in leave_out:
                 seen[st.data_ptr()] = st.nbytes()
         return sum(seen.values())
 

@@ -18,8 +18,6 @@ kernels on a GPU save no such tensor).
 
 from __future__ import annotations
 
-import functools
-import weakref
 from typing import Any
 
 import pytest
@@ -27,7 +25,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from calculators.architecture import count_params  # noqa: E402
 from calculators.batch import Batch, Checkpointing  # noqa: E402
@@ -38,6 +35,7 @@ from calculators.hf_config import architecture_from_hf_config  # noqa: E402
 from calculators.model_states import TrainingSetup  # noqa: E402
 from measure.engines.hf import build_hf, hf_config  # noqa: E402
 from measure.hf_families import family_config  # noqa: E402
+from measure.memory import LiveStorages  # noqa: E402
 
 SEQ = 1024
 # the moments from the first gradient hook on (the loss's backward comes before it; the
@@ -53,44 +51,24 @@ AFTER_HOOK = (
 )
 
 
-class Live(TorchDispatchMode):
+class Live(LiveStorages):
     """Bytes of the storages alive after each op, each once, the bucket's left out; the largest
     total after the first hook."""
 
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        super().__init__("cpu")
         self.ignore: set[int] = set()
         self.hooked = False
         self.peak_after_hook = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        self._watch(out)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.hooked:
             self.peak_after_hook = max(self.peak_after_hook, self.live())
         return out
 
-    def _watch(self, out: Any) -> None:
-        if isinstance(out, torch.Tensor):
-            st = out.untyped_storage()
-            key = id(st)
-            if key not in self._refs:
-                self._refs[key] = weakref.ref(st, functools.partial(self._forget, key))
-        elif isinstance(out, (list, tuple)):
-            for item in out:
-                self._watch(item)
-
-    def _forget(self, key: int, _ref: Any) -> None:
-        self._refs.pop(key, None)
-
     def live(self) -> int:
-        seen: dict[int, int] = {}
-        for ref in list(self._refs.values()):
-            st = ref()
-            if st is not None and st.nbytes() and st.data_ptr() not in self.ignore:
-                seen[st.data_ptr()] = st.nbytes()
-        return sum(seen.values())
+        return self.live_bytes(self.ignore)
 
 
 def _measured(config: dict[str, Any], stage: int, checkpointing: bool) -> tuple[int, int]:

@@ -16,8 +16,6 @@ phase of the predicted moment.
 
 from __future__ import annotations
 
-import functools
-import weakref
 from typing import Any
 
 import pytest
@@ -26,7 +24,6 @@ torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from calculators.architecture import Architecture  # noqa: E402
 from calculators.batch import Batch  # noqa: E402
@@ -34,51 +31,32 @@ from calculators.conventions import Engine, Optimizer, Precision, Stage  # noqa:
 from calculators.engines.torch.memory import estimate  # noqa: E402
 from calculators.model_states import TrainingSetup  # noqa: E402
 from measure.engines.pytorch import build_engine, root_reshards_after_forward  # noqa: E402
+from measure.memory import LiveStorages  # noqa: E402
 from measure.workloads import gpt_workload  # noqa: E402
 
 ARCH = {"layers": 6, "hidden": 112, "heads": 7, "vocab_size": 3141, "max_seq_len": 64}
 TOKENS = 64
 
 
-class PeakStorages(TorchDispatchMode):
+class PeakStorages(LiveStorages):
     """Bytes of the storages alive after each op (each storage once), the largest sum and the
     phase (``phase``, set by the loop) it happened in."""
 
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        super().__init__("cpu")
         self.peak = 0
         self.phase = ""
         self.peak_phase = ""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        self._watch(out)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
         live = self.live()
         if live > self.peak:
             self.peak, self.peak_phase = live, self.phase
         return out
 
-    def _watch(self, out: Any) -> None:
-        if isinstance(out, torch.Tensor):
-            local = getattr(out, "_local_tensor", out)  # a DTensor's shard
-            st = local.untyped_storage()
-            if id(st) not in self._refs:
-                self._refs[id(st)] = weakref.ref(st, functools.partial(self._forget, id(st)))
-        elif isinstance(out, (list, tuple)):
-            for item in out:
-                self._watch(item)
-
-    def _forget(self, key: int, _ref: Any) -> None:
-        self._refs.pop(key, None)
-
     def live(self) -> int:
-        seen: dict[int, int] = {}
-        for ref in list(self._refs.values()):
-            st = ref()
-            if st is not None and st.nbytes():
-                seen[st.data_ptr()] = st.nbytes()
-        return sum(seen.values())
+        return self.live_bytes()
 
 
 def _measured(world: int, stage: Stage) -> tuple[int, int]:
