@@ -55,6 +55,11 @@ class PeakStorages(LiveStorages):
             self.peak, self.peak_phase = live, self.phase
         return out
 
+    def _watch(self, out: Any) -> None:
+        # a DTensor's shard, which a fake process group's collectives do not dispatch
+        local = getattr(out, "_local_tensor", None)
+        super()._watch(out if local is None else local)
+
     def live(self) -> int:
         return self.live_bytes()
 
