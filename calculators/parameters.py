@@ -83,9 +83,17 @@ def tally(values: Iterable[int]) -> Counter[int]:
     return Counter(values)
 
 
+def shape_counts(params: Sequence[ParamTensor]) -> Counter[tuple[int, ...]]:
+    """How often each shape occurs in ``params``; from the architecture for a
+    :class:`ParamList` (no tensor named)."""
+    if isinstance(params, ParamList):
+        return params.shape_counts
+    return Counter(p.shape for p in params)
+
+
 def fsdp_shard_total(params: Sequence[ParamTensor], world: int) -> int:
     """Σ ``fsdp_shard_numel(world)`` over ``params``, once per distinct shape."""
-    shapes = Counter(p.shape for p in params)
+    shapes = shape_counts(params)
     return sum(
         count * ParamTensor("", shape).fsdp_shard_numel(world) for shape, count in shapes.items()
     )
@@ -94,7 +102,7 @@ def fsdp_shard_total(params: Sequence[ParamTensor], world: int) -> int:
 def fsdp_padded_total(params: Sequence[ParamTensor], world: int) -> int:
     """Σ ``ceil(dim0 / N) · N · rest`` over ``params``: every dim 0 padded to a multiple of N
     (FSDP2 ``_get_dim0_padded_size``), once per distinct shape."""
-    shapes = Counter(p.shape for p in params)
+    shapes = shape_counts(params)
     return sum(
         count * (-(-shape[0] // world) * world if shape else world) * math.prod(shape[1:])
         for shape, count in shapes.items()
@@ -215,6 +223,14 @@ class ParamList(Sequence[ParamTensor]):
             out += block * blocks
         out += last
         return Numels(out, sizes)
+
+    @cached_property
+    def shape_counts(self) -> Counter[tuple[int, ...]]:
+        """How often each shape occurs in the list."""
+        shapes: Counter[tuple[int, ...]] = Counter()
+        for t, count in tensor_counts(self.arch):
+            shapes[t.shape] += count
+        return shapes
 
     @cached_property
     def template(self) -> ParamTemplate:

@@ -14,7 +14,7 @@ from fractions import Fraction
 from calculators.conventions import FP32_BYTES, HALF_BYTES, Precision, Stage
 from calculators.errors import InputError
 from calculators.model_states import TrainingSetup, ceil_div
-from calculators.parameters import ParamTensor, architecture_params, implied_params
+from calculators.parameters import ParamTensor, architecture_params, implied_params, param_numels
 from calculators.topology import Group, Network, Op, Topology, sent_factor
 
 
@@ -242,7 +242,7 @@ def params_of(setup: TrainingSetup) -> Sequence[ParamTensor] | None:
 
 def elements(params: Sequence[ParamTensor] | None, psi: int) -> list[int]:
     """Element counts in registration order; Ψ as one run when the tensors are unknown."""
-    return [p.numel for p in params] if params is not None else [psi]
+    return list(param_numels(params)) if params is not None else [psi]
 
 
 def padded(numel: int, n: int) -> int:

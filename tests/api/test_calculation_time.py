@@ -135,6 +135,8 @@ def _cold() -> None:
 @example(("memory", {**_WIDEST, "engine": "paper"}))
 @example(("communication", _ONE_ELEMENT_BUCKETS))
 @example(("communication", {**_WIDEST, "engine": "paper"}))
+@example(("memory", {**_WIDEST, "engine": "torch", "precision": "mixed_bf16"}))
+@example(("communication", {**_WIDEST, "engine": "torch", "precision": "mixed_bf16"}))
 @example(("memory", {**_WIDEST, "engine": "deepspeed", "precision": "mixed_bf16"}))
 @example(("communication", {**_WIDEST, "engine": "deepspeed", "precision": "mixed_bf16"}))
 def test_each_request_takes_under_a_second_of_cpu(

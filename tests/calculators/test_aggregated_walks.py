@@ -37,6 +37,7 @@ from calculators.engines.deepspeed.stage3 import (
     stage3_plan,
     sub_groups,
 )
+from calculators.engines.torch import traffic as torch_traffic
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import TrainingSetup
 from calculators.parameters import (
@@ -45,8 +46,10 @@ from calculators.parameters import (
     ParamTensor,
     architecture_params,
     param_numels,
+    shape_counts,
     tally,
 )
+from calculators.traffic import elements
 from measure.hf_families import FAMILIES, family_config
 from tests.calculators.test_stage3_trace import reference_trace
 
@@ -343,3 +346,16 @@ def test_the_widest_moe_trace_is_one_stretch_per_block_part() -> None:
     assert len(walked) == 2 * arch.layers  # each block's router, forward and backward
     assert len(forward) + len(backward) < 8 * arch.layers
     assert "tensors" not in vars(runs)  # no tensor was named
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(arch=architectures())
+def test_torch_reads_of_a_param_list_are_the_named_tensors(arch: Architecture) -> None:
+    """What the torch engines read from an architecture's ParamList (shapes, sizes, the root
+    FSDP group, the number of FSDP groups) equals the same read over its named tensors."""
+    params = architecture_params(arch)
+    named = tuple(params.tensors)
+    assert shape_counts(params) == Counter(p.shape for p in named)
+    assert elements(params, 0) == [p.numel for p in named]
+    assert torch_traffic._root_params(params) == torch_traffic._root_params(named)
+    assert torch_traffic._fsdp_groups(params) == torch_traffic._fsdp_groups(named)

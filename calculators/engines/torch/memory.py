@@ -26,6 +26,7 @@ CUDA context, NCCL buffers) are not part of these figures.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -45,9 +46,12 @@ from calculators.estimates import StageEstimate
 from calculators.model_states import Placement, TrainingSetup, ceil_div
 from calculators.parameters import (
     ROOT_GROUP,
+    ParamList,
     ParamTensor,
     fsdp_shard_total,
     implied_note,
+    param_numels,
+    shape_counts,
 )
 from calculators.traffic import params_of
 
@@ -97,14 +101,19 @@ def dtypes(precision: Precision) -> Dtypes:
 def _short_dim0(setup: TrainingSetup) -> str | None:
     """A note where some tensor has fewer dim-0 rows than ranks (3-D expert tensors of a MoE
     model): FSDP2 gives every rank one padded row, so those tensors gather and reduce N rows."""
-    ts = param_tensors(setup) or []
-    short = [t for t in ts if len(t.shape) >= 2 and t.shape[0] < setup.dp]
+    ts = param_tensors(setup)
+    if ts is None:
+        return None
+    short = {s: n for s, n in shape_counts(ts).items() if len(s) >= 2 and s[0] < setup.dp}
     if not short:
         return None
-    worst = max(short, key=lambda t: t.numel)
-    rows = worst.shape[0]
+    shape = max(short, key=math.prod)
+    # named as its first copy is (a ParamList's template holds one copy of each shape)
+    named = ts.template.tensors if isinstance(ts, ParamList) else ts
+    worst = next(t for t in named if t.shape == shape)
+    rows = shape[0]
     return (
-        f"{len(short)} tensors have fewer rows on dim 0 than the {setup.dp} ranks (e.g. "
+        f"{sum(short.values())} tensors have fewer rows on dim 0 than the {setup.dp} ranks (e.g. "
         f"{worst.name}, {rows} rows): FSDP2 pads each rank's shard to one row, so they are "
         f"gathered and reduced as {setup.dp} rows, {setup.dp / rows:.3g}× their size, and "
         "counted so here; sharding them on another dim (fully_shard's shard_placement_fn) "
@@ -182,14 +191,15 @@ class Shares:
 def _shares(setup: TrainingSetup, stage: Stage) -> Shares:
     n = setup.dp
     ts = param_tensors(setup)
-    psi = sum(t.numel for t in ts) if ts is not None else setup.params_per_device
+    numels = param_numels(ts) if ts is not None else None
+    psi = sum(numels) if numels is not None else setup.params_per_device
     if stage <= Stage.OPTIMIZER:
         if stage is Stage.NONE:
             return Shares(psi, psi, psi, True)
-        if ts is None:
+        if numels is None:
             return Shares(psi, psi, ceil_div(psi, n), False)
-        owned = rank0_partition([t.numel for t in ts], n)
-        return Shares(psi, psi, sum(ts[i].numel for i in owned), True)
+        owned = rank0_partition(numels, n)
+        return Shares(psi, psi, sum(numels[i] for i in owned), True)
     if ts is None:
         return Shares(ceil_div(psi, n), ceil_div(psi, n), ceil_div(psi, n), False)
     shard = fsdp_shard_total(ts, n)

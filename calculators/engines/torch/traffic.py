@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from calculators.conventions import FP32_BYTES, HALF_BYTES, PRECISION_BYTES, OffloadDevice, Stage
 from calculators.errors import InputError
 from calculators.model_states import ceil_div
-from calculators.parameters import ParamTensor, fsdp_padded_total, implied_note
+from calculators.parameters import ParamList, ParamTensor, fsdp_padded_total, implied_note
 from calculators.topology import Op
 from calculators.traffic import (
     Collective,
@@ -74,14 +74,18 @@ def _fsdp_padded(params: Sequence[ParamTensor] | None, psi: int, n: int) -> int:
 
 
 def _root_params(params: Sequence[ParamTensor]) -> list[ParamTensor]:
-    """Parameters of the root FSDP group: everything outside the blocks."""
-    return [p for p in params if not p.module.startswith("blocks.")]
+    """Parameters of the root FSDP group: everything outside the blocks (each occurs once, so
+    a :class:`ParamList`'s template holds them all)."""
+    listed = params.template.tensors if isinstance(params, ParamList) else params
+    return [p for p in listed if not p.module.startswith("blocks.")]
 
 
 def _fsdp_groups(params: Sequence[ParamTensor] | None) -> int:
     """FSDP groups: one per transformer block plus the root (embeddings, final norm, head)."""
     if params is None:
         return 1
+    if isinstance(params, ParamList):
+        return sum(kind.blocks for kind in params.template.kinds) + 1
     blocks = {p.module.split(".")[1] for p in params if p.module.startswith("blocks.")}
     return len(blocks) + 1
 
