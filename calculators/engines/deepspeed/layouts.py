@@ -6,8 +6,10 @@ Paths relative to ``deepspeed/runtime/`` of 0.19.8: engine.py, fp16/unfused_opti
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate
 
 from calculators.activations import INDEX_BYTES, ActivationBreakdown, Regime, activations
@@ -25,6 +27,123 @@ from calculators.model_states import Placement, TrainingSetup
 from calculators.parameters import ROOT_GROUP, ParamTensor, tally
 
 FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
+
+
+# --- the parameter list, whatever Nd --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stage3Kept:
+    """Stage 3's coordinator outcome for one parameter list and config, whatever Nd."""
+
+    trace: Stage3Trace
+    persistent_counts: dict[int, int]  # persistent parameters per size
+    persistent_bytes: int  # their gathered 16-bit copies
+    gathered_bytes: int  # the other parameters still gathered at the end of forward
+
+
+class ParamFacts:
+    """What the stages read of one parameter list that does not depend on Nd: sizes, prefix
+    sums, the IPG buckets. Each is worked out on first use, once for every stage and every Nd
+    of one request (a sweep asks the same list under up to 64 Nd values)."""
+
+    def __init__(self, params: Sequence[ParamTensor]) -> None:
+        self.params = params
+        self.numels = [p.numel for p in params]
+        self.psi = sum(self.numels)
+        self.largest = max(self.numels)
+        # offsets[i]: where parameter i starts in the flat group; offsets[-1] = Ψ
+        self.offsets = [0, *accumulate(self.numels)]
+        self._walks: dict[tuple[int, bool], list[list[int]]] = {}
+        self._extents: dict[tuple[int, bool], list[tuple[int, int, int, int]]] = {}
+        self._buckets: dict[int, list[tuple[int | None, list[tuple[int, int]]]]] = {}
+        self._kept: tuple[Knobs, bool, Stage3Kept] | None = None
+
+    @cached_property
+    def counts(self) -> dict[int, int]:
+        """How many parameters have each size."""
+        return tally(self.numels)
+
+    @cached_property
+    def half_blocks(self) -> int:
+        """One 16-bit allocation per parameter (``blocks(HALF_BYTES, numels)``)."""
+        return sum(count * block(HALF_BYTES * n) for n, count in self.counts.items())
+
+    @cached_property
+    def rounded_half(self) -> list[int]:
+        """Prefix sums of the parameters' 16-bit allocations."""
+        return [0, *accumulate(block(HALF_BYTES * n) for n in self.numels)]
+
+    @cached_property
+    def running_largest(self) -> list[int]:
+        """running_largest[i]: the largest of the first i parameters (0 for none)."""
+        return [0, *accumulate(self.numels, max)]
+
+    def backward_buckets(self, bucket: int) -> list[tuple[int | None, list[tuple[int, int]]]]:
+        """Stage 3's IPG buckets, each different one once: the size of its one parameter (None
+        when it holds more) and how many parameters of each size it holds."""
+        if bucket not in self._buckets:
+            order = self.numels[::-1]
+            out: list[tuple[int | None, list[tuple[int, int]]]] = []
+            seen = set()
+            for members in self.walk(bucket, backward=True):
+                sizes = [order[m] for m in members]
+                single = sizes[0] if len(sizes) == 1 else None
+                held = tuple(sorted(tally(sizes).items()))
+                if (single, held) not in seen:  # the layers repeat the same buckets
+                    seen.add((single, held))
+                    out.append((single, list(held)))
+            self._buckets[bucket] = out
+        return self._buckets[bucket]
+
+    def stage3_kept(self, knobs: Knobs, exact: bool) -> Stage3Kept:
+        """What stage 3's parameter coordinator keeps gathered (``stage3_trace``), as sizes
+        and 16-bit bytes; the last config asked is remembered (one per request)."""
+        if self._kept is not None and self._kept[0] is knobs and self._kept[1] == exact:
+            return self._kept[2]
+        numels = self.numels
+        trace = stage3_trace(self.params, knobs) if exact else Stage3Trace((False,), (True,))
+        persistent = [n for n, f in zip(numels, trace.persistent, strict=True) if f]
+        last = len(numels) - 1
+        gathered = [
+            n
+            for i, (n, f, k) in enumerate(zip(numels, trace.persistent, trace.kept, strict=True))
+            if not f and (k or i == last)
+        ]
+        kept = Stage3Kept(
+            trace, tally(persistent), blocks(HALF_BYTES, persistent), blocks(HALF_BYTES, gathered)
+        )
+        self._kept = (knobs, exact, kept)
+        return kept
+
+    def bucket_extents(self, bucket: int, backward: bool) -> list[tuple[int, int, int, int]]:
+        """Per IPG bucket, in the order walked: the flat group's first and last element its run
+        of parameters covers, their 16-bit allocations, and the bucket's 16-bit flattened copy.
+        A bucket is a run of consecutive parameters (zero-sized ones skipped), so each is a
+        difference of prefix sums."""
+        key = (bucket, backward)
+        if key not in self._extents:
+            last = len(self.numels) - 1
+            offsets, rounded = self.offsets, self.rounded_half
+            out = []
+            for members in self.walk(bucket, backward):
+                first, end = members[0], members[-1]
+                if backward:  # positions in the reversed list
+                    first, end = last - end, last - first
+                lo, hi = offsets[first], offsets[end + 1]
+                flat = block(HALF_BYTES * (hi - lo))
+                out.append((lo, hi - 1, rounded[end + 1] - rounded[first], flat))
+            self._extents[key] = out
+        return self._extents[key]
+
+    def walk(self, bucket: int, backward: bool) -> list[list[int]]:
+        """``ipg_walk`` over the parameters, in backward (reversed) order or in order; indices
+        into ``numels`` in the order walked."""
+        key = (bucket, backward)
+        if key not in self._walks:
+            order = self.numels[::-1] if backward else self.numels
+            self._walks[key] = ipg_walk(order, bucket)
+        return self._walks[key]
 
 
 # --- the moments of a step ---------------------------------------------------------------------
@@ -295,9 +414,12 @@ def stage12(
     shape: StepShape,
     adam: bool,
     accumulation: int,
+    facts: ParamFacts | None = None,
 ) -> Layout:
-    numels = [p.numel for p in params]
-    psi = sum(numels)
+    """``facts``: ``params``' sizes already worked out (for another stage or Nd)."""
+    if facts is None:
+        facts = ParamFacts(params)
+    numels, psi = facts.numels, facts.psi
     # stage_1_and_2.py:387, 446: the flat group is padded to a multiple of 2 x N
     # (nccl_start_alignment_factor = 2); each rank owns len / N elements.
     align = 2 * world
@@ -310,13 +432,12 @@ def stage12(
     # setup_buckets (:3256-3280): one reduce_bucket_size buffer, two with overlap_comm
     ipg = (2 if overlap else 1) * block(HALF_BYTES * rbs) if knobs.contiguous_gradients else 0
     # rank 0's partition is [0, part): whole parameters that start inside it
-    # (params_in_partition), and the largest slice of one of them
-    g_p, start, max_slice = 0, 0, 0
-    for n in numels:
-        if start < part:
-            g_p += n
-            max_slice = max(max_slice, min(n, part - start))
-        start += n
+    # (params_in_partition), and the largest slice of one of them. The first k parameters
+    # start inside; all but the k-th also end inside, so their slices are whole.
+    offsets = facts.offsets
+    k = bisect_left(offsets, part, 0, len(numels))
+    g_p = offsets[k]
+    max_slice = max(facts.running_largest[k - 1], min(numels[k - 1], part - offsets[k - 1]))
     gip = block(HALF_BYTES * g_p)  # grads_in_partition (copy_grads_in_partition :2183-2197)
     notes = [
         f"stage {int(stage)}: flat 16-bit group padded to {padded} elements, partition "
@@ -326,42 +447,27 @@ def stage12(
     # reduction: walk the gradients in bucket order; a bucket is reduced when the next gradient
     # would overflow it (:1422-1428) and flattened into a new 16-bit tensor when it spans more
     # than one partition (allreduce_bucket -> self.flatten, no copy for a single slice).
-    order = list(range(len(numels)))
     # stage 2 (and stage 1 with overlap_comm) reduces from the hooks, in backward order;
     # stage 1 otherwise walks the parameters at the boundary (reduce_gradients :958-982)
     in_hooks = stage is Stage.GRADIENTS or overlap
-    if in_hooks:
-        order.reverse()
     if in_hooks and psi > rbs:
         notes.append(
             "buckets reduced during backward are counted without the activations "
             "still alive at that point"
         )
-    # a bucket is a run of consecutive parameters (zero-sized ones skipped), so its elements,
-    # extent and rounded gradients are differences of prefix sums
-    offsets = [0, *accumulate(numels)]
-    if not in_hooks:
-        rounded = [0, *accumulate(block(HALF_BYTES * n) for n in numels)]
-
-    def spans(first: int, last_end: int) -> bool:
-        return world > 1 and first // part != (last_end - 1) // part
 
     reduce_peak = 0
-    grads_left = 0 if in_hooks else blocks(HALF_BYTES, numels)
+    grads_left = 0 if in_hooks else facts.half_blocks
     partition_allocated = False
-    walk = ipg_walk([numels[i] for i in order], rbs)
-    for j, members in enumerate(walk):
-        first, last = order[members[0]], order[members[-1]]
-        low, high = min(first, last), max(first, last) + 1
-        lo, hi = offsets[low], offsets[high]
-        elems = hi - lo
-        copy = block(HALF_BYTES * elems) if spans(lo, hi) else 0
-        if j == len(walk) - 1:  # the last bucket, reduced by the epilogue
+    extents = facts.bucket_extents(rbs, in_hooks)
+    for j, (lo, last_elem, rounded, flat) in enumerate(extents):
+        # flattened only when the bucket spans more than one rank's partition
+        copy = flat if world > 1 and lo // part != last_elem // part else 0
+        if j == len(extents) - 1:  # the last bucket, reduced by the epilogue
             reduce_peak = max(reduce_peak, copy + (gip if partition_allocated else 0))
             break
         if not in_hooks:
-            # moved into the bucket, autograd's freed
-            grads_left -= rounded[high] - rounded[low]
+            grads_left -= rounded  # moved into the bucket, autograd's freed
         reduce_peak = max(reduce_peak, grads_left + copy + (gip if partition_allocated else 0))
         partition_allocated = partition_allocated or lo < part
     if offload:
@@ -377,7 +483,7 @@ def stage12(
             0,
             {
                 "held_outputs": shape.held,
-                "gradients": blocks(HALF_BYTES, numels),
+                "gradients": facts.half_blocks,
                 "ipg_buckets": ipg,
             },
         )
@@ -388,7 +494,7 @@ def stage12(
         later_micro_steps(
             moments,
             accumulation,
-            {"accumulated_gradients": blocks(HALF_BYTES, numels), "ipg_buckets": ipg},
+            {"accumulated_gradients": facts.half_blocks, "ipg_buckets": ipg},
             ("loss_backward", "first_gradient"),
         )
     moments["gradient_reduction"] = Moment(
@@ -411,14 +517,14 @@ def stage12(
     resident = {"flat_16bit_params": flat16}
     if offload:
         # temp_grad_buffer_for_gpu_offload (:659-661) stays on the device
-        resident["offload_grad_staging"] = block(HALF_BYTES * max(numels))
+        resident["offload_grad_staging"] = block(HALF_BYTES * facts.largest)
         # host: fp32 master, fp32 grad partition (kept), 16-bit staging, Adam states
         cpu = Placement(
             parameters=0,
             gradients=FP32_BYTES * part,
             optimizer_states=FP32_BYTES * part * (1 + n_states),
         )
-        cpu_buffers = HALF_BYTES * part + HALF_BYTES * max(numels) if knobs.pin_memory else 0
+        cpu_buffers = HALF_BYTES * part + HALF_BYTES * facts.largest if knobs.pin_memory else 0
         # per in-partition gradient: fp64 norm copy and an fp32 copy before the host copy
         # (set_norm_for_param_grad_in_gpu, async_inplace_copy_grad_to_fp32_buffer_from_gpu)
         moments["gradient_reduction"] = Moment(
@@ -461,6 +567,27 @@ def stage12(
     return Layout(resident, device, cpu, cpu_buffers, moments, notes)
 
 
+def _sub_groups(facts: ParamFacts, world: int, local: int, size: int) -> list[int]:
+    """Elements of each fp16 sub-group: running over the partitions, a group closes once it
+    holds ``size`` elements or more. Found on the partitions' prefix sums, one search per
+    group."""
+    if local < size:
+        return [local] if local else []  # none closes before the end
+    part_of = {n: -(-n // world) for n in facts.counts}
+    prefix = list(accumulate(map(part_of.__getitem__, facts.numels)))
+    groups: list[int] = []
+    base, i = 0, 0
+    while True:
+        j = bisect_left(prefix, base + size, i)  # the partition that closes the next group
+        if j == len(prefix):
+            break
+        groups.append(prefix[j] - base)
+        base, i = prefix[j], j + 1
+    if local > base:
+        groups.append(local - base)
+    return groups
+
+
 def stage3(
     params: Sequence[ParamTensor],
     world: int,
@@ -469,25 +596,22 @@ def stage3(
     shape: StepShape,
     adam: bool,
     exact: bool,
+    facts: ParamFacts | None = None,
 ) -> Layout:
-    numels = [p.numel for p in params]
-    parts = [-(-n // world) for n in numels]  # _partition_elems per parameter
-    local = sum(parts)
-    trace = stage3_trace(params, knobs) if exact else Stage3Trace((False,), (True,))
+    """``facts``: ``params``' sizes already worked out (for another stage or Nd)."""
+    if facts is None:
+        facts = ParamFacts(params)
+    numels = facts.numels
+    kept = facts.stage3_kept(knobs, exact)
+    trace = kept.trace
+    # _partition_elems per parameter, summed once per distinct size
+    local = sum(count * -(-n // world) for n, count in facts.counts.items())
     lp = block(HALF_BYTES * local)  # lp_param_buffer after defragment (stage3.py:972)
     rbs = knobs.reduce_bucket_size
     ipg = block(HALF_BYTES * rbs) if knobs.contiguous_gradients else 0  # stage3.py:779-784
     gradbuf = block(HALF_BYTES * local)  # grad_partitions_flat_buffer (:791-802)
     # sub-groups close once they reach sub_group_size (_create_fp16_sub_groups :1210-1233)
-    groups: list[int] = []
-    current = 0
-    for n in parts:
-        current += n
-        if current >= knobs.sub_group_size:
-            groups.append(current)
-            current = 0
-    if current:
-        groups.append(current)
+    groups = _sub_groups(facts, world, local, knobs.sub_group_size)
     largest = max(groups)
     master = sum(block(FP32_BYTES * s) for s in groups)
     states = n_states * master
@@ -496,24 +620,9 @@ def stage3(
     # NoGatherHandle points param.data at the partition itself (partition_parameters.py
     # _no_gather_coalesced).
     gathers = world > 1
-    persistent = [n for n, f in zip(numels, trace.persistent, strict=True) if f]
-    persist = blocks(HALF_BYTES, persistent) if gathers else 0
+    persist = kept.persistent_bytes if gathers else 0
     # gathered at the end of forward: what the coordinator keeps (stage3_trace), plus the head
-    last = len(numels) - 1
-    gathered = (
-        blocks(
-            HALF_BYTES,
-            [
-                n
-                for i, (n, f, k) in enumerate(
-                    zip(numels, trace.persistent, trace.kept, strict=True)
-                )
-                if not f and (k or i == last)
-            ],
-        )
-        if gathers
-        else 0
-    )
+    gathered = kept.gathered_bytes if gathers else 0
     offload = knobs.offload_optimizer is not None
     offload_params = knobs.offload_param is not None
     notes = [
@@ -529,15 +638,15 @@ def stage3(
     moments = forward_moments(shape, shape.first_gradient(numels), gathered, 0)
     # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds a
     # padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor
-    order = numels[::-1]
-    buckets = [[order[m] for m in b] for b in ipg_walk(order, knobs.reduce_bucket_size)]
     cat = max(
         (
             0
-            if len(b) == 1 and b[0] % world == 0
-            else block(HALF_BYTES * sum(_partition_elems(n, world) * world for n in b))
+            if single is not None and single % world == 0
+            else block(
+                HALF_BYTES * sum(count * _partition_elems(n, world) * world for n, count in sizes)
+            )
         )
-        for b in buckets
+        for single, sizes in facts.backward_buckets(rbs)
     )
     moments["gradient_reduction"] = Moment(
         0, {"held_outputs": shape.held, "reduce_scatter_buffer": cat}
@@ -567,7 +676,9 @@ def stage3(
             {
                 "held_outputs": shape.held,
                 "reduce_scatter_buffer": cat,
-                "offload_partition_copies": block((HALF_BYTES + FP32_BYTES) * max(parts)),
+                "offload_partition_copies": block(
+                    (HALF_BYTES + FP32_BYTES) * _partition_elems(facts.largest, world)
+                ),
             },
         )
         device = Placement(
@@ -586,7 +697,7 @@ def stage3(
         g32 = block(FP32_BYTES * largest)
         base = {"held_outputs": shape.held}
         # step (:2873-2949): gathered parameters are released first (_partition_all_parameters)
-        norm = block(FP64_BYTES * max(parts))
+        norm = block(FP64_BYTES * _partition_elems(facts.largest, world))
         moments["grad_norm"] = Moment(0, {**base, "norm_fp64_copy": norm})
         moments["fp32_gradient"] = Moment(
             0, {**base, "flat_16bit_gradient": block(HALF_BYTES * largest), "fp32_gradient": g32}
@@ -603,7 +714,7 @@ def stage3(
     persist_flat = (
         sum(
             count * block(HALF_BYTES * _partition_elems(n, world) * world)
-            for n, count in tally(persistent).items()
+            for n, count in kept.persistent_counts.items()
         )
         if gathers
         else 0

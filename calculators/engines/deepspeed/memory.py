@@ -36,6 +36,7 @@ from functools import cached_property
 from calculators.conventions import OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.deepspeed.config import Knobs, param_list, parse_config, with_offload
 from calculators.engines.deepspeed.layouts import (
+    ParamFacts,
     StepShape,
     cublaslt_workspace_bytes,
     stage0,
@@ -104,11 +105,14 @@ def _check(setup: TrainingSetup, stage: Stage, knobs: Knobs) -> int:
 
 
 class Shared:
-    """What every stage of one setup reads (the config's knobs, the parameter list, the step's
-    workload terms), each worked out on first use and once for all the stages asked."""
+    """What every stage of one setup reads (the config's knobs, the parameter list and its
+    sizes, the step's workload terms), each worked out on first use and once for all the stages
+    asked. None of it depends on Nd: one serves every Nd of a sweep (the same setup otherwise),
+    which also reuses stage 0's whole estimate (DeepSpeed's stage 0 partitions nothing)."""
 
     def __init__(self, setup: TrainingSetup) -> None:
         self.setup = setup
+        self.stage0: StageEstimate | None = None
 
     @cached_property
     def knobs(self) -> Knobs:
@@ -119,19 +123,26 @@ class Shared:
         return param_list(self.setup)
 
     @cached_property
+    def facts(self) -> ParamFacts:
+        return ParamFacts(self.params[0])
+
+    @cached_property
     def shape(self) -> StepShape:
         return step_shape(self.setup, self.knobs)
 
 
 def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -> StageEstimate:
     """What rank 0 allocates under ``stage`` (module docstring); ``shared`` carries what an
-    earlier stage of the same setup already worked out."""
+    earlier stage of the same setup, or the same setup under another Nd, already worked out."""
     if shared is None:
         shared = Shared(setup)
+    if stage is Stage.NONE and shared.stage0 is not None:
+        return shared.stage0
     knobs = shared.knobs
     n_states = _check(setup, stage, knobs)
     adam = setup.optimizer in (Optimizer.ADAM, Optimizer.ADAMW)
     params, exact = shared.params
+    facts = shared.facts
     shape = shared.shape
     world = setup.dp
     accumulation = knobs.grad_accumulation or (
@@ -141,9 +152,9 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
         layout = stage0(params, n_states, shape, adam, accumulation)
     elif stage is Stage.PARAMETERS:
         # gradients accumulate in place in the persistent partition buffer (partition_grads)
-        layout = stage3(params, world, knobs, n_states, shape, adam, exact)
+        layout = stage3(params, world, knobs, n_states, shape, adam, exact, facts)
     else:
-        layout = stage12(params, world, stage, knobs, n_states, shape, adam, accumulation)
+        layout = stage12(params, world, stage, knobs, n_states, shape, adam, accumulation, facts)
     cublaslt = cublaslt_workspace_bytes(setup, stage, knobs)
     workspaces = cublas_workspace_bytes(knobs.extra) + cublaslt
     states = sum(layout.resident_parts.values())
@@ -173,7 +184,7 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
         notes.append(f"peak moment: {name}")
     else:
         notes.append("peak needs model.architecture and batch")
-    return StageEstimate(
+    result = StageEstimate(
         stage=stage,
         device=layout.device,
         cpu=layout.cpu,
@@ -186,3 +197,6 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
         cpu_buffers=layout.cpu_buffers,
         notes=tuple(notes),
     )
+    if stage is Stage.NONE:
+        shared.stage0 = result
+    return result
