@@ -73,7 +73,8 @@ class ParamFacts:
     @cached_property
     def rounded_half(self) -> list[int]:
         """Prefix sums of the parameters' 16-bit allocations."""
-        return [0, *accumulate(block(HALF_BYTES * n) for n in self.numels)]
+        rounded = {n: block(HALF_BYTES * n) for n in self.counts}
+        return [0, *accumulate(map(rounded.__getitem__, self.numels))]
 
     def largest_of_first(self, count: int) -> int:
         """The largest of the first ``count`` parameters (0 for none)."""
@@ -89,12 +90,12 @@ class ParamFacts:
             out: list[tuple[int | None, list[tuple[int, int]]]] = []
             seen = set()
             for members in self.walk(bucket, backward=True):
-                sizes = [order[m] for m in members]
-                single = sizes[0] if len(sizes) == 1 else None
-                held = tuple(sorted(tally(sizes).items()))
-                if (single, held) not in seen:  # the layers repeat the same buckets
-                    seen.add((single, held))
-                    out.append((single, list(held)))
+                sizes = sorted(map(order.__getitem__, members))
+                key = tuple(sizes)
+                if key not in seen:  # the layers repeat the same buckets
+                    seen.add(key)
+                    single = sizes[0] if len(sizes) == 1 else None
+                    out.append((single, list(tally(sizes).items())))
             self._buckets[bucket] = out
         return self._buckets[bucket]
 
