@@ -1,5 +1,6 @@
 # ruff: noqa: T201 (a script: its report goes to stdout)
-"""Where one answer's time goes: each phase of POST /v1/memory and /v1/communication alone.
+"""Where one answer's time goes: each phase of POST /v1/memory, /v1/memory/sweep and
+/v1/communication alone.
 
 Per phase the fastest of ``--repeat`` batches, timed in CPU time of this process
 (``time.process_time``), which a neighbour's load disturbs less than wall time; no server, no
@@ -36,10 +37,13 @@ def best(f: Callable[[], Any], number: int, repeat: int) -> float:
 def to_json(response: Any, schema: Any) -> bytes:
     """What leaves the route: a Response's bytes, or FastAPI's validate-and-dump of a model."""
     from pydantic import TypeAdapter
+    from pydantic_core import to_json as encode
     from starlette.responses import Response
 
     if isinstance(response, Response):
         return bytes(response.body)
+    if isinstance(response, dict):  # plain JSON values in the model's field order
+        return encode(response)
     adapter = TypeAdapter(schema)
     return adapter.dump_json(adapter.validate_python(response))
 
@@ -70,9 +74,25 @@ def memory_phases(body: dict[str, Any], number: int, repeat: int) -> dict[str, f
     }
 
 
+def sweep_phases(body: dict[str, Any], number: int, repeat: int) -> dict[str, float]:
+    """The default 13 Nd values × the request's stages: parsing, then the route's whole work
+    (setup, every estimate, the encoded answer)."""
+    from app.api.routes.sweep import sweep
+    from app.schemas.sweep import MemorySweepRequest
+
+    raw = json.dumps(body).encode()
+    request = MemorySweepRequest.model_validate_json(raw)
+    return {
+        "body -> MemorySweepRequest": best(
+            lambda: MemorySweepRequest.model_validate_json(raw), number, repeat
+        ),
+        "sweep (setup, estimates, JSON)": best(lambda: sweep(request), number, repeat),
+    }
+
+
 def communication_phases(body: dict[str, Any], number: int, repeat: int) -> dict[str, float]:
+    from app.api import presenters
     from app.api.convert import communication_setup
-    from app.api.presenters import communication_response
     from app.schemas.communication import CommunicationRequest, CommunicationResponse
     from calculators.communication import estimate_communication
     from calculators.conventions import Stage
@@ -82,7 +102,11 @@ def communication_phases(body: dict[str, Any], number: int, repeat: int) -> dict
     setup = communication_setup(request)
     stages = [Stage(s) for s in request.stages]
     result = estimate_communication(setup, stages)
-    response = communication_response(result)
+    # the answer's plain JSON values where the tree has them, else its response models
+    present: Callable[[Any], Any] = getattr(
+        presenters, "communication_body", presenters.communication_response
+    )
+    response = present(result)
     return {
         "body -> CommunicationRequest": best(
             lambda: CommunicationRequest.model_validate_json(raw), number, repeat
@@ -91,7 +115,7 @@ def communication_phases(body: dict[str, Any], number: int, repeat: int) -> dict
         "estimate_communication": best(
             lambda: estimate_communication(setup, stages), number, repeat
         ),
-        "communication_response": best(lambda: communication_response(result), number, repeat),
+        "communication_response": best(lambda: present(result), number, repeat),
         "response -> JSON": best(lambda: to_json(response, CommunicationResponse), number, repeat),
     }
 
@@ -105,6 +129,7 @@ def main() -> int:
     runs = {
         "memory_paper": memory_phases(PAPER, 200, repeat),
         "memory_heavy": memory_phases(HEAVY, 5, repeat),
+        "sweep_heavy": sweep_phases(HEAVY, 2, repeat),
         "communication_heavy": communication_phases(HEAVY_COMM, 10, repeat),
     }
     load = os.getloadavg()

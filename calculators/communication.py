@@ -25,7 +25,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 from calculators.conventions import Stage
-from calculators.cost import cost, transfer_time
+from calculators.cost import Ring, cost, transfer_time
 from calculators.engines import engine_model
 from calculators.model_states import Offload, TrainingSetup, check_offload
 from calculators.topology import (
@@ -93,16 +93,18 @@ def stage_communication(
     stage: Stage,
     ddp_sent: Callable[[], Fraction] | None = None,
     seen_ddp: list[Fraction] | None = None,
+    rings: dict[tuple[Op, Group], Ring] | None = None,
 ) -> StageCommunication:
     """Volumes, link split and time of one stage, with its ratio to the same engine's DDP.
 
     ``ddp_sent``: gives the exact bytes of the same engine's DDP step (they do not depend on
     the stage), for callers that ask for several stages; asked only after the stage's own
     traffic, so the stage's errors come first. ``seen_ddp``: where stage 0 of a setup that is
-    already plain data parallelism leaves its bytes, which are that reference.
+    already plain data parallelism leaves its bytes, which are that reference. ``rings``: the
+    rings ``cost`` already worked out for ``setup``.
     """
     traffic = engine_traffic(setup, stage)
-    costs = tuple(cost(setup, c) for c in traffic.collectives)
+    costs = tuple(cost(setup, c, rings) for c in traffic.collectives)
     sent = sum(c.collective.sent_bytes_per_rank for c in costs)
     # The ratio from unrounded bytes, so that the paper's 1 and 1.5 come out exact.
     exact = _exact_sent(traffic)
@@ -129,6 +131,7 @@ def estimate_communication(
 ) -> CommunicationEstimate:
     """Communication per optimizer step for each stage under ``setup.training.engine``."""
     known: list[Fraction] = []
+    rings: dict[tuple[Op, Group], Ring] = {}  # the step's groups, met again stage after stage
 
     def ddp_sent() -> Fraction:  # the same engine's DDP step, built once for every stage
         if not known:
@@ -137,7 +140,7 @@ def estimate_communication(
 
     return CommunicationEstimate(
         setup=setup,
-        stages=tuple(stage_communication(setup, Stage(s), ddp_sent, known) for s in stages),
+        stages=tuple(stage_communication(setup, Stage(s), ddp_sent, known, rings) for s in stages),
         convention=engine_model(setup.training.engine).traffic_convention,
     )
 

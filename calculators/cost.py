@@ -27,7 +27,6 @@ def _node_bandwidth(setup: CommunicationSetup, group: Group) -> Fraction:
     return Fraction(setup.network.inter.bandwidth * topo.nics * group.per_node, topo.gpus_per_node)
 
 
-@lru_cache(maxsize=1024)  # a constant of the links and the ring, asked per collective
 def ring_latency(
     intra_steps: int,
     intra: Fraction,
@@ -36,7 +35,33 @@ def ring_latency(
     bases: int = 1,
 ) -> Fraction:
     """``bases`` NCCL base latencies plus one hop latency per ring step on each link class."""
-    return bases * NCCL_BASE_LATENCY + intra_steps * intra + inter_steps * inter
+    return _ring_latency(
+        intra_steps,
+        intra.numerator,
+        intra.denominator,
+        inter_steps,
+        inter.numerator,
+        inter.denominator,
+        bases,
+    )
+
+
+@lru_cache(maxsize=1024)  # a constant of the links and the ring, asked per collective
+def _ring_latency(
+    intra_steps: int,
+    intra_n: int,
+    intra_d: int,
+    inter_steps: int,
+    inter_n: int,
+    inter_d: int,
+    bases: int,
+) -> Fraction:
+    """``ring_latency`` keyed on integers (a Fraction's hash takes a modular inverse)."""
+    return (
+        bases * NCCL_BASE_LATENCY
+        + intra_steps * Fraction(intra_n, intra_d)
+        + inter_steps * Fraction(inter_n, inter_d)
+    )
 
 
 def alpha_beta_seconds(
@@ -55,27 +80,49 @@ def alpha_beta_seconds(
     return (calls * ln * fd * wn + payload * fn * wd * ld) / (ld * fd * wn)
 
 
-def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
-    """Link split and α–β time of one collective entry."""
+Ring = tuple[Fraction, Fraction, Fraction | int]
+"""A flat ring's latency per call, bus factor and bus bandwidth."""
+
+
+def _ring(setup: CommunicationSetup, op: Op, g: Group) -> Ring:
+    """Latency per call, bus factor and bus bandwidth of ``op`` on a flat ring over ``g``."""
+    net = setup.network
+    m, per = g.nodes, g.per_node
+    if m == 1:
+        latency = ring_latency(ring_steps(op, g.size), net.intra.latency)
+        return latency, bus_factor(op, g.size), net.intra.bandwidth
+    # Flat ring: each node is entered and left once per ring, so a rank's mean share of the
+    # node's egress is 1/per of what it sends; the ring runs at the slower link class.
+    node_bw = _node_bandwidth(setup, g)
+    steps = ring_steps(op, g.size)
+    inter_steps = min(steps, (2 if op is Op.ALL_REDUCE else 1) * (m - 1))
+    latency = ring_latency(steps - inter_steps, net.intra.latency, inter_steps, net.inter.latency)
+    bandwidth = min(Fraction(net.intra.bandwidth), node_bw) if per > 1 else node_bw
+    return latency, bus_factor(op, g.size), bandwidth
+
+
+def cost(
+    setup: CommunicationSetup, c: Collective, rings: dict[tuple[Op, Group], Ring] | None = None
+) -> CollectiveCost:
+    """Link split and α–β time of one collective entry.
+
+    ``rings``: the flat rings already worked out for ``setup`` (a step runs a few collectives
+    on the same few groups), filled in as new ones are met.
+    """
     g = c.group
     sent = c.sent_bytes_per_rank
     if g.size <= 1 or c.calls == 0:
         return CollectiveCost(c, 0, 0, 0.0)
     net = setup.network
     m, per = g.nodes, g.per_node
-    if m == 1:
-        latency = ring_latency(ring_steps(c.op, g.size), net.intra.latency)
-        seconds = alpha_beta_seconds(
-            c.calls, latency, c.payload_bytes, bus_factor(c.op, g.size), net.intra.bandwidth
-        )
-        return CollectiveCost(c, sent, 0, seconds)
-    node_bw = _node_bandwidth(setup, g)
     hierarchical = (
-        net.algorithm is Algorithm.HIERARCHICAL
+        m > 1
+        and net.algorithm is Algorithm.HIERARCHICAL
         and per > 1
         and c.op in (Op.ALL_REDUCE, Op.ALL_GATHER, Op.REDUCE_SCATTER)
     )
     if hierarchical:
+        node_bw = _node_bandwidth(setup, g)
         per_call = Fraction(c.payload_bytes, c.calls)
         # In-node phases on the whole payload, the cross-node phase on 1/per of it.
         intra_op_factor = (
@@ -92,16 +139,16 @@ def cost(setup: CommunicationSetup, c: Collective) -> CollectiveCost:
             + per_call * inter_factor * per / node_bw
         )
         return CollectiveCost(c, intra, inter, float(c.calls * (latency + transfer)))
-    # Flat ring: each node is entered and left once per ring, so a rank's mean share of the
-    # node's egress is 1/per of what it sends; the ring runs at the slower link class.
+    if rings is None:
+        ring = _ring(setup, c.op, g)
+    else:
+        key = (c.op, g)
+        ring = rings.get(key) or rings.setdefault(key, _ring(setup, c.op, g))
+    latency, factor, bandwidth = ring
+    seconds = alpha_beta_seconds(c.calls, latency, c.payload_bytes, factor, bandwidth)
+    if m == 1:
+        return CollectiveCost(c, sent, 0, seconds)
     inter = ceil_div(sent, per)
-    steps = ring_steps(c.op, g.size)
-    inter_steps = min(steps, (2 if c.op is Op.ALL_REDUCE else 1) * (m - 1))
-    latency = ring_latency(steps - inter_steps, net.intra.latency, inter_steps, net.inter.latency)
-    bandwidth = min(Fraction(net.intra.bandwidth), node_bw) if per > 1 else node_bw
-    seconds = alpha_beta_seconds(
-        c.calls, latency, c.payload_bytes, bus_factor(c.op, g.size), bandwidth
-    )
     return CollectiveCost(c, sent - inter, inter, seconds)
 
 

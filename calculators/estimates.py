@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from calculators.conventions import Stage
@@ -59,3 +59,7 @@ class MemoryEstimate:
     setup: TrainingSetup
     stages: tuple[StageEstimate, ...]
     convention: str
+
+
+DpEstimates = Callable[[TrainingSetup, Sequence[Stage]], Iterator[StageEstimate]]
+"""(setup, stages) -> the stages' estimates, for setups that differ only in Nd (``across_dp``)."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from calculators.conventions import Engine, Stage
 from calculators.engines import engine_model
@@ -14,21 +15,42 @@ from calculators.model_states import TrainingSetup, model_state_memory
 def estimate(setup: TrainingSetup, stages: Iterable[Stage]) -> MemoryEstimate:
     """Estimate each stage with the engine ``setup.engine`` names."""
     model = engine_model(setup.engine)
-    asked = [s if type(s) is Stage else Stage(s) for s in stages]
+    return _with_theories(setup, model.estimates(setup, _stages(stages)), model.convention)
+
+
+def across_dp(setup: TrainingSetup, stages: Iterable[Stage]) -> Callable[[int], MemoryEstimate]:
+    """``estimate`` of ``setup`` under any Nd (its other fields unchanged): what the engine
+    works out that does not depend on Nd is worked out once for every Nd asked."""
+    model = engine_model(setup.engine)
+    at = model.across_dp(setup)
+    asked = _stages(stages)
+
+    def at_dp(dp: int) -> MemoryEstimate:
+        at_setup = setup if dp == setup.dp else replace(setup, dp=dp)
+        return _with_theories(at_setup, at(at_setup, asked), model.convention)
+
+    return at_dp
+
+
+def _stages(stages: Iterable[Stage]) -> list[Stage]:
+    return [s if type(s) is Stage else Stage(s) for s in stages]
+
+
+def _with_theories(
+    setup: TrainingSetup, estimates: Iterable[StageEstimate], convention: str
+) -> MemoryEstimate:
+    """The engine's estimates with the ZeRO paper's model states beside them."""
     if setup.engine is Engine.PAPER:  # the paper's model states are their own theory
-        return MemoryEstimate(
-            setup=setup, stages=tuple(model.estimates(setup, asked)), convention=model.convention
-        )
+        return MemoryEstimate(setup=setup, stages=tuple(estimates), convention=convention)
     results = []
-    for est in model.estimates(setup, asked):
-        stage = est.stage
+    for est in estimates:
         theory: int | None
         try:
-            theory = model_state_memory(setup, stage).device.total
+            theory = model_state_memory(setup, est.stage).device.total
         except InputError:  # a setup the engine runs but the paper's accounting cannot
             theory = None
         results.append(with_theory(est, theory))
-    return MemoryEstimate(setup=setup, stages=tuple(results), convention=model.convention)
+    return MemoryEstimate(setup=setup, stages=tuple(results), convention=convention)
 
 
 def with_theory(est: StageEstimate, theory: int | None) -> StageEstimate:
@@ -42,4 +64,4 @@ def with_theory(est: StageEstimate, theory: int | None) -> StageEstimate:
     return copy
 
 
-__all__ = ["Engine", "MemoryEstimate", "StageEstimate", "estimate"]
+__all__ = ["Engine", "MemoryEstimate", "StageEstimate", "across_dp", "estimate"]

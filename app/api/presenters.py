@@ -360,6 +360,108 @@ def _stage_out(s: StageCommunication) -> StageCommunicationOut:
     )
 
 
+def _link_body(link: Interconnect) -> dict[str, Any]:
+    """:class:`LinkOut`'s fields, in its order."""
+    return {
+        "name": link.name,
+        "bandwidth": link.bandwidth,
+        "latency_seconds": float(link.latency),
+        "source": link.source,
+    }
+
+
+def _stage_body(s: StageCommunication) -> dict[str, Any]:
+    """:class:`StageCommunicationOut`'s fields, in its order (floats where it declares them)."""
+    return {
+        "stage": int(s.stage),
+        "collectives": [
+            {
+                "op": c.collective.op.value,
+                "phase": c.collective.phase.value,
+                "calls": c.collective.calls,
+                "payload_bytes": c.collective.payload_bytes,
+                "sent_bytes_per_rank": c.collective.sent_bytes_per_rank,
+                "dtype": c.collective.dtype,
+                "group_size": c.collective.group.size,
+                "link": c.collective.group.link.value,
+                "nodes_spanned": c.collective.group.nodes,
+                "intra_node_bytes_per_rank": c.intra_node_bytes_per_rank,
+                "inter_node_bytes_per_rank": c.inter_node_bytes_per_rank,
+                "time_seconds": float(c.time_seconds),
+                "what": c.collective.what,
+            }
+            for c in s.collectives
+        ],
+        "sent_bytes_per_rank": s.sent_bytes_per_rank,
+        "sent_readable": readable(s.sent_bytes_per_rank),
+        "ratio_to_ddp": None if s.ratio_to_ddp is None else float(s.ratio_to_ddp),
+        "time_seconds": float(s.time_seconds),
+        "collective_time_seconds": float(s.collective_time_seconds),
+        "offload_transfers": [
+            {
+                "direction": t.direction,
+                "phase": t.phase.value,
+                "bytes": t.bytes,
+                "time_seconds": float(secs),
+                "what": t.what,
+            }
+            for t, secs in zip(s.transfers, s.transfer_seconds, strict=True)
+        ],
+        "offload_time_seconds": float(s.transfer_time_seconds),
+        "notes": list(s.notes),
+    }
+
+
+def communication_body(
+    result: CommunicationEstimate, decided: Decided | None = None
+) -> dict[str, Any]:
+    """:class:`CommunicationResponse`'s fields, in its order, as JSON values: the answer of
+    :func:`communication_response` without building and validating its models."""
+    setup = result.setup
+    t, topo, net = setup.training, setup.topology, setup.network
+    dp_group = topo.dp_group()
+    config = resolved_config(t.engine, decided)
+    return {
+        "params": t.params,
+        "params_per_device": t.params_per_device,
+        "dp": t.dp,
+        "tp": t.tp,
+        "pp": t.pp,
+        "grad_accumulation_steps": setup.grad_accumulation_steps,
+        "convention": {
+            "engine": t.engine.value,
+            "description": result.convention,
+            "grad_sync": setup.grad_sync.value,
+            "time_model": TIME_MODEL,
+            "ignores": result.ignores,
+        },
+        "topology": {
+            "nodes": topo.nodes,
+            "gpus_per_node": topo.gpus_per_node,
+            "nics_per_node": topo.nics,
+            "dp_group_nodes": dp_group.nodes,
+            "dp_ranks_per_node": dp_group.per_node,
+            "assumed": topo.assumed,
+            "layout": TOPOLOGY_LAYOUT,
+        },
+        "links": {
+            "intra_node": _link_body(net.intra),
+            "inter_node": _link_body(net.inter),
+            "host": _link_body(net.host),
+        },
+        "stages": [_stage_body(s) for s in result.stages],
+        "resolved_config": None
+        if config is None
+        else config.model_dump(mode="json", by_alias=True),
+    }
+
+
+TOPOLOGY_LAYOUT = (
+    "global rank = (pp_rank · dp + dp_rank) · tp + tp_rank (tensor parallel innermost); "
+    "node = rank // gpus_per_node"
+)
+
+
 def communication_response(
     result: CommunicationEstimate, decided: Decided | None = None
 ) -> CommunicationResponse:
@@ -387,8 +489,7 @@ def communication_response(
             dp_group_nodes=dp_group.nodes,
             dp_ranks_per_node=dp_group.per_node,
             assumed=topo.assumed,
-            layout="global rank = (pp_rank · dp + dp_rank) · tp + tp_rank (tensor parallel "
-            "innermost); node = rank // gpus_per_node",
+            layout=TOPOLOGY_LAYOUT,
         ),
         links={
             "intra_node": _link_out(net.intra),

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from calculators.conventions import Engine, Stage
 from calculators.engines import deepspeed, paper, torch
-from calculators.estimates import StageEstimate
+from calculators.estimates import DpEstimates, StageEstimate
 from calculators.model_states import TrainingSetup
 from calculators.traffic import CommunicationSetup, EngineTraffic
 
@@ -37,6 +37,11 @@ class EngineModel(Protocol):
 
     def estimates(self, setup: TrainingSetup, stages: Sequence[Stage]) -> Iterator[StageEstimate]:
         """``estimate`` for each of ``stages`` in turn, sharing what the stages have in common."""
+        ...
+
+    def across_dp(self, setup: TrainingSetup) -> DpEstimates:
+        """``estimates`` for ``setup`` and for copies of it under other Nd values (nothing else
+        changed), sharing what the Nd values have in common (a sweep asks up to 64 of them)."""
         ...
 
     def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:

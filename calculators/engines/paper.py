@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from calculators.activations import Regime, activations
 from calculators.conventions import PRECISION_BYTES, OffloadDevice, Precision, Stage
-from calculators.estimates import StageEstimate
+from calculators.estimates import DpEstimates, StageEstimate
 from calculators.model_states import TrainingSetup, ceil_div, model_state_memory
 from calculators.topology import Op
 from calculators.traffic import (
@@ -84,6 +84,10 @@ class PaperModel:
         return acts.end_of_forward, (
             f"activations in {regime.value} regime; peak = model states + activations"
         )
+
+    def across_dp(self, setup: TrainingSetup) -> DpEstimates:  # noqa: ARG002
+        # nothing worth sharing across Nd: each Nd is estimated afresh
+        return self.estimates
 
     def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         sent = _collectives(setup, stage)

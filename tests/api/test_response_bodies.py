@@ -1,5 +1,6 @@
-"""The memory answers are encoded once from plain JSON bodies: each must be exactly what its
-documented response model would send (the same fields, order, types and bytes)."""
+"""The memory and communication answers are encoded once from plain JSON bodies: each must be
+exactly what its documented response model would send (the same fields, order, types and
+bytes)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
+from app.api.routes.communication import answer, communication
 from app.main import app
+from app.schemas.communication import CommunicationRequest, CommunicationResponse
 from app.schemas.memory import MemoryResponse
 from app.schemas.sweep import MemorySweepResponse
+from calculators.errors import InputError
+from tests.api.test_figures_unchanged import cases
 
 TINY = {"layers": 2, "hidden": 256, "heads": 4, "vocab_size": 1000, "max_seq_len": 512}
 BODIES: list[dict[str, Any]] = [
@@ -89,6 +94,25 @@ def test_responses_keep_their_documented_schemas(client: TestClient) -> None:
     for path, name in (
         ("/v1/memory", "MemoryResponse"),
         ("/v1/memory/sweep", "MemorySweepResponse"),
+        ("/v1/communication", "CommunicationResponse"),
     ):
         schema = paths[path]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
         assert schema == {"$ref": f"#/components/schemas/{name}"}
+
+
+_COMMUNICATION = {k: b for k, b in cases().items() if k.startswith("comm/")}
+
+
+@pytest.mark.parametrize("key", sorted(_COMMUNICATION))
+def test_communication_body_is_the_response_models_json(key: str) -> None:
+    """Every communication case of the figures grid (engines, topologies, ZeRO++, offload,
+    DeepSpeed knobs): the answer's bytes are those FastAPI writes for the route's model."""
+    request = CommunicationRequest(**_COMMUNICATION[key])
+    try:
+        model = communication(request)
+    except InputError:
+        with pytest.raises(InputError):
+            answer(request)
+        return
+    expected = TypeAdapter(CommunicationResponse).dump_json(model, by_alias=True)
+    assert bytes(answer(request).body) == expected

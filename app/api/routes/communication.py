@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body
-from pydantic import TypeAdapter
 from starlette.responses import Response
 
 from app.api.convert import communication_question
 from app.api.examples import COMMUNICATION_EXAMPLES
-from app.api.presenters import communication_response
+from app.api.presenters import communication_body, communication_response, json_response
 from app.schemas.communication import (
     CommunicationRequest,
     CommunicationResponse,
@@ -36,15 +35,12 @@ def communication(
     return communication_response(result, question.decided)
 
 
-_RESPONSE = TypeAdapter(CommunicationResponse)
-
-
 def answer(request: CommunicationRequest) -> Response:
-    """The route's answer as FastAPI writes it for ``response_model`` (its ``dump_json``)."""
-    return Response(
-        content=_RESPONSE.dump_json(communication(request), by_alias=True),
-        media_type="application/json",
-    )
+    """The route's answer as FastAPI writes it for ``response_model``, encoded once from plain
+    values (``CommunicationResponse`` stays the documented schema)."""
+    question = communication_question(request)
+    result = estimate_communication(question.setup, question.stages)
+    return json_response(communication_body(result, question.decided))
 
 
 @router.get("/interconnects", response_model=list[InterconnectPreset])

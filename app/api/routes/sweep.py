@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, Body
@@ -16,7 +15,7 @@ from app.api.presenters import convention_body, json_response, per_device_body
 from app.schemas.sweep import MemorySweepRequest, MemorySweepResponse
 from calculators.conventions import Stage
 from calculators.errors import InputError
-from calculators.memory import estimate
+from calculators.memory import across_dp
 
 router = APIRouter(prefix="/v1", tags=["memory"])
 
@@ -43,7 +42,8 @@ def sweep(request: MemorySweepRequest) -> Response:
     setup = memory_setup(request)
     stages = [Stage(s) for s in request.stages]
     device_memory = request.device_memory
-    reference = estimate(setup, stages)  # the request's own Nd: its errors come first
+    at_dp = across_dp(setup, stages)  # what the Nd values share, worked out once
+    reference = at_dp(setup.dp)  # the request's own Nd: its errors come first
     points = []
     for n, dp in enumerate(request.dp_values):
         if time.perf_counter() - started > SWEEP_BUDGET_S:
@@ -53,7 +53,7 @@ def sweep(request: MemorySweepRequest) -> Response:
                 f"{len(request.dp_values)} values; send fewer dp_values (or ask /v1/memory)",
             )
         # the request's own Nd is already answered: the same setup, the same estimate
-        result = reference if dp == setup.dp else estimate(replace(setup, dp=dp), stages)
+        result = reference if dp == setup.dp else at_dp(dp)
         points.append(
             {
                 "dp": dp,

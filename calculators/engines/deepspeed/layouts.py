@@ -6,8 +6,10 @@ Paths relative to ``deepspeed/runtime/`` of 0.19.8: engine.py, fp16/unfused_opti
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import accumulate, compress
 
 from calculators.activations import INDEX_BYTES, ActivationBreakdown, Regime, activations
@@ -17,21 +19,152 @@ from calculators.engines.deepspeed.buckets import (
     MEMORY_OPT_ALLREDUCE_SIZE,
     fallback_buckets,
     ipg_ranges,
-    partition_share,
 )
 from calculators.engines.deepspeed.config import Knobs, whole
 from calculators.engines.deepspeed.stage3 import (
     Stage3Trace,
     gathered_numels,
-    reduce_scatter_buffer,
     stage3_trace,
-    sub_groups,
 )
 from calculators.engines.torch.peak import holds_outputs
 from calculators.model_states import Placement, TrainingSetup
 from calculators.parameters import ParamTensor, first_block_span, param_numels, tally
 
 FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
+_CHUNK = 1024  # parameters per chunk of ParamFacts.largest_of_first
+
+
+# --- the parameter list, whatever Nd --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stage3Kept:
+    """Stage 3's coordinator outcome for one parameter list and config, whatever Nd."""
+
+    trace: Stage3Trace
+    persistent_counts: dict[int, int]  # persistent parameters per size
+    persistent_bytes: int  # their gathered 16-bit copies
+    gathered_bytes: int  # the other parameters still gathered at the end of forward
+
+
+class ParamFacts:
+    """What the stages read of one parameter list that does not depend on Nd: sizes, prefix
+    sums, the IPG buckets. Each is worked out on first use, once for every stage and every Nd
+    of one request (a sweep asks the same list under up to 64 Nd values). The sizes come from
+    ``param_numels`` (an architecture's list is counted from its distinct tensors, never
+    walked tensor by tensor); sums over them run once per distinct size."""
+
+    def __init__(self, params: Sequence[ParamTensor]) -> None:
+        self.params = params
+        self.numels = param_numels(params)
+        self.psi = sum(n * count for n, count in self.counts.items())
+        self.largest = max(self.counts)
+        # offsets[i]: where parameter i starts in the flat group; offsets[-1] = Ψ
+        self.offsets = [0, *accumulate(self.numels)]
+        self._ranges: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+        self._extents: dict[tuple[int, bool], list[tuple[int, int, int, int]]] = {}
+        self._buckets: dict[int, list[tuple[int | None, list[tuple[int, int]]]]] = {}
+        self._kept: tuple[Knobs, bool, Stage3Kept] | None = None
+        self._chunk_largest: list[int] | None = None
+
+    @cached_property
+    def counts(self) -> dict[int, int]:
+        """How many parameters have each size."""
+        return tally(self.numels)
+
+    @cached_property
+    def half_blocks(self) -> int:
+        """One 16-bit allocation per parameter (``blocks(HALF_BYTES, numels)``)."""
+        return sum(count * block(HALF_BYTES * n) for n, count in self.counts.items())
+
+    @cached_property
+    def backward(self) -> tuple[Sequence[int], list[int]]:
+        """The sizes in backward (reversed) order and their prefix sums."""
+        order = self.numels[::-1]
+        return order, [0, *accumulate(order)]
+
+    def largest_of_first(self, count: int) -> int:
+        """The largest of the first ``count`` parameters (0 for none): the running largest of
+        whole chunks of ``_CHUNK`` parameters, then the rest of the last chunk."""
+        numels = self.numels
+        if self._chunk_largest is None:
+            ends = range(_CHUNK, len(numels) + 1, _CHUNK)
+            self._chunk_largest = [0, *accumulate((max(numels[e - _CHUNK : e]) for e in ends), max)]
+        whole = count // _CHUNK
+        rest = max(numels[whole * _CHUNK : count], default=0)
+        return max(self._chunk_largest[whole], rest)
+
+    def ranges(self, bucket: int, backward: bool) -> list[tuple[int, int]]:
+        """``ipg_ranges`` over the parameters, in backward (reversed) order or in order:
+        ``(first, end)`` of each bucket, positions in the order walked."""
+        key = (bucket, backward)
+        if key not in self._ranges:
+            order, prefix = self.backward if backward else (self.numels, self.offsets)
+            self._ranges[key] = ipg_ranges(order, prefix, bucket)
+        return self._ranges[key]
+
+    def backward_buckets(self, bucket: int) -> list[tuple[int | None, list[tuple[int, int]]]]:
+        """Stage 3's IPG buckets, each different one once: the size of its one parameter (None
+        when it holds more) and how many parameters of each size it holds (empty gradients
+        join no bucket)."""
+        if bucket not in self._buckets:
+            order = self.backward[0]
+            out: list[tuple[int | None, list[tuple[int, int]]]] = []
+            seen_runs: set[tuple[int, ...]] = set()
+            seen: set[frozenset[tuple[int, int]]] = set()
+            for first, end in self.ranges(bucket, backward=True):
+                run = tuple(order[first:end])
+                if run in seen_runs:  # the layers repeat the same buckets
+                    continue
+                seen_runs.add(run)
+                members = tally(run)
+                members.pop(0, None)
+                sizes = frozenset(members.items())
+                if sizes not in seen:
+                    seen.add(sizes)
+                    single = next(iter(members)) if sum(members.values()) == 1 else None
+                    out.append((single, list(members.items())))
+            self._buckets[bucket] = out
+        return self._buckets[bucket]
+
+    def stage3_kept(self, knobs: Knobs, exact: bool) -> Stage3Kept:
+        """What stage 3's parameter coordinator keeps gathered (``stage3_trace``), as sizes
+        and 16-bit bytes; the last config asked is remembered (one per request)."""
+        if self._kept is not None and self._kept[0] is knobs and self._kept[1] == exact:
+            return self._kept[2]
+        numels = self.numels
+        trace = stage3_trace(self.params, knobs) if exact else Stage3Trace((False,), (True,))
+        persistent = list(compress(numels, trace.persistent))
+        # gathered at the end of forward: what the coordinator keeps, plus the head
+        gathered = gathered_numels(numels, trace)
+        counts = tally(persistent)
+        persistent_bytes = sum(count * block(HALF_BYTES * n) for n, count in counts.items())
+        kept = Stage3Kept(trace, counts, persistent_bytes, blocks(HALF_BYTES, gathered))
+        self._kept = (knobs, exact, kept)
+        return kept
+
+    def bucket_extents(self, bucket: int, backward: bool) -> list[tuple[int, int, int, int]]:
+        """Per IPG bucket, in the order walked: the flat group's first and last element its run
+        of parameters covers, their 16-bit allocations (walked in order only: the boundary's
+        walk frees autograd's gradients bucket by bucket; 0 in backward order), and the
+        bucket's 16-bit flattened copy. A bucket is a run of consecutive parameters (zero-sized
+        ones skipped), so its extent is a difference of prefix sums."""
+        key = (bucket, backward)
+        if key not in self._extents:
+            numels, offsets = self.numels, self.offsets
+            n = len(numels)
+            out = []
+            for first, end in self.ranges(bucket, backward):
+                if backward:  # positions in the reversed list
+                    first, end = n - end, n - first
+                    rounded = 0
+                else:
+                    rounded = blocks(HALF_BYTES, numels[first:end])
+                lo, hi = offsets[first], offsets[end]
+                flat = block(HALF_BYTES * (hi - lo))
+                out.append((lo, hi - 1, rounded, flat))
+            self._extents[key] = out
+        return self._extents[key]
 
 
 # --- the moments of a step ---------------------------------------------------------------------
@@ -43,10 +176,10 @@ class Moment:
 
     activations: int
     buffers: Mapping[str, int]
+    total: int = field(init=False, repr=False, compare=False)  # read for every peak search
 
-    @property
-    def total(self) -> int:
-        return self.activations + sum(self.buffers.values())
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", self.activations + sum(self.buffers.values()))
 
 
 @dataclass(frozen=True)
@@ -379,168 +512,228 @@ def stage12(
     shape: StepShape,
     adam: bool,
     accumulation: int,
+    facts: ParamFacts | None = None,
 ) -> Layout:
-    numels = param_numels(params)
-    psi = sum(numels)
-    # stage_1_and_2.py:387, 446: the flat group is padded to a multiple of 2 x N
-    # (nccl_start_alignment_factor = 2); each rank owns len / N elements.
-    align = 2 * world
-    padded = -(-psi // align) * align
-    part = padded // world
-    flat16 = block(HALF_BYTES * padded)  # bit16_groups_flat (:497-503)
-    offload = knobs.offload_optimizer is not None
-    rbs = knobs.reduce_bucket_size
-    overlap = knobs.overlap(stage) or False
-    # setup_buckets (:3256-3280): one reduce_bucket_size buffer, two with overlap_comm
-    ipg = (2 if overlap else 1) * block(HALF_BYTES * rbs) if knobs.contiguous_gradients else 0
-    # rank 0's partition is [0, part): whole parameters that start inside it
-    # (params_in_partition), and the largest slice of one of them
-    offsets = [0, *accumulate(numels)]
-    g_p, max_slice = partition_share(numels, offsets, part)
-    gip = block(HALF_BYTES * g_p)  # grads_in_partition (copy_grads_in_partition :2183-2197)
-    notes = [
-        f"stage {int(stage)}: flat 16-bit group padded to {padded} elements, partition "
-        f"{part}; IPG bucket {rbs} elements x {2 if overlap else 1}"
-    ]
+    """``facts``: ``params``' sizes already worked out (for another stage or Nd)."""
+    if facts is None:
+        facts = ParamFacts(params)
+    return Stage12(facts, stage, knobs, n_states, shape, adam, accumulation).layout(world)
 
-    # reduction: walk the gradients in bucket order; a bucket is reduced when the next gradient
-    # would overflow it (:1422-1428) and flattened into a new 16-bit tensor when it spans more
-    # than one partition (allreduce_bucket -> self.flatten, no copy for a single slice).
-    # stage 2 (and stage 1 with overlap_comm) reduces from the hooks, in backward order;
-    # stage 1 otherwise walks the parameters at the boundary (reduce_gradients :958-982)
-    in_hooks = stage is Stage.GRADIENTS or overlap
-    if in_hooks and psi > rbs:
-        notes.append(
-            "buckets reduced during backward are counted without the activations "
-            "still alive at that point"
-        )
-    # a bucket is a run of consecutive parameters (zero-sized ones skipped), so its elements
-    # and extent are differences of prefix sums (in backward order, psi minus them)
-    walked = numels[::-1] if in_hooks else numels
-    sums = [0, *accumulate(walked)] if in_hooks else offsets
 
-    def spans(first: int, last_end: int) -> bool:
-        return world > 1 and first // part != (last_end - 1) // part
+class Stage12:
+    """Stage 1 or 2 of one setup: what does not depend on Nd worked out once (the buckets, the
+    moments before the reduction), the rest per Nd (``layout``)."""
 
-    reduce_peak = 0
-    grads_left = 0 if in_hooks else blocks(HALF_BYTES, numels)
-    partition_allocated = False
-    walk = ipg_ranges(walked, sums, rbs)
-    for j, (first, end) in enumerate(walk):
-        lo, hi = (psi - sums[end], psi - sums[first]) if in_hooks else (sums[first], sums[end])
-        elems = hi - lo
-        copy = block(HALF_BYTES * elems) if spans(lo, hi) else 0
-        if j == len(walk) - 1:  # the last bucket, reduced by the epilogue
-            reduce_peak = max(reduce_peak, copy + (gip if partition_allocated else 0))
-            break
+    def __init__(
+        self,
+        facts: ParamFacts,
+        stage: Stage,
+        knobs: Knobs,
+        n_states: int,
+        shape: StepShape,
+        adam: bool,
+        accumulation: int,
+    ) -> None:
+        self.facts, self.stage, self.knobs, self.shape = facts, stage, knobs, shape
+        self.n_states, self.adam, self.accumulation = n_states, adam, accumulation
+        self.offload = knobs.offload_optimizer is not None
+        rbs = knobs.reduce_bucket_size
+        overlap = knobs.overlap(stage) or False
+        # setup_buckets (:3256-3280): one reduce_bucket_size buffer, two with overlap_comm
+        ipg = (2 if overlap else 1) * block(HALF_BYTES * rbs) if knobs.contiguous_gradients else 0
+        self.ipg = ipg
+        self.bucket_note = f"IPG bucket {rbs} elements x {2 if overlap else 1}"
+        # reduction: walk the gradients in bucket order; a bucket is reduced when the next
+        # gradient would overflow it (:1422-1428) and flattened into a new 16-bit tensor when it
+        # spans more than one partition (allreduce_bucket -> self.flatten, no copy for a single
+        # slice). Stage 2 (and stage 1 with overlap_comm) reduces from the hooks, in backward
+        # order; stage 1 otherwise walks the parameters at the boundary (reduce_gradients
+        # :958-982)
+        in_hooks = stage is Stage.GRADIENTS or overlap
+        self.in_hooks = in_hooks
+        self.hooks_note = in_hooks and facts.psi > rbs
+        self.extents = facts.bucket_extents(rbs, in_hooks)
+        moments = forward_moments(shape, shape.first_gradient(facts.numels), 0, ipg, in_hooks)
         if not in_hooks:
-            # moved into the bucket, autograd's freed
-            grads_left -= blocks(HALF_BYTES, walked[first:end])
-        reduce_peak = max(reduce_peak, grads_left + copy + (gip if partition_allocated else 0))
-        partition_allocated = partition_allocated or lo < part
-    if offload:
-        gip = 0  # offload copies each in-partition slice straight to the pinned fp32 buffer
-    reduce_peak = max(reduce_peak, gip)
-
-    moments = forward_moments(shape, shape.first_gradient(numels), 0, ipg, in_hooks)
-    if not in_hooks:
-        # overlap_comm off: hooks only set up the bucket; autograd keeps every gradient until
-        # engine.allreduce_gradients -> reduce_gradients walks them (engine.py:3088-3092)
-        moments.update(first_block_backward(shape, params, accumulation, {"ipg_buckets": ipg}))
-        moments["end_of_backward"] = Moment(
-            0,
-            {
-                "held_outputs": shape.held,
-                "gradients": blocks(HALF_BYTES, numels),
-                "ipg_buckets": ipg,
-            },
-        )
-        moments.update(
-            tied_embedding_backward(
-                shape, blocks(HALF_BYTES, numels) - shape.head_grad, {"ipg_buckets": ipg}
+            # overlap_comm off: hooks only set up the bucket; autograd keeps every gradient until
+            # engine.allreduce_gradients -> reduce_gradients walks them (engine.py:3088-3092)
+            moments.update(
+                first_block_backward(shape, facts.params, accumulation, {"ipg_buckets": ipg})
             )
-        )
-    else:
-        # every other gradient sits in the bucket (or was reduced) by then
-        moments.update(tied_embedding_backward(shape, 0, {"ipg_buckets": ipg}))
-    if stage is Stage.OPTIMIZER:
-        # stage 1 reduces only at the boundary (reduce_ready_partitions_and_remove_grads
-        # :2293): the gradients and the bucket (allocated by the first hook, released only by
-        # the boundary epilogue) stay into the next micro-step
-        later_micro_steps(
-            moments,
-            accumulation,
-            {"accumulated_gradients": blocks(HALF_BYTES, numels), "ipg_buckets": ipg},
-            BACKWARD_START,
-        )
-    moments["gradient_reduction"] = Moment(
-        0, {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak}
-    )
-    if stage is Stage.GRADIENTS and not offload:
-        # each micro-step's epilogue keeps the partition's gradients in all_grad_tensors
-        # (views of that step's grads_in_partition) and adds the next ones to it (:1041-1051)
-        later_micro_steps(
-            moments,
-            accumulation,
-            {"accumulated_gradients": gip},
-            (*BACKWARD_START, "gradient_reduction"),
-        )
+            moments["end_of_backward"] = Moment(
+                0,
+                {
+                    "held_outputs": shape.held,
+                    "gradients": facts.half_blocks,
+                    "ipg_buckets": ipg,
+                },
+            )
+            moments.update(
+                tied_embedding_backward(
+                    shape, facts.half_blocks - shape.head_grad, {"ipg_buckets": ipg}
+                )
+            )
+        else:
+            # every other gradient sits in the bucket (or was reduced) by then
+            moments.update(tied_embedding_backward(shape, 0, {"ipg_buckets": ipg}))
+        if stage is Stage.OPTIMIZER:
+            # stage 1 reduces only at the boundary (reduce_ready_partitions_and_remove_grads
+            # :2293): the gradients and the bucket (allocated by the first hook, released only by
+            # the boundary epilogue) stay into the next micro-step
+            later_micro_steps(
+                moments,
+                accumulation,
+                {"accumulated_gradients": facts.half_blocks, "ipg_buckets": ipg},
+                BACKWARD_START,
+            )
+        self.before_reduction = moments
 
-    master = block(FP32_BYTES * part)
-    states = n_states * master
-    cpu = Placement()
-    cpu_buffers = 0
-    resident = {"flat_16bit_params": flat16}
-    if offload:
-        # temp_grad_buffer_for_gpu_offload (:659-661) stays on the device
-        resident["offload_grad_staging"] = block(HALF_BYTES * max(numels))
-        # host: fp32 master, fp32 grad partition (kept), 16-bit staging, Adam states
-        cpu = Placement(
-            parameters=0,
-            gradients=FP32_BYTES * part,
-            optimizer_states=FP32_BYTES * part * (1 + n_states),
-        )
-        cpu_buffers = HALF_BYTES * part + HALF_BYTES * max(numels) if knobs.pin_memory else 0
-        # per in-partition gradient: fp64 norm copy and an fp32 copy before the host copy
-        # (set_norm_for_param_grad_in_gpu, async_inplace_copy_grad_to_fp32_buffer_from_gpu)
+    def layout(self, world: int) -> Layout:
+        """What rank 0 keeps under ``world`` data-parallel ranks."""
+        facts, stage, knobs, shape = self.facts, self.stage, self.knobs, self.shape
+        numels, ipg, offload, in_hooks = facts.numels, self.ipg, self.offload, self.in_hooks
+        # stage_1_and_2.py:387, 446: the flat group is padded to a multiple of 2 x N
+        # (nccl_start_alignment_factor = 2); each rank owns len / N elements.
+        align = 2 * world
+        padded = -(-facts.psi // align) * align
+        part = padded // world
+        flat16 = block(HALF_BYTES * padded)  # bit16_groups_flat (:497-503)
+        # rank 0's partition is [0, part): whole parameters that start inside it
+        # (params_in_partition), and the largest slice of one of them. The first k parameters
+        # start inside; all but the k-th also end inside, so their slices are whole.
+        offsets = facts.offsets
+        k = bisect_left(offsets, part, 0, len(numels))
+        g_p = offsets[k]
+        max_slice = max(facts.largest_of_first(k - 1), min(numels[k - 1], part - offsets[k - 1]))
+        gip = block(HALF_BYTES * g_p)  # grads_in_partition (copy_grads_in_partition :2183-2197)
+        notes = [
+            f"stage {int(stage)}: flat 16-bit group padded to {padded} elements, partition "
+            f"{part}; {self.bucket_note}"
+        ]
+        if self.hooks_note:
+            notes.append(
+                "buckets reduced during backward are counted without the activations "
+                "still alive at that point"
+            )
+
+        reduce_peak = 0
+        grads_left = 0 if in_hooks else facts.half_blocks
+        allocated = 0  # grads_in_partition, once a bucket has reached rank 0's partition
+        extents = self.extents
+        last = len(extents) - 1
+        spread = world > 1
+        for j, (lo, last_elem, rounded, flat) in enumerate(extents):
+            # flattened only when the bucket spans more than one rank's partition
+            copy = flat if spread and lo // part != last_elem // part else 0
+            if j == last:  # the last bucket, reduced by the epilogue
+                reduce_peak = max(reduce_peak, copy + allocated)
+                break
+            if not in_hooks:
+                grads_left -= rounded  # moved into the bucket, autograd's freed
+            alive = grads_left + copy + allocated
+            if alive > reduce_peak:
+                reduce_peak = alive
+            if lo < part:
+                allocated = gip
+        if offload:
+            gip = 0  # offload copies each in-partition slice straight to the pinned fp32 buffer
+        reduce_peak = max(reduce_peak, gip)
+
+        moments = dict(self.before_reduction)
         moments["gradient_reduction"] = Moment(
-            0,
-            {
-                "held_outputs": shape.held,
-                "ipg_buckets": ipg,
-                "reduction_buffers": reduce_peak,
-                "offload_norm_copy": block(FP64_BYTES * max_slice),
-            },
+            0, {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak}
         )
-        device = Placement(parameters=flat16, gradients=0, optimizer_states=0)
-        notes.append(
-            "optimizer offload: fp32 master, fp32 gradient partition and optimizer "
-            "states live in host memory; the step runs on the CPU"
-        )
-    else:
-        resident["fp32_master_partition"] = master
-        resident["optimizer_states"] = states
-        flat_grad = block(HALF_BYTES * part)
-        g32 = block(FP32_BYTES * part)
-        base = {"held_outputs": shape.held}
-        # step() (:3013-3169): fp64 per-gradient norms, flatten + .to(fp32), Adam
-        moments["grad_norm"] = Moment(
-            0, {**base, "grads_in_partition": gip, "norm_fp64_copy": block(FP64_BYTES * max_slice)}
-        )
-        moments["fp32_gradient"] = Moment(
-            0,
-            {
-                **base,
-                "grads_in_partition": gip,
-                "flat_16bit_gradient": flat_grad,
-                "fp32_gradient": g32,
-            },
-        )
-        moments["optimizer_step"] = Moment(
-            0, {**base, "fp32_gradient": g32, "adam_foreach_temp": master if adam else 0}
-        )
-        device = Placement(parameters=flat16, gradients=gip, optimizer_states=master + states)
-    return Layout(resident, device, cpu, cpu_buffers, moments, notes)
+        if stage is Stage.GRADIENTS and not offload:
+            # each micro-step's epilogue keeps the partition's gradients in all_grad_tensors
+            # (views of that step's grads_in_partition) and adds the next ones to it (:1041-1051)
+            later_micro_steps(
+                moments,
+                self.accumulation,
+                {"accumulated_gradients": gip},
+                (*BACKWARD_START, "gradient_reduction"),
+            )
+
+        master = block(FP32_BYTES * part)
+        states = self.n_states * master
+        cpu = Placement()
+        cpu_buffers = 0
+        resident = {"flat_16bit_params": flat16}
+        if offload:
+            # temp_grad_buffer_for_gpu_offload (:659-661) stays on the device
+            resident["offload_grad_staging"] = block(HALF_BYTES * facts.largest)
+            # host: fp32 master, fp32 grad partition (kept), 16-bit staging, Adam states
+            cpu = Placement(
+                parameters=0,
+                gradients=FP32_BYTES * part,
+                optimizer_states=FP32_BYTES * part * (1 + self.n_states),
+            )
+            cpu_buffers = HALF_BYTES * part + HALF_BYTES * facts.largest if knobs.pin_memory else 0
+            # per in-partition gradient: fp64 norm copy and an fp32 copy before the host copy
+            # (set_norm_for_param_grad_in_gpu, async_inplace_copy_grad_to_fp32_buffer_from_gpu)
+            moments["gradient_reduction"] = Moment(
+                0,
+                {
+                    "held_outputs": shape.held,
+                    "ipg_buckets": ipg,
+                    "reduction_buffers": reduce_peak,
+                    "offload_norm_copy": block(FP64_BYTES * max_slice),
+                },
+            )
+            device = Placement(parameters=flat16, gradients=0, optimizer_states=0)
+            notes.append(
+                "optimizer offload: fp32 master, fp32 gradient partition and optimizer "
+                "states live in host memory; the step runs on the CPU"
+            )
+        else:
+            resident["fp32_master_partition"] = master
+            resident["optimizer_states"] = states
+            flat_grad = block(HALF_BYTES * part)
+            g32 = block(FP32_BYTES * part)
+            base = {"held_outputs": shape.held}
+            # step() (:3013-3169): fp64 per-gradient norms, flatten + .to(fp32), Adam
+            moments["grad_norm"] = Moment(
+                0,
+                {
+                    **base,
+                    "grads_in_partition": gip,
+                    "norm_fp64_copy": block(FP64_BYTES * max_slice),
+                },
+            )
+            moments["fp32_gradient"] = Moment(
+                0,
+                {
+                    **base,
+                    "grads_in_partition": gip,
+                    "flat_16bit_gradient": flat_grad,
+                    "fp32_gradient": g32,
+                },
+            )
+            moments["optimizer_step"] = Moment(
+                0, {**base, "fp32_gradient": g32, "adam_foreach_temp": master if self.adam else 0}
+            )
+            device = Placement(parameters=flat16, gradients=gip, optimizer_states=master + states)
+        return Layout(resident, device, cpu, cpu_buffers, moments, notes)
+
+
+def _sub_groups(facts: ParamFacts, world: int, local: int, size: int) -> list[int]:
+    """Elements of each fp16 sub-group: running over the partitions, a group closes once it
+    holds ``size`` elements or more. Found on the partitions' prefix sums, one search per
+    group."""
+    if local < size:
+        return [local] if local else []  # none closes before the end
+    part_of = {n: -(-n // world) for n in facts.counts}
+    prefix = list(accumulate(map(part_of.__getitem__, facts.numels)))
+    groups: list[int] = []
+    base, i = 0, 0
+    while True:
+        j = bisect_left(prefix, base + size, i)  # the partition that closes the next group
+        if j == len(prefix):
+            break
+        groups.append(prefix[j] - base)
+        base, i = prefix[j], j + 1
+    if local > base:
+        groups.append(local - base)
+    return groups
 
 
 def stage3(
@@ -551,126 +744,185 @@ def stage3(
     shape: StepShape,
     adam: bool,
     exact: bool,
+    facts: ParamFacts | None = None,
 ) -> Layout:
-    numels = param_numels(params)
-    # _partition_elems per parameter, summed once per distinct size
-    local = sum(count * _partition_elems(n, world) for n, count in tally(numels).items())
-    trace = stage3_trace(params, knobs) if exact else Stage3Trace((False,), (True,))
-    lp = block(HALF_BYTES * local)  # lp_param_buffer after defragment (stage3.py:972)
-    rbs = knobs.reduce_bucket_size
-    ipg = block(HALF_BYTES * rbs) if knobs.contiguous_gradients else 0  # stage3.py:779-784
-    gradbuf = block(HALF_BYTES * local)  # grad_partitions_flat_buffer (:791-802)
-    # sub-groups close once they reach sub_group_size (_create_fp16_sub_groups :1210-1233)
-    groups = sub_groups(numels, world, knobs.sub_group_size)
-    largest = max(groups)
-    master = sum(block(FP32_BYTES * s) for s in groups)
-    states = n_states * master
-    # A gathered parameter is a whole 16-bit copy (all_gather_coalesced -> torch.cat per
-    # parameter); persistent ones stay gathered for good. With one rank nothing is gathered:
-    # NoGatherHandle points param.data at the partition itself (partition_parameters.py
-    # _no_gather_coalesced).
-    gathers = world > 1
-    persistent = list(compress(numels, trace.persistent))
-    persist = blocks(HALF_BYTES, persistent) if gathers else 0
-    # gathered at the end of forward: what the coordinator keeps (stage3_trace), plus the head
-    gathered = blocks(HALF_BYTES, gathered_numels(numels, trace)) if gathers else 0
-    offload = knobs.offload_optimizer is not None
-    offload_params = knobs.offload_param is not None
-    notes = [
-        f"stage 3: {sum(trace.persistent)} persistent parameters ({persist} bytes gathered "
-        f"for good), {sum(trace.kept)} of {len(params)} parameters stay gathered from "
-        "forward to backward (simulated parameter coordinator: prefetch records their "
-        "backward use)",
-        "parameters still in flight at the end of forward count as gathered copies",
-    ]
-    if not exact:
-        notes.append("approximate: no architecture, Ψ taken as one tensor kept gathered")
-    # the IPG bucket is persistent here; the head's gradient is copied into it and freed
-    moments = forward_moments(shape, shape.first_gradient(numels), gathered, 0, True)
-    # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds a
-    # padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor
-    cat = reduce_scatter_buffer(numels, knobs.reduce_bucket_size, world)
-    moments["gradient_reduction"] = Moment(
-        0, {"held_outputs": shape.held, "reduce_scatter_buffer": cat}
-    )
-    resident = {
-        "partitioned_16bit_params": 0 if offload_params else lp,
-        "ipg_bucket": ipg,
-        "persistent_parameters": persist,
-    }
-    cpu = Placement()
-    cpu_buffers = 0
-    if offload_params:
-        cpu_buffers += HALF_BYTES * local  # pinned unconditionally (:888-911)
-        notes.append("parameter offload: 16-bit partitions in pinned host memory (not validated)")
-    if offload:
-        cpu = Placement(
-            parameters=HALF_BYTES * local if offload_params else 0,
-            gradients=(FP32_BYTES + HALF_BYTES) * local,
-            optimizer_states=FP32_BYTES * local * (1 + n_states),
+    """``facts``: ``params``' sizes already worked out (for another stage or Nd)."""
+    if facts is None:
+        facts = ParamFacts(params)
+    return Stage3(facts, knobs, n_states, shape, adam, exact).layout(world)
+
+
+class Stage3:
+    """Stage 3 of one setup: what does not depend on Nd worked out once (the coordinator's
+    outcome, the buckets, the moments of forward), the rest per Nd (``layout``)."""
+
+    def __init__(
+        self,
+        facts: ParamFacts,
+        knobs: Knobs,
+        n_states: int,
+        shape: StepShape,
+        adam: bool,
+        exact: bool,
+    ) -> None:
+        self.facts, self.knobs, self.shape = facts, knobs, shape
+        self.n_states, self.adam, self.exact = n_states, adam, exact
+        self.kept = facts.stage3_kept(knobs, exact)
+        trace = self.kept.trace
+        self.n_persistent, self.n_kept = sum(trace.persistent), sum(trace.kept)
+        self.ipg = (
+            block(HALF_BYTES * knobs.reduce_bucket_size) if knobs.contiguous_gradients else 0
+        )  # stage3.py:779-784
+        self.buckets = facts.backward_buckets(knobs.reduce_bucket_size)
+        self._forward: dict[bool, dict[str, Moment]] = {}
+
+    def forward(self, gathers: bool) -> dict[str, Moment]:
+        """The moments of the loss and the start of backward (a fresh dict)."""
+        if gathers not in self._forward:
+            # gathered at the end of forward: what the coordinator keeps, plus the head; the
+            # IPG bucket is persistent here; the head's gradient is copied into it and freed
+            gathered = self.kept.gathered_bytes if gathers else 0
+            shape = self.shape
+            self._forward[gathers] = forward_moments(
+                shape, shape.first_gradient(self.facts.numels), gathered, 0, True
+            )
+        return dict(self._forward[gathers])
+
+    def layout(self, world: int) -> Layout:
+        """What rank 0 keeps under ``world`` data-parallel ranks."""
+        facts, knobs, shape, kept = self.facts, self.knobs, self.shape, self.kept
+        n_states = self.n_states
+        # _partition_elems per parameter, summed once per distinct size
+        local = sum(count * -(-n // world) for n, count in facts.counts.items())
+        lp = block(HALF_BYTES * local)  # lp_param_buffer after defragment (stage3.py:972)
+        ipg = self.ipg
+        gradbuf = block(HALF_BYTES * local)  # grad_partitions_flat_buffer (:791-802)
+        # sub-groups close once they reach sub_group_size (_create_fp16_sub_groups :1210-1233)
+        groups = _sub_groups(facts, world, local, knobs.sub_group_size)
+        largest = max(groups)
+        master = sum(block(FP32_BYTES * s) for s in groups)
+        states = n_states * master
+        # A gathered parameter is a whole 16-bit copy (all_gather_coalesced -> torch.cat per
+        # parameter); persistent ones stay gathered for good. With one rank nothing is gathered:
+        # NoGatherHandle points param.data at the partition itself (partition_parameters.py
+        # _no_gather_coalesced).
+        gathers = world > 1
+        persist = kept.persistent_bytes if gathers else 0
+        offload = knobs.offload_optimizer is not None
+        offload_params = knobs.offload_param is not None
+        notes = [
+            f"stage 3: {self.n_persistent} persistent parameters ({persist} bytes gathered "
+            f"for good), {self.n_kept} of {len(facts.numels)} parameters stay gathered from "
+            "forward to backward (simulated parameter coordinator: prefetch records their "
+            "backward use)",
+            "parameters still in flight at the end of forward count as gathered copies",
+        ]
+        if not self.exact:
+            notes.append("approximate: no architecture, Ψ taken as one tensor kept gathered")
+        moments = self.forward(gathers)
+        # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds
+        # a padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor
+        cat = max(
+            (
+                0
+                if single is not None and single % world == 0
+                else block(HALF_BYTES * world * sum(count * -(-n // world) for n, count in sizes))
+            )
+            for single, sizes in self.buckets
         )
-        if knobs.pin_memory:
-            cpu_buffers += (FP32_BYTES + HALF_BYTES) * local  # fp32 grads, 16-bit grad buffer
-        # partition_grads: each reduced partition goes to the pinned buffer and back to the
-        # device (grad_buffer.to(device)), then .float() before the host copy (:2028, :1457)
         moments["gradient_reduction"] = Moment(
-            0,
-            {
-                "held_outputs": shape.held,
-                "reduce_scatter_buffer": cat,
-                "offload_partition_copies": block(
-                    (HALF_BYTES + FP32_BYTES) * _partition_elems(max(numels), world)
-                ),
-            },
+            0, {"held_outputs": shape.held, "reduce_scatter_buffer": cat}
         )
-        device = Placement(
-            parameters=resident["partitioned_16bit_params"] + persist,
-            gradients=0,
-            optimizer_states=0,
+        resident = {
+            "partitioned_16bit_params": 0 if offload_params else lp,
+            "ipg_bucket": ipg,
+            "persistent_parameters": persist,
+        }
+        cpu = Placement()
+        cpu_buffers = 0
+        if offload_params:
+            cpu_buffers += HALF_BYTES * local  # pinned unconditionally (:888-911)
+            notes.append(
+                "parameter offload: 16-bit partitions in pinned host memory (not validated)"
+            )
+        if offload:
+            cpu = Placement(
+                parameters=HALF_BYTES * local if offload_params else 0,
+                gradients=(FP32_BYTES + HALF_BYTES) * local,
+                optimizer_states=FP32_BYTES * local * (1 + n_states),
+            )
+            if knobs.pin_memory:
+                cpu_buffers += (FP32_BYTES + HALF_BYTES) * local  # fp32 grads, 16-bit grad buffer
+            # partition_grads: each reduced partition goes to the pinned buffer and back to the
+            # device (grad_buffer.to(device)), then .float() before the host copy (:2028, :1457)
+            moments["gradient_reduction"] = Moment(
+                0,
+                {
+                    "held_outputs": shape.held,
+                    "reduce_scatter_buffer": cat,
+                    "offload_partition_copies": block(
+                        (HALF_BYTES + FP32_BYTES) * _partition_elems(facts.largest, world)
+                    ),
+                },
+            )
+            device = Placement(
+                parameters=resident["partitioned_16bit_params"] + persist,
+                gradients=0,
+                optimizer_states=0,
+            )
+            notes.append(
+                "optimizer offload: fp32 master, gradients and optimizer states in host "
+                "memory; the step runs on the CPU"
+            )
+        else:
+            resident["gradient_partitions"] = gradbuf
+            resident["fp32_master_partition"] = master
+            resident["optimizer_states"] = states
+            g32 = block(FP32_BYTES * largest)
+            held = shape.held
+            # step (:2873-2949): gathered parameters are released first
+            # (_partition_all_parameters): the persistent ones are freed at the start of step
+            # and gathered again after it
+            norm = block(FP64_BYTES * _partition_elems(facts.largest, world))
+            moments["grad_norm"] = Moment(
+                0, {"held_outputs": held, "norm_fp64_copy": norm, "released_persistent": -persist}
+            )
+            moments["fp32_gradient"] = Moment(
+                0,
+                {
+                    "held_outputs": held,
+                    "flat_16bit_gradient": block(HALF_BYTES * largest),
+                    "fp32_gradient": g32,
+                    "released_persistent": -persist,
+                },
+            )
+            moments["optimizer_step"] = Moment(
+                0,
+                {
+                    "held_outputs": held,
+                    "fp32_gradient": g32,
+                    "adam_foreach_temp": g32 if self.adam else 0,
+                    "released_persistent": -persist,
+                },
+            )
+            device = Placement(
+                parameters=resident["partitioned_16bit_params"] + persist,
+                gradients=gradbuf,
+                optimizer_states=master + states,
+            )
+        # _post_step re-gathers the persistent parameters: a padded flat buffer, then the copies
+        persist_flat = (
+            sum(
+                count * block(HALF_BYTES * _partition_elems(n, world) * world)
+                for n, count in kept.persistent_counts.items()
+            )
+            if gathers
+            else 0
         )
-        notes.append(
-            "optimizer offload: fp32 master, gradients and optimizer states in host "
-            "memory; the step runs on the CPU"
+        moments["persistent_gather"] = Moment(
+            0, {"held_outputs": shape.held, "persistent_gather_buffer": persist_flat}
         )
-    else:
-        resident["gradient_partitions"] = gradbuf
-        resident["fp32_master_partition"] = master
-        resident["optimizer_states"] = states
-        g32 = block(FP32_BYTES * largest)
-        base = {"held_outputs": shape.held}
-        # step (:2873-2949): gathered parameters are released first (_partition_all_parameters)
-        norm = block(FP64_BYTES * _partition_elems(max(numels), world))
-        moments["grad_norm"] = Moment(0, {**base, "norm_fp64_copy": norm})
-        moments["fp32_gradient"] = Moment(
-            0, {**base, "flat_16bit_gradient": block(HALF_BYTES * largest), "fp32_gradient": g32}
-        )
-        moments["optimizer_step"] = Moment(
-            0, {**base, "fp32_gradient": g32, "adam_foreach_temp": g32 if adam else 0}
-        )
-        device = Placement(
-            parameters=resident["partitioned_16bit_params"] + persist,
-            gradients=gradbuf,
-            optimizer_states=master + states,
-        )
-    # _post_step re-gathers the persistent parameters: a padded flat buffer, then the copies
-    persist_flat = (
-        sum(
-            count * block(HALF_BYTES * _partition_elems(n, world) * world)
-            for n, count in tally(persistent).items()
-        )
-        if gathers
-        else 0
-    )
-    moments["persistent_gather"] = Moment(
-        0, {"held_outputs": shape.held, "persistent_gather_buffer": persist_flat}
-    )
-    # the persistent parameters are freed at the start of step and gathered again after it
-    for name in ("grad_norm", "fp32_gradient", "optimizer_step"):
-        if name in moments:
-            b = dict(moments[name].buffers)
-            b["released_persistent"] = -persist
-            moments[name] = Moment(0, b)
-    return Layout(resident, device, cpu, cpu_buffers, moments, notes)
+        return Layout(resident, device, cpu, cpu_buffers, moments, notes)
 
 
 # --- runtime workspaces -------------------------------------------------------------------------

@@ -36,11 +36,13 @@ from functools import cached_property
 from calculators.conventions import OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.deepspeed.config import Knobs, param_list, parse_config, with_offload
 from calculators.engines.deepspeed.layouts import (
+    Moment,
+    ParamFacts,
+    Stage3,
+    Stage12,
     StepShape,
     cublaslt_workspace_bytes,
     stage0,
-    stage3,
-    stage12,
     step_shape,
 )
 from calculators.engines.torch.memory import STATE_TENSORS  # the client torch.optim optimizer
@@ -104,11 +106,16 @@ def _check(setup: TrainingSetup, stage: Stage, knobs: Knobs) -> int:
 
 
 class Shared:
-    """What every stage of one setup reads (the config's knobs, the parameter list, the step's
-    workload terms), each worked out on first use and once for all the stages asked."""
+    """What every stage of one setup reads (the config's knobs, the parameter list and its
+    sizes, the step's workload terms), each worked out on first use and once for all the stages
+    asked. None of it depends on Nd: one serves every Nd of a sweep (the same setup otherwise),
+    which also reuses stage 0's whole estimate (DeepSpeed's stage 0 partitions nothing)."""
 
     def __init__(self, setup: TrainingSetup) -> None:
         self.setup = setup
+        self.stage0: StageEstimate | None = None
+        self.plans: dict[Stage, Stage12 | Stage3] = {}
+        self.workspaces: dict[Stage, tuple[int, int]] = {}
 
     @cached_property
     def knobs(self) -> Knobs:
@@ -119,33 +126,45 @@ class Shared:
         return param_list(self.setup)
 
     @cached_property
+    def facts(self) -> ParamFacts:
+        return ParamFacts(self.params[0])
+
+    @cached_property
     def shape(self) -> StepShape:
         return step_shape(self.setup, self.knobs)
 
 
 def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -> StageEstimate:
     """What rank 0 allocates under ``stage`` (module docstring); ``shared`` carries what an
-    earlier stage of the same setup already worked out."""
+    earlier stage of the same setup, or the same setup under another Nd, already worked out."""
     if shared is None:
         shared = Shared(setup)
+    if stage is Stage.NONE and shared.stage0 is not None:
+        return shared.stage0
     knobs = shared.knobs
-    n_states = _check(setup, stage, knobs)
-    adam = setup.optimizer in (Optimizer.ADAM, Optimizer.ADAMW)
-    params, exact = shared.params
     shape = shared.shape
-    world = setup.dp
-    accumulation = knobs.grad_accumulation or (
-        setup.batch.grad_accumulation_steps if setup.batch is not None else 1
-    )
-    if stage is Stage.NONE:
-        layout = stage0(params, n_states, shape, adam, accumulation)
-    elif stage is Stage.PARAMETERS:
-        # gradients accumulate in place in the persistent partition buffer (partition_grads)
-        layout = stage3(params, world, knobs, n_states, shape, adam, exact)
-    else:
-        layout = stage12(params, world, stage, knobs, n_states, shape, adam, accumulation)
-    cublaslt = cublaslt_workspace_bytes(setup, stage, knobs)
-    workspaces = cublas_workspace_bytes(knobs.extra) + cublaslt
+    plan = shared.plans.get(stage)
+    if plan is None or stage is Stage.NONE:
+        n_states = _check(setup, stage, knobs)
+        adam = setup.optimizer in (Optimizer.ADAM, Optimizer.ADAMW)
+        params, exact = shared.params
+        accumulation = knobs.grad_accumulation or (
+            setup.batch.grad_accumulation_steps if setup.batch is not None else 1
+        )
+        if stage is Stage.NONE:
+            layout = stage0(params, n_states, shape, adam, accumulation)
+        elif stage is Stage.PARAMETERS:
+            # gradients accumulate in place in the persistent partition buffer (partition_grads)
+            plan = Stage3(shared.facts, knobs, n_states, shape, adam, exact)
+        else:
+            plan = Stage12(shared.facts, stage, knobs, n_states, shape, adam, accumulation)
+        cublaslt = cublaslt_workspace_bytes(setup, stage, knobs)
+        shared.workspaces[stage] = (cublas_workspace_bytes(knobs.extra) + cublaslt, cublaslt)
+        if plan is not None:
+            shared.plans[stage] = plan
+    if plan is not None:
+        layout = plan.layout(setup.dp)
+    workspaces, cublaslt = shared.workspaces[stage]
     states = sum(layout.resident_parts.values())
     components = dict(layout.resident_parts)
     components["cublas_workspaces"] = workspaces - cublaslt
@@ -163,7 +182,7 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
         )
     peak = activations_at_peak = buffers_at_peak = None
     if shape.known:
-        name, moment = max(layout.moments.items(), key=lambda kv: kv[1].total)
+        name, moment = max(layout.moments.items(), key=_moment_total)
         peak = states + workspaces + moment.total
         activations_at_peak = moment.activations
         buffers_at_peak = sum(v for k, v in moment.buffers.items() if k != "held_outputs")
@@ -173,7 +192,7 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
         notes.append(f"peak moment: {name}")
     else:
         notes.append("peak needs model.architecture and batch")
-    return StageEstimate(
+    result = StageEstimate(
         stage=stage,
         device=layout.device,
         cpu=layout.cpu,
@@ -186,3 +205,10 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
         cpu_buffers=layout.cpu_buffers,
         notes=tuple(notes),
     )
+    if stage is Stage.NONE:
+        shared.stage0 = result
+    return result
+
+
+def _moment_total(item: tuple[str, Moment]) -> int:
+    return item[1].total

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from calculators.conventions import Stage
 from calculators.engines.torch import memory, traffic
-from calculators.estimates import StageEstimate
+from calculators.estimates import DpEstimates, StageEstimate
 from calculators.model_states import TrainingSetup
 from calculators.traffic import CommunicationSetup, EngineTraffic
 
@@ -23,6 +23,10 @@ class TorchModel:
 
     def estimates(self, setup: TrainingSetup, stages: Sequence[Stage]) -> Iterator[StageEstimate]:
         return (memory.estimate(setup, stage) for stage in stages)
+
+    def across_dp(self, setup: TrainingSetup) -> DpEstimates:  # noqa: ARG002
+        # nothing worth sharing across Nd: each Nd is estimated afresh
+        return self.estimates
 
     def traffic(self, setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         return traffic.traffic(setup, stage)
