@@ -263,6 +263,19 @@ def _latent_attention_terms(
     return norms, inputs, attention
 
 
+def _router_bytes(m: TransformersModelling, d: Dtypes) -> int:
+    """The router's probabilities: fp32 (``softmax(router_logits.float())``), bf16 where autocast
+    casts an fp32 router's linear."""
+    return HALF_BYTES if m.router_fp32 and d.autocast else FP32_BYTES
+
+
+def _routing_weight_bytes(m: TransformersModelling, d: Dtypes) -> int:
+    """The top-k routing weights the weighted product multiplies by (and saves)."""
+    if m.router_fp32:
+        return _router_bytes(m, d)
+    return FP32_BYTES if m.router_weights_fp32 else d.lin
+
+
 def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
     """``MixtralSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock`` / ``DeepseekV3MoE`` through
     ``grouped_mm``.
@@ -275,7 +288,7 @@ def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
     e, k, f, h = arch.num_experts, arch.experts_per_token, arch.ffn, arch.hidden
     m = _m(arch)
     n = t * k  # token-expert assignments
-    router = HALF_BYTES if m.router_fp32 and d.autocast else FP32_BYTES
+    router = _router_bytes(m, d)
     saved = router * t * e  # softmax(router_logits.float()) / sigmoid(router_logits)
     saved += INDEX_BYTES * t * k  # top-k indices
     if m.router_normalize:
@@ -288,10 +301,7 @@ def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
     saved += x * n * h  # gathered input (masked_fill), saved by the up grouped_mm
     saved += x * n * 2 * f  # gate_up output (masked), saved by act and the product
     saved += 2 * x * n * f  # act(gate), act * up (down's input)
-    if m.router_fp32:
-        weight_bytes = router
-    else:
-        weight_bytes = FP32_BYTES if m.router_weights_fp32 else d.lin
+    weight_bytes = _routing_weight_bytes(m, d)
     saved += weight_bytes * n  # routing weights, saved by the weighted product
     saved += x * n * h  # down output (masked), saved by the weighted product
     fs = m.shared_expert_ffn
@@ -328,11 +338,7 @@ def experts_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     e, k, f, h = arch.num_experts, arch.experts_per_token, arch.ffn, arch.hidden
     n = batch.tokens * k
     x = d.experts
-    router = HALF_BYTES if m.router_fp32 and d.autocast else FP32_BYTES
-    if m.router_fp32:
-        weight_bytes = router
-    else:
-        weight_bytes = FP32_BYTES if m.router_weights_fp32 else d.lin
+    weight_bytes = _routing_weight_bytes(m, d)
     combine = 3 * max(x, weight_bytes) * n * h
     grads = x * e * 3 * f * h
     freed = 2 * x * n * f + weight_bytes * n  # act(gate) and act * up; the routing weights
@@ -404,10 +410,7 @@ def layer_backward(arch: Architecture, batch: Batch, dense: bool, moved: bool = 
         candidates.append(2 * x * t * f)
     else:
         n = t * arch.experts_per_token
-        if m.router_fp32:
-            weights = FP32_BYTES
-        else:
-            weights = FP32_BYTES if m.router_weights_fp32 else x
+        weights = _routing_weight_bytes(m, dtypes("half"))
         product = max(weights, x)
         candidates.append(3 * product * n * h + (x * n * h if product != x else 0))
         # further down: the gated product's backward (down's input gradient and both
