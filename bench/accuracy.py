@@ -284,7 +284,8 @@ def hf_runs(path: Path) -> list[Run]:
             },
             "allow_slow_cpu": True,
         }
-        major = CAPABILITY[env["device_name"]]
+        size_label = f"{result['params'] / 1e9:.1f}B"
+        major = next(v for k, v in CAPABILITY.items() if env["device_name"].startswith(k))
         engine = case["engine"]
         version = env.get(engine) if engine == "deepspeed" else env["torch"]
         for run in result["runs"]:
@@ -294,8 +295,10 @@ def hf_runs(path: Path) -> list[Run]:
             setup, _ = spec_setup(body, run["world_size"], config)
             label = f"{case['family']} ckpt={case['checkpointing']}"
             r = _validate_run(path, f"{data['world']} | {label}", run, setup, family)
+            # sizes other than the small configs get their own rows, named by parameter count
+            shown = r.family if data["size"] == "small" else f"{r.family} {size_label}"
             out.append(
-                Run(r.source, r.label, f"{engine} {version}", r.family, r.stage, r.dp, r.errors)
+                Run(r.source, r.label, f"{engine} {version}", shown, r.stage, r.dp, r.errors)
             )
             patched = patched or (engine == "deepspeed" and stage is Stage.PARAMETERS)
     return out
@@ -375,7 +378,8 @@ SOURCES = (
     Source(
         "hf_nccl_*.json",
         hf_runs,
-        "transformers 5.17, small configs, mixed bf16, ± full checkpointing, H200 (NCCL)",
+        "transformers 5.17, small configs unless the family names a size, mixed bf16, "
+        "± full checkpointing, H100/H200 (NCCL)",
         "bash bench/gpu/hf_round.sh",
     ),
     Source(

@@ -99,6 +99,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "host probe and calibrate both figures on the first choice alone",
     )
     ap.add_argument(
+        "--grad-sync",
+        default="per_micro_step",
+        choices=("per_micro_step", "per_step"),
+        help="under accumulation DDP (stages 0-1) reduces every micro-step, or once per step "
+        "with no_sync on the others (FSDP2 reduces every micro-step either way)",
+    )
+    ap.add_argument(
         "--report",
         nargs="+",
         default=None,
@@ -177,7 +184,18 @@ def spec_for(args: argparse.Namespace, model: dict[str, Any], nd: int, c: Config
         "warmup_steps": 2,
         # bench/profile_plan.py hands its own arguments, without --calibration
         "host_probe": getattr(args, "calibration", "runs") == "probe",
+        # per_step is DDP's no_sync: FSDP2 stages reduce every micro-step, as the planner has it
+        **({"grad_sync": "per_step"} if ddp_no_sync(args, c) else {}),
     }
+
+
+def ddp_no_sync(args: argparse.Namespace, c: Config) -> bool:
+    """Whether the run of ``c`` defers DDP's reduction to the last micro-step."""
+    return (
+        getattr(args, "grad_sync", "per_micro_step") == "per_step"
+        and args.engine == "torch"
+        and c.stage < Stage.GRADIENTS
+    )
 
 
 def config_label(c: Config) -> str:
@@ -215,8 +233,8 @@ def plan_setup(args: argparse.Namespace, arch: Architecture, gpu: Gpu, nd: int) 
             offload=(OffloadChoice.NONE,),
             hsdp=False,
         ),
-        # measure's loop calls backward on every micro-batch without no_sync
-        grad_sync=GradSync.PER_MICRO_STEP,
+        # as the runs reduce: measure's loop reduces every micro-step unless --grad-sync per_step
+        grad_sync=GradSync(getattr(args, "grad_sync", "per_micro_step")),
     )
 
 
@@ -289,6 +307,7 @@ def report_files(args: argparse.Namespace) -> int:
                 "--engine", body.get("engine", "torch"),
                 "--checkpointing",
                 ",".join(sorted({c.activation_checkpointing.value for c in configs})),
+                "--grad-sync", body.get("grad_sync", "per_micro_step"),
             ]
         )  # fmt: skip
         arch = architecture_from_body(body["model_body"])
@@ -369,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "evaluated": planned.evaluated,
         "calibration": args.calibration,
+        "grad_sync": args.grad_sync,
     }
     report: dict[str, Any] = {}
     for cand in planned.candidates[: args.max_runs]:

@@ -160,8 +160,9 @@ class PlanSetup:
         context_reserve: device bytes outside the allocator (CUDA context, NCCL).
         allocator_margin: fraction of the device kept free for the allocator's rounding.
         host_optimizer_bandwidth: host bytes/s one rank's CPU optimizer streams.
-        grad_sync: when the torch engines reduce gradients under accumulation (a loop without
-            ``no_sync`` reduces on every micro-step).
+        grad_sync: when DDP (torch stages 0-1) reduces gradients under accumulation (a loop
+            without ``no_sync`` reduces on every micro-step); FSDP2 (stages 2-3) is planned
+            reducing on every micro-step, the accounting its memory figures follow.
     """
 
     architecture: Architecture
@@ -377,6 +378,10 @@ ASSUMPTION_NOTES = (
     "overlapped collectives cost one call's time that cannot hide (the first all-gather, the "
     "last gradient bucket) plus whatever exceeds the compute of their phase",
     "offload transfers are not hidden behind compute; the CPU optimizer runs after backward",
+    "under gradient accumulation DDP candidates reduce as grad_sync says (per_step: no_sync on "
+    "all but the last micro-step); FSDP2 candidates reduce-scatter on every micro-step, as "
+    "their memory is counted: set_requires_gradient_sync(False) would keep every parameter's "
+    "unsharded gradient in fp32 (4 bytes per parameter, unsharded) between micro-steps",
 )
 
 
@@ -587,12 +592,16 @@ class _Evaluator:
     def stage_communication(self, c: Config, micro_steps: int) -> StageCommunication:
         """The communication model's answer for ``c``'s stage at ``micro_steps``."""
         training = replace(self.training(c, with_batch=False), dp=self.setup.gpus)
+        # FSDP2 reduce-scatters on every micro-step, as the memory figures count it: with
+        # set_requires_gradient_sync(False) it would keep each parameter's unsharded gradient
+        # in fp32 between micro-steps (_fsdp_param.py unsharded_accumulated_grad)
+        fsdp2 = self.setup.engine is Engine.TORCH and c.stage >= Stage.GRADIENTS
         comm_setup = CommunicationSetup(
             training=training,
             topology=self.topology,
             network=self.setup.network,
             grad_accumulation_steps=micro_steps,
-            grad_sync=self.setup.grad_sync,
+            grad_sync=GradSync.PER_MICRO_STEP if fsdp2 else self.setup.grad_sync,
             shard_group_size=c.shard_group_size,
         )
         self.communication_evaluations += 1

@@ -64,6 +64,12 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         help="also time the micro-step at one 32-token sequence (the host's dispatch, for "
         "POST /v1/calibrations); default: on a GPU only",
     )
+    p.add_argument(
+        "--grad-sync",
+        choices=["per_micro_step", "per_step"],
+        help="under accumulation, DDP (stages 0-1) reduces every micro-step (default) or once "
+        "per step, the other micro-steps under no_sync",
+    )
     a = p.parse_args(argv)
     if a.spec:
         with open(a.spec) as f:
@@ -86,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         "warmup_steps": a.warmup_steps,
         "host_probe": a.host_probe,
     }
+    if a.grad_sync is not None:
+        spec["grad_sync"] = a.grad_sync
     # a flag left out is a field left out: the spec's default, or what --engine-config decides
     if a.stages is not None:
         spec["stages"] = [int(s) for s in a.stages.split(",") if s.strip()]

@@ -59,17 +59,22 @@ def predicted_memory(est: StageEstimate) -> dict[str, Any]:
     }
 
 
-def predicted_communication(setup: TrainingSetup, stage: Stage) -> dict[str, Any]:
+def predicted_communication(
+    setup: TrainingSetup,
+    stage: Stage,
+    grad_sync: comm.GradSync = comm.GradSync.PER_MICRO_STEP,
+) -> dict[str, Any]:
     """Bytes rank 0 sends per step: ``calculators.communication`` (the ``/v1/communication``
-    model) with ``setup.engine``. The torch loop reduces every micro-step (no ``no_sync``);
-    DeepSpeed decides itself when it reduces, as its profile models."""
+    model) with ``setup.engine``. The torch loop reduces as the request's ``grad_sync`` says
+    (every micro-step unless DDP runs the others under ``no_sync``); DeepSpeed decides itself
+    when it reduces, as its profile models."""
     micro = setup.batch.grad_accumulation_steps if setup.batch is not None else 1
     torch_loop = setup.engine is Engine.TORCH
     cs = comm.CommunicationSetup(
         training=setup,
         topology=comm.make_topology(setup.dp, setup.tp, setup.pp, None, None),
         grad_accumulation_steps=micro,
-        grad_sync=comm.GradSync.PER_MICRO_STEP if torch_loop else comm.GradSync.PER_STEP,
+        grad_sync=grad_sync if torch_loop else comm.GradSync.PER_STEP,
     )
     sc = comm.stage_communication(cs, stage)
     return {
@@ -89,13 +94,18 @@ def predicted_communication(setup: TrainingSetup, stage: Stage) -> dict[str, Any
     }
 
 
-def compare_run(setup: TrainingSetup, stage: Stage, measured_run: dict[str, Any]) -> dict[str, Any]:
+def compare_run(
+    setup: TrainingSetup,
+    stage: Stage,
+    measured_run: dict[str, Any],
+    grad_sync: comm.GradSync = comm.GradSync.PER_MICRO_STEP,
+) -> dict[str, Any]:
     """Fill ``predicted``, ``relative_error`` and ``communication`` of one measured run."""
     est = estimate(setup, [stage]).stages[0]
     predicted = predicted_memory(est)
     measured = measured_run["measured"]
     errors = {k: relative_error(predicted.get(k), measured.get(k)) for k in MEMORY_KEYS}
-    comm_pred = predicted_communication(setup, stage)
+    comm_pred = predicted_communication(setup, stage, grad_sync)
     comm_meas = measured_run["measured_sent_bytes_per_rank"]
     return {
         "predicted": predicted,

@@ -68,14 +68,16 @@ FAMILIES = tuple(_SHAPES)
 SIZES = {
     "tiny": (2, 64, 4, 2, 128, 256, 128),
     "small": (8, 768, 12, 4, 2048, 32000, 2048),
+    # a ~1B dense shape (Llama: 886M): per-tensor allocator rounding weighs less than at small
+    "medium": (16, 2048, 16, 8, 5632, 32000, 4096),
 }
 
 # DeepSeek's routing: (experts, experts per token, expert groups, groups chosen per token)
-_DEEPSEEK_ROUTING = {"tiny": (4, 2, 2, 1), "small": (16, 4, 4, 2)}
+_DEEPSEEK_ROUTING = {"tiny": (4, 2, 2, 1), "small": (16, 4, 4, 2), "medium": (16, 4, 4, 2)}
 
 
 def family_config(family: str, size: str = "tiny") -> dict[str, Any]:
-    """The ``config.json`` body of ``family`` at ``size`` (``tiny`` or ``small``)."""
+    """The ``config.json`` body of ``family`` at ``size`` (a :data:`SIZES` name)."""
     layers, hidden, heads, kv_heads, ffn, vocab, positions = SIZES[size]
     body: dict[str, Any] = {
         "num_hidden_layers": layers,

@@ -256,7 +256,12 @@ def _stage_runs(
             "host_probe": measured.get("host_probe"),
         }
         run.update(
-            compare_run(training_setup(ms, workload, world, settings, stage), stage, measured)
+            compare_run(
+                training_setup(ms, workload, world, settings, stage),
+                stage,
+                measured,
+                ms.grad_sync,
+            )
         )
         notes = list(measured.get("notes", []))
         if run["host_probe"] is None:

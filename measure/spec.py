@@ -33,6 +33,7 @@ from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import Offload
 from calculators.presets import get_preset
+from calculators.traffic import GradSync
 from measure.engines.deepspeed_config import check_precision, deepspeed_config
 from measure.mlp_presets import MLPSpec, mlp_preset
 
@@ -123,6 +124,9 @@ class MeasureSpec:
     engine_config: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
     allow_slow_cpu: bool = False
     host_probe: bool | None = None  # None: on a GPU only (measure.runner.probe_host)
+    grad_sync: GradSync = GradSync.PER_MICRO_STEP
+    """When DDP (torch stages 0-1) reduces under accumulation: per_step runs the other
+    micro-steps under ``no_sync``."""
     resolved: Decided | None = field(default=None, hash=False, compare=False)
     """What the request's ``engine_config`` decided (None: the request carries none)."""
 
@@ -297,6 +301,23 @@ def model_choice(model: Any) -> ModelChoice:
             "model", f"the architecture counts {count_params(arch)} parameters, over {MAX_PARAMS}"
         )
     return ModelChoice(ModelKind.GPT, arch)
+
+
+def _grad_sync(body: Mapping[str, Any], engine: Engine, stages: tuple[Stage, ...]) -> GradSync:
+    sync: GradSync = _enum(GradSync, body.get("grad_sync") or "per_micro_step", "grad_sync")
+    if sync is GradSync.PER_STEP:
+        if engine is not Engine.TORCH:
+            raise InputError(
+                "grad_sync", "DeepSpeed reduces as its config says: leave grad_sync out"
+            )
+        if any(stage >= Stage.GRADIENTS for stage in stages):
+            raise InputError(
+                "grad_sync",
+                "per_step is DDP's no_sync (stages 0 and 1): FSDP2 (stages 2 and 3) reduces on "
+                "every micro-step here, since set_requires_gradient_sync(False) would keep "
+                "unsharded fp32 gradients that the memory figures do not count",
+            )
+    return sync
 
 
 def _batch(body: Any) -> Batch | None:
@@ -590,6 +611,7 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
         engine_config=engine_config,
         allow_slow_cpu=_flag(body, "allow_slow_cpu", False),
         host_probe=None if body.get("host_probe") is None else _flag(body, "host_probe", False),
+        grad_sync=_grad_sync(body, engine, stages),
         resolved=decided,
     )
     if engine is Engine.DEEPSPEED:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from measure.hf_families import FAMILIES, family_config
+from measure.hf_families import FAMILIES, SIZES, family_config
 
 MIB = 2**20
 ENGINES = ("torch", "deepspeed")
@@ -168,7 +168,8 @@ def _stem(a: argparse.Namespace, label: str) -> str:
         if set(engines) == set(ENGINES) or label.startswith("simulated")
         else "_" + "_".join(engines)
     )
-    return f"hf_{label}{suffix}"
+    size = "" if a.size == "small" else f"_{a.size}"
+    return f"hf_{label}{suffix}{size}"
 
 
 def _write(a: argparse.Namespace, label: str, results: list[dict[str, Any]]) -> None:
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--checkpointing", default="none,full")
-    ap.add_argument("--size", default="small", choices=["small", "tiny"])
+    ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--micro-batch-size", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=1024)

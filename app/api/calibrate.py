@@ -12,7 +12,7 @@ from app.api.convert import resolve_model
 from app.jobs.store import Job, JobStatus
 from app.schemas.model import ModelSpec
 from calculators.batch import Checkpointing
-from calculators.communication import Network
+from calculators.communication import GradSync, Network
 from calculators.conventions import Engine, Optimizer, Precision, Stage
 from calculators.errors import InputError
 from calculators.gpus import Gpu, gpu_for_device_name
@@ -146,6 +146,8 @@ def measured_run(job: Job, stage: int | None, figure: Learned | None = None) -> 
         engine_config=_engine_config(req, decided),
         precision=precision,
         optimizer=Optimizer(result.get("optimizer") or req.get("optimizer") or "adam"),
+        # as the run reduced: measure's loop reduces every micro-step unless asked otherwise
+        grad_sync=GradSync(req.get("grad_sync") or GradSync.PER_MICRO_STEP),
     )
     config = Config(
         Stage(run["stage"]), micro, ga, ckpt, _offload(decided.get("offload") or req.get("offload"))

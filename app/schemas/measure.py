@@ -12,6 +12,7 @@ from app.jobs.store import Job, JobStatus
 from app.schemas.memory import TrainingIn
 from app.schemas.model import BatchIn, ModelSpec
 from calculators.conventions import Engine, Precision
+from calculators.traffic import GradSync
 from measure.spec import STEPS, WARMUP_STEPS
 
 
@@ -68,6 +69,14 @@ class MeasureRequest(TrainingIn):
         description="Also time the training micro-step (forward + backward) at one sequence of "
         "32 tokens after the timed steps: the host's dispatch time, from which "
         "POST /v1/calibrations sets the host cost per kernel. null = on a GPU, off on the CPU.",
+    )
+    grad_sync: GradSync = Field(
+        GradSync.PER_MICRO_STEP,
+        description="Under gradient accumulation, when DDP (engine torch, stages 0 and 1) "
+        "reduces gradients: per_micro_step after every micro-batch's backward; per_step runs "
+        "the other micro-steps under no_sync, as accelerate and the Trainer do. FSDP2 (stages "
+        "2 and 3) reduces on every micro-step and DeepSpeed as its config says, so per_step is "
+        "refused with those.",
     )
 
 

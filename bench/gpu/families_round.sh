@@ -8,7 +8,7 @@
 #   JOBS="torch 2 0,1 llama,gemma;deepspeed 1 2 phi3" bash bench/gpu/families_round.sh
 #
 # A job is "ENGINE ND GPUS FAMILIES" (ND 8s/64s: a simulated world of 8/64 on the first GPU
-# listed). Each job starts no new case after BUDGET_S seconds; results land in
+# listed). SIZE picks the configs (measure.hf_families.SIZES, default small). Each job starts no new case after BUDGET_S seconds; results land in
 # $OUT/families/<job>/hf_*.{json,md} with a log, packed into $OUT/families.tar.gz.
 set -u
 budget=${BUDGET_S:-280}
@@ -29,7 +29,7 @@ port=29600
 IFS=';' read -ra jobs <<<"${JOBS:-$default_jobs}"
 for job in "${jobs[@]}"; do
     read -r engine nd gpus families <<<"$job"
-    name="${engine}_nd${nd}"
+    name="${engine}_nd${nd}_gpu${gpus//,/}"
     dir="$out/$name"
     mkdir -p "$dir"
     port=$((port + 1))
@@ -42,7 +42,7 @@ for job in "${jobs[@]}"; do
     fi
     (
         CUDA_VISIBLE_DEVICES=$gpus timeout $((budget + 200)) "${cmd[@]}" --engines "$engine" \
-            --families "$families" --budget-s "$budget" --out "$dir" >"$dir/run.log" 2>&1
+            --families "$families" --budget-s "$budget" --size "${SIZE:-small}" --out "$dir" >"$dir/run.log" 2>&1
         echo "$name: exit $?" >>"$out/status.txt"
     ) &
 done

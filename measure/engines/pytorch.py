@@ -27,6 +27,7 @@ from torch import nn
 
 from calculators.conventions import Optimizer, Precision, Stage
 from calculators.errors import InputError
+from calculators.traffic import GradSync
 from measure.comms import CommCounter
 from measure.host_probe import run_probe
 from measure.memory import DeviceMemory, attribution, device_memory
@@ -215,14 +216,23 @@ def _measure(
 
     held: list[torch.Tensor] = []
 
+    # grad_sync per_step: DDP's no_sync on all but the last micro-step (forward and backward)
+    no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    if spec.grad_sync is GradSync.PER_STEP and isinstance(
+        engine.module, nn.parallel.DistributedDataParallel
+    ):
+        no_sync = engine.module.no_sync
+
     def step(probe: Callable[[str], None] | None = None) -> None:
         for i, (x, y) in enumerate(batches):
-            with engine.autocast():
-                out, loss = workload.forward(engine.module, x, y)
-            held.clear()  # a loop rebinding ``out``/``loss`` frees the previous ones now
-            if probe is not None and i == 0:
-                probe("after_forward")
-            loss.backward()
+            local = no_sync is not None and i < len(batches) - 1
+            with no_sync() if no_sync is not None and local else contextlib.nullcontext():
+                with engine.autocast():
+                    out, loss = workload.forward(engine.module, x, y)
+                held.clear()  # a loop rebinding ``out``/``loss`` frees the previous ones now
+                if probe is not None and i == 0:
+                    probe("after_forward")
+                loss.backward()
             if plan.hold_outputs:
                 held.extend((out, loss))
             del out, loss

@@ -9,7 +9,7 @@ import pytest
 
 from calculators.architecture import count_params
 from calculators.batch import Checkpointing
-from calculators.communication import Network, Phase
+from calculators.communication import GradSync, Network, Phase
 from calculators.conventions import Engine, Precision, Stage
 from calculators.errors import InputError
 from calculators.gpus import PRESETS, get_gpu, gpu_for_device_name
@@ -28,6 +28,7 @@ from calculators.plan import (
     predict,
 )
 from calculators.presets import get_preset
+from calculators.topology import Op
 
 
 def setup(engine: Engine = Engine.TORCH, **kw: object) -> PlanSetup:
@@ -169,6 +170,23 @@ def test_communication_is_linear_in_micro_steps(stage: Stage, micro_steps: int) 
         for phase in Phase:
             want = sum(x.time_seconds for x in direct.collectives if x.collective.phase is phase)
             assert profile.phases[phase].total(micro_steps) == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("grad_sync", list(GradSync))
+def test_fsdp2_reduces_every_micro_step_as_its_memory_is_counted(grad_sync: GradSync) -> None:
+    """DDP follows grad_sync; FSDP2 reduce-scatters per micro-step whatever grad_sync says
+    (once per step it would hold unsharded fp32 gradients the memory figures leave out)."""
+    ev = _Evaluator(setup(grad_sync=grad_sync))
+
+    def reductions(stage: Stage, micro_steps: int) -> int:
+        c = Config(stage, 1, micro_steps, Checkpointing.NONE, OffloadChoice.NONE)
+        found = ev.stage_communication(c, micro_steps).collectives
+        op = Op.ALL_REDUCE if stage < Stage.GRADIENTS else Op.REDUCE_SCATTER
+        return sum(x.collective.calls for x in found if x.collective.op is op)
+
+    for stage in Stage:
+        per_micro = stage >= Stage.GRADIENTS or grad_sync is GradSync.PER_MICRO_STEP
+        assert reductions(stage, 4) == (4 if per_micro else 1) * reductions(stage, 1)
 
 
 def test_deepspeed_overlap_comm_hides_stage_2_reductions() -> None:

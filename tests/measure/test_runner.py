@@ -103,12 +103,34 @@ def test_plain_param_count_cannot_be_measured() -> None:
         ({"tp": 2}, "tp"),
         ({"k": 12}, "k"),
         ({"offload": {"optimizer": "cpu", "params": "none"}}, "offload.optimizer"),
+        ({"grad_sync": "sometimes"}, "grad_sync"),
+        ({"grad_sync": "per_step"}, "grad_sync"),  # FSDP2 stages 2-3 are in the default list
     ],
 )
 def test_bad_fields_name_themselves(extra: dict[str, Any], field: str) -> None:
     with pytest.raises(InputError) as err:
         run(_spec({"architecture": SMALL_GPT}, **extra))
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(("grad_sync", "reductions"), [("per_micro_step", 3), ("per_step", 1)])
+def test_ddp_reduces_as_grad_sync_says(grad_sync: str, reductions: int) -> None:
+    """Three micro-steps: DDP all-reduces its buckets after each, or after the last one only
+    (no_sync on the others), and the prediction counts the same calls and bytes."""
+    spec = _spec(
+        {"architecture": SMALL_GPT},
+        stages=[0, 1],
+        warmup_steps=2,  # DDP rebuilds its buckets (two broadcasts) after the first synced step
+        batch={"micro_batch_size": 1, "seq_len": 16, "grad_accumulation_steps": 3},
+        grad_sync=grad_sync,
+    )
+    for r in run(spec)["runs"]:
+        comm = r["communication"]
+        measured = {c["op"]: c["calls"] for c in comm["collectives"]}
+        predicted = {c["op"]: c["calls"] for c in comm["predicted_collectives"]}
+        buckets = predicted["all_reduce"] // reductions
+        assert measured["all_reduce"] == reductions * buckets
+        assert comm["relative_error"] == 0.0
 
 
 def test_accepts_the_api_body_shape() -> None:

@@ -20,7 +20,7 @@ def test_simulated_run_writes_json_and_table(tmp_path: Path) -> None:
     args += ["--checkpointing", "full", "--seq-len", "16", "--micro-batch-size", "1"]
     args += ["--warmup-steps", "1", "--steps", "1", "--out", str(tmp_path)]
     assert validate_hf.main(args) == 0
-    body = json.loads((tmp_path / "hf_simulated_nd4.json").read_text())
+    body = json.loads((tmp_path / "hf_simulated_nd4_tiny.json").read_text())
     (case,) = body["cases"]
     assert (case["family"], case["engine"], case["checkpointing"]) == ("llama", "torch", "full")
     runs = case["result"]["runs"]
@@ -30,5 +30,5 @@ def test_simulated_run_writes_json_and_table(tmp_path: Path) -> None:
         assert figures["sent_bytes"] == r["communication"]["measured_sent_bytes_per_rank"] > 0
         assert figures["step_time_s"] > 0
         assert abs(r["relative_error"]["resident"]) < 0.005
-    table = (tmp_path / "hf_simulated_nd4.md").read_text()
+    table = (tmp_path / "hf_simulated_nd4_tiny.md").read_text()
     assert table.count("| llama | torch |") == 4

@@ -229,6 +229,13 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         "forward all-gathers repeat on every micro-step (parameters are resharded "
         "after backward by default)"
     )
+    if k > 1 and r == 1:
+        notes.append(
+            "gradients reduced once per step (set_requires_gradient_sync(False) on the other "
+            "micro-steps): FSDP2 then keeps every parameter's unsharded gradient in fp32 between "
+            "micro-steps (_fsdp_param.py unsharded_accumulated_grad, 4 bytes per parameter); "
+            "the memory figures count a reduce-scatter on every micro-step"
+        )
     transfers: list[Transfer] = []
     if t.offload.params is not OffloadDevice.NONE:
         # CPUOffloadPolicy: sharded fp32 parameters copied up for each all-gather, reduced
