@@ -305,7 +305,8 @@ def hf_runs(path: Path) -> list[Run]:
 
 
 def deepspeed_runs(path: Path) -> list[Run]:
-    """``bench/validate_deepspeed.py run``: GPT-2 small/large (untied head) under DeepSpeed,
+    """``bench/validate_deepspeed.py run``: GPT-2 small/large (untied head, or the tied small one)
+    under DeepSpeed,
     predicted as its ``report`` does (``predict``)."""
     data = json.loads(path.read_text())
     out = []
@@ -335,7 +336,7 @@ def deepspeed_runs(path: Path) -> list[Run]:
                 f"{r['model']} | Nd {r['dp']} | {r['precision']} | stage {r['stage']} | "
                 f"{'cpu offload' if r['offload'] else 'no offload'} | {', '.join(knobs) or '-'}",
                 f"deepspeed {data['deepspeed']}",
-                "GPT-2 (untied head)",
+                "GPT-2 (tied head)" if "-tied" in r["model"] else "GPT-2 (untied head)",
                 r["stage"],
                 r["dp"],
                 errors,
@@ -371,8 +372,8 @@ SOURCES = (
     Source(
         "deepspeed_*.json",
         deepspeed_runs,
-        "small and large, fp16/bf16, ± CPU optimizer offload, bucket and stage-3 knobs, "
-        "1 and 2 × H200 (NCCL)",
+        "small and large (the tied head: small, micro-batch 4 and 1), fp16/bf16, ± CPU optimizer "
+        "offload, bucket and stage-3 knobs, 1 and 2 × H100/H200 (NCCL)",
         "bench/validate_deepspeed.py run",
     ),
     Source(

@@ -9,7 +9,8 @@ Each configuration (model × precision × stage × optimizer offload) runs throu
 ``/v1/measure`` ships: the config body from :mod:`measure.engines.deepspeed_config`, the run
 from :func:`measure.engines.deepspeed.measure_stage` — the canonical decoder
 (``measure.workloads.GPT``: GPT-2-style, learned positions, LayerNorm, biased linears, 4h GELU
-MLP, SDPA causal attention, untied bias-free head) handed to ``deepspeed.initialize`` with a
+MLP, SDPA causal attention, untied bias-free head; ``--set tied``: the head is the token
+embedding) handed to ``deepspeed.initialize`` with a
 client ``torch.optim.Adam``, warm-up steps, then one measured step of the plain loop::
 
     logits = engine(x)
@@ -56,7 +57,22 @@ MODELS: dict[str, tuple[Architecture, int, int]] = {
         2,
         1024,
     ),
+    # the canonical GPT-2 small: its head is the token embedding (HF GPT2LMHeadModel)
+    "gpt2-small-tied": (
+        Architecture(
+            layers=12,
+            hidden=768,
+            heads=12,
+            vocab_size=50257,
+            max_seq_len=1024,
+            tied_embeddings=True,
+        ),
+        4,
+        1024,
+    ),
 }
+# one sequence per micro-batch: the tied embedding's gradient sum outweighs the loss's backward
+MODELS["gpt2-small-tied-m1"] = (MODELS["gpt2-small-tied"][0], 1, 1024)
 TINY = (Architecture(layers=2, hidden=64, heads=2, vocab_size=128, max_seq_len=32), 2, 32)
 WARMUP = 3  # step 1 records the stage-3 trace, step 2 completes it, Adam states exist after 1
 
@@ -87,6 +103,19 @@ def knob_configs() -> list[dict[str, Any]]:
         {"model": "gpt2-large-untied", "precision": "bf16", "offload": False, "stage": 0},
     ]
     return out
+
+
+def tied_configs() -> list[dict[str, Any]]:
+    """Third set: the tied-head GPT-2 small, bf16 and fp16, every stage, no offload; then one
+    sequence per micro-batch, bf16."""
+    return [
+        {"model": "gpt2-small-tied", "precision": precision, "stage": st, "offload": False}
+        for precision in ("bf16", "fp16")
+        for st in range(4)
+    ] + [
+        {"model": "gpt2-small-tied-m1", "precision": "bf16", "stage": st, "offload": False}
+        for st in range(4)
+    ]
 
 
 def single_gpu_configs() -> list[dict[str, Any]]:
@@ -203,12 +232,18 @@ def run(out: Path, budget_s: float, only: str | None, which: str) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     start = time.time()
     results = []
-    models = ["tiny"] if only == "tiny" else [m for m in MODELS if not only or only in m]
-    chosen = {"main": lambda: configs(models), "knobs": knob_configs, "single": single_gpu_configs}[
-        which
-    ]()
+    untied = [m for m in MODELS if m.endswith("-untied")]
+    models = ["tiny"] if only == "tiny" else [m for m in untied if not only or only in m]
+    chosen = {
+        "main": lambda: configs(models),
+        "knobs": knob_configs,
+        "single": single_gpu_configs,
+        "tied": tied_configs,
+    }[which]()
     if only == "tiny":  # CPU smoke test of any set
         chosen = [{**c, "model": "tiny"} for c in chosen]
+    elif only:
+        chosen = [c for c in chosen if only in c["model"]]
     for c in chosen:
         if time.time() - start > budget_s:
             if rank == 0:
@@ -420,7 +455,7 @@ def main() -> None:
     p_run.add_argument("--out", type=Path, required=True)
     p_run.add_argument("--budget-s", type=float, default=400.0)
     p_run.add_argument("--only", default=None, help="run only models whose name contains this")
-    p_run.add_argument("--set", default="main", choices=("main", "knobs", "single"))
+    p_run.add_argument("--set", default="main", choices=("main", "knobs", "single", "tied"))
     p_rep = sub.add_parser("report")
     p_rep.add_argument("path", type=Path, nargs="+")
     args = parser.parse_args()
