@@ -7,6 +7,11 @@
 #
 #   bash bench/gpu/probe_round.sh 0                # one GPU
 #   bash bench/gpu/probe_round.sh 0,1 0,1,2,3      # Nd 2 and 4 on a 4-GPU host
+#
+# PLAN_ARGS adds bench/validate_plan.py options, e.g. the 1.5B Llama-style model with DDP
+# deferring its all-reduce to the last micro-step (no_sync, the planner's default):
+#   PLAN_ARGS="--grad-sync per_step --hf-config bench/hf_configs/llama-1b.json" \
+#       PLAN_TIMEOUT_S=260 bash bench/gpu/probe_round.sh 2,3 0,1,2,3
 set -u
 out=${OUT:-$PWD/probe-results}
 mkdir -p "$out/plan"
@@ -14,7 +19,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 for gpus in "${@:-0}"; do
     CUDA_VISIBLE_DEVICES=$gpus timeout "${PLAN_TIMEOUT_S:-110}" python3 bench/validate_plan.py \
-        --micro 1,2,8 --stages 0,3 --steps 3 --max-runs 6 --calibration probe \
+        --micro 1,2,8 --stages 0,3 --steps 3 --max-runs 6 --calibration probe ${PLAN_ARGS:-} \
         --out "$out/plan" >>"$out/plan/run.log" 2>&1
     echo "plan $gpus: exit $?"
 done
