@@ -37,6 +37,7 @@ STAGE3_KNOBS = {
     "stage3_max_live_parameters": [0, 300_000, 10**9, 10**12],
     "stage3_prefetch_bucket_size": [0, 1000, 50_000_000, 10**12],
     "stage3_max_reuse_distance": [0, 30_000_000, 10**12],
+    "stage3_model_persistence_threshold": [0, 1_000_000],
 }
 
 
@@ -158,6 +159,21 @@ def _cold() -> None:
 @example(("communication", {**_WIDEST, "engine": "torch", "precision": "mixed_bf16"}))
 @example(("memory", {**_WIDEST, "engine": "deepspeed", "precision": "mixed_bf16"}))
 @example(("communication", {**_WIDEST, "engine": "deepspeed", "precision": "mixed_bf16"}))
+# the persistent experts again, but only the first million elements of them kept (the model's
+# persistence threshold): copies alike in persistence are taken together
+@example(
+    (
+        "memory",
+        {
+            **_WIDEST,
+            "engine": "deepspeed",
+            "precision": "mixed_bf16",
+            "engine_config": {
+                "zero_optimization": {"stage3_model_persistence_threshold": 1_000_000}
+            },
+        },
+    )
+)
 @example(("memory", _RELEASED_EXPERTS))
 @example(("communication", _RELEASED_EXPERTS))
 def test_each_request_takes_under_a_second_of_cpu(

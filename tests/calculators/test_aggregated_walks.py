@@ -350,7 +350,7 @@ def test_the_widest_moe_trace_is_one_stretch_per_block_part() -> None:
     runs = architecture_params(arch)
     numel = param_numels(runs)
     flags, _ = persistent_flags(numel, Knobs().param_persistence_threshold, 2**63 - 1)
-    forward, backward = _trace_by_template(runs, numel, flags)
+    forward, backward = _trace_by_template(runs, numel, flags, True)
     blocks = [s for s in forward + backward if isinstance(s, _Run)]
     assert [s.copies for s in blocks] == [arch.layers] * 2
     assert [len([b for b in s.body if b.params is not None]) for s in blocks] == [1, 1]
@@ -365,7 +365,7 @@ def test_released_experts_are_one_run_per_block() -> None:
     runs = architecture_params(arch)
     numel = param_numels(runs)
     flags, _ = persistent_flags(numel, Knobs().param_persistence_threshold, 2**63 - 1)
-    forward, backward = _trace_by_template(runs, numel, flags)
+    forward, backward = _trace_by_template(runs, numel, flags, True)
     experts = [s for s in forward + backward if isinstance(s, _Run)]
     assert [s.copies for s in experts] == [arch.num_experts] * (2 * arch.layers)
     assert len(forward) + len(backward) < 20 * arch.layers

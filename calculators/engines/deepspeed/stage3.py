@@ -231,12 +231,13 @@ def _trace_by_names(
 
 
 def _trace_by_template(
-    params: ParamList, numel: Sequence[int], persistent: Sequence[bool]
+    params: ParamList, numel: Sequence[int], persistent: Sequence[bool], by_size: bool
 ) -> tuple[list[_Item], list[_Item]]:
     """Forward and backward fetches of an architecture's tensors, from its template: the
     subtree of the first block of each kind (and of its expert 0) stands for every copy, whose
-    tensors lie a whole block (expert) further down the list per copy. Persistence must depend
-    on a tensor's size alone (copies alike)."""
+    tensors lie a whole block (expert) further down the list per copy. ``by_size``: persistence
+    depends on a tensor's size alone, so copies are alike; otherwise consecutive copies whose
+    tensors' persistence is alike are taken together."""
     template = params.template
     children = module_tree(template.tensors)
     owned: dict[str, list[int]] = {}
@@ -247,26 +248,54 @@ def _trace_by_template(
         n: f"blocks.{k.start}.experts.0" for n, k in enumerate(template.kinds) if k.expert
     }
 
-    def subtree(node: str, reverse: bool, kind: int | None) -> list[_Item]:
-        """The fetches of ``node``'s subtree in the first block of its kind (expert 0)."""
-        mine = tuple(template.index(t, kind) for t in owned.get(node, ()))
+    def alike(node: str, kind: int, shift: int, stride: int, copies: int) -> list[tuple[int, int]]:
+        """Consecutive copies of ``node`` (each ``stride`` tensors, one after another, the
+        first ``shift`` down the list from the template's) whose tensors' persistence is
+        alike: (first copy, copies)."""
+        if by_size:
+            return [(0, copies)]
+        inside = [
+            template.index(t, kind)
+            for t, p in enumerate(template.tensors)
+            if p.module == node or p.module.startswith(node + ".")
+        ]
+        low = min(inside, default=0) + shift
+        groups, first = [], 0
+        for c in range(1, copies):
+            here = low + c * stride
+            if persistent[here : here + stride] != persistent[here - stride : here]:
+                groups.append((first, c - first))
+                first = c
+        return [*groups, (first, copies - first)]
+
+    def copies_of(
+        node: str, reverse: bool, kind: int, shift: int, stride: int, copies: int
+    ) -> list[_Item]:
+        parts = [
+            _repeated(subtree(node, reverse, kind, shift + stride * first), count, stride, reverse)
+            for first, count in alike(node, kind, shift, stride, copies)
+        ]
+        return _joined([s for part in (parts[::-1] if reverse else parts) for s in part])
+
+    def subtree(node: str, reverse: bool, kind: int | None, shift: int) -> list[_Item]:
+        """The fetches of ``node``'s subtree in the first block of its kind (expert 0), its
+        tensors ``shift`` further down the list."""
+        mine = tuple(template.index(t, kind) + shift for t in owned.get(node, ()))
         out: list[_Item] = [_fetch(mine, numel, persistent)]
         kids = children[node]
         for kid in reversed(kids) if reverse else kids:
             if kid in block_roots:
                 k = block_roots[kid]
                 stride = template.block_length(template.kinds[k])
-                out += _repeated(
-                    subtree(kid, reverse, k), template.kinds[k].blocks, stride, reverse
-                )
+                out += copies_of(kid, reverse, k, shift, stride, template.kinds[k].blocks)
             elif kind is not None and kid == expert_roots.get(kind):
                 stride = template.kinds[kind].expert
-                out += _repeated(subtree(kid, reverse, kind), template.experts, stride, reverse)
+                out += copies_of(kid, reverse, kind, shift, stride, template.experts)
             else:
-                out += subtree(kid, reverse, kind)
+                out += subtree(kid, reverse, kind, shift)
         return _joined(out)
 
-    return subtree("", False, None), subtree("", True, None)
+    return subtree("", False, None, 0), subtree("", True, None, 0)
 
 
 def stage3_trace(params: Sequence[ParamTensor], knobs: Knobs) -> Stage3Trace:
@@ -345,8 +374,8 @@ def _stage3_trace(
         # nothing). No module tree is needed.
         none = (0,) * len(persistent)
         return Stage3Trace(flags, flags, 0, 0, none, none, 0, 0)
-    if isinstance(params, ParamList) and by_size:
-        forward, backward = _trace_by_template(params, numel, persistent)
+    if isinstance(params, ParamList):
+        forward, backward = _trace_by_template(params, numel, persistent, by_size)
     else:
         forward, backward = _trace_by_names(params, numel, persistent)
     items = forward + backward
