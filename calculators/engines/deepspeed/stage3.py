@@ -364,6 +364,11 @@ def _stage3_trace(
     The prefetcher outruns the forward (it skips what is gathered), reaches the backward half of
     the queue a few modules in and records every backward use, so on models that fit
     ``stage3_max_live_parameters`` nearly every parameter stays gathered into backward.
+
+    A run of identical copies (experts, blocks) is walked copy by copy only until a copy
+    repeats the one before it exactly; the copies after it that would repeat it too (the
+    prefetch head a copy further on, the live-element count back, the same reuse decisions) are
+    played at once (``repeats``).
     """
     numel = param_numels(params)
     flags, by_size = persistent_flags(numel, persistence, model_persistence)
