@@ -641,8 +641,11 @@ def _stage3_trace(
                     continue
                 bad = min(bad, next(q for q, g in enumerate(gaps) if (g >= reuse) != keep))
             for x, dx in lanes:
-                now = states(x, dx, k + 1, hi + 1)
-                was = states(x, dx, k, hi)
+                # copies k+1..hi now against copies k..hi-1 before the pattern copy ran (the
+                # same but for the tensors it changed)
+                gathered_now, classes = states(x, dx, k, hi + 1)
+                now = gathered_now[1:], classes[1:]
+                was = gathered_now[:-1], classes[:-1]
                 for y, (av, last, _, _) in reference.items():
                     q, rest = divmod(y - x, dx)
                     if not rest and k <= q < hi:
