@@ -413,11 +413,8 @@ def _stage3_trace(
                         lanes.append((at[0] + k, i, at[1], at[2] + (0 if back else b.elements)))
                 at = [at[0] + b.entries, at[1] + b.steps, at[2] + b.elements]
             width, copies = len(lanes), s.copies
-            positions, owners, steps = (
-                [0] * (width * copies),
-                [0] * (width * copies),
-                [0] * (width * copies),
-            )
+            size = width * copies
+            positions, owners, steps = [0] * size, [0] * size, [0] * size
             for j, (e, i, t, el) in enumerate(lanes):
                 positions[j::width] = range(entry + e, entry + e + copies * s.entries, s.entries)
                 owners[j::width] = range(i, i + copies * s.shift, s.shift)
@@ -457,6 +454,7 @@ def _stage3_trace(
     prefetched, crowded = [False], [_NEVER]
 
     def room() -> int:
+        """The prefetch budget: ``min(max_live - available, prefetch_bucket_size)``."""
         budget = min(max_live - n_available, prefetch)
         if budget > 0:
             prefetched[0] = True
