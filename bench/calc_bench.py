@@ -58,19 +58,22 @@ def _cases() -> dict[str, tuple[str, dict[str, Any]]]:
             {**body, "batch": {"micro_batch_size": 1, "seq_len": 128}},
         )
         out[f"moe-16x4096 {engine} communication"] = ("communication", body)
-    # experts over stage3_param_persistence_threshold (hidden 512: 262,144 elements each), so
-    # the stage-3 coordinator releases and re-gathers them one by one
-    wide = {**MANY_EXPERTS, "hidden": 512, "ffn_hidden": 512}
-    out["moe-16x4096-h512 deepspeed memory"] = (
-        "memory",
-        {
-            "model": {"architecture": wide},
+    # experts over stage3_param_persistence_threshold (hidden 512: 262,144 elements each; 2048:
+    # 1,048,576), so the stage-3 coordinator releases and re-gathers them
+    for hidden in (512, 2048):
+        wide = {
+            "model": {"architecture": {**MANY_EXPERTS, "hidden": hidden, "ffn_hidden": 512}},
             "dp": 8,
             "stages": STAGES,
             "engine": "deepspeed",
             "precision": "mixed_bf16",
-        },
-    )
+        }
+        out[f"moe-16x4096-h{hidden} deepspeed memory"] = ("memory", wide)
+        out[f"moe-16x4096-h{hidden} deepspeed memory+batch"] = (
+            "memory",
+            {**wide, "batch": {"micro_batch_size": 1, "seq_len": 128}},
+        )
+        out[f"moe-16x4096-h{hidden} deepspeed communication"] = ("communication", wide)
     llama = {
         "model": {"preset": "llama3-8b"},
         "dp": 8,

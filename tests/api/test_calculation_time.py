@@ -32,6 +32,14 @@ PRECISIONS = {
     "deepspeed": ("mixed_fp16", "mixed_bf16"),
 }
 
+STAGE3_KNOBS = {
+    "stage3_param_persistence_threshold": [0, 100_000, 10**9],
+    "stage3_max_live_parameters": [0, 300_000, 10**9, 10**12],
+    "stage3_prefetch_bucket_size": [0, 1000, 50_000_000, 10**12],
+    "stage3_max_reuse_distance": [0, 30_000_000, 10**12],
+    "stage3_model_persistence_threshold": [0, 1_000_000],
+}
+
 
 @st.composite
 def architectures(draw: st.DrawFn) -> dict[str, Any]:
@@ -81,12 +89,16 @@ def bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
         "precision": draw(st.sampled_from(PRECISIONS[engine])),
     }
     if engine == "deepspeed" and draw(st.booleans()):
-        body["engine_config"] = {
-            "zero_optimization": {
-                "reduce_bucket_size": draw(st.sampled_from([1000, 100_000, 500_000_000])),
-                "overlap_comm": draw(st.booleans()),
-            }
+        zero: dict[str, Any] = {
+            "reduce_bucket_size": draw(st.sampled_from([1000, 100_000, 500_000_000])),
+            "overlap_comm": draw(st.booleans()),
         }
+        # the stage-3 coordinator's knobs: tensors released or kept, prefetched far ahead or
+        # fetched on demand, re-gathered or kept into backward
+        for knob, values in STAGE3_KNOBS.items():
+            if draw(st.booleans()):
+                zero[knob] = draw(st.sampled_from(values))
+        body["engine_config"] = {"zero_optimization": zero}
     if draw(st.booleans()):
         return "communication", body
     if "params" not in model and draw(st.booleans()):
@@ -103,6 +115,14 @@ def bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
 # coordinator's run-length trace).
 _MANY_EXPERTS = MANY_EXPERTS  # the widest MoE the schema allows (bench/calc_bench.py)
 _WIDEST = {"model": {"architecture": _MANY_EXPERTS}, "dp": 8, "stages": [0, 1, 2, 3]}
+# the same with experts over stage3_param_persistence_threshold (262,144 elements each): each
+# block's 4,096 experts are released and re-gathered, one run of identical copies each way
+_RELEASED_EXPERTS = {
+    **_WIDEST,
+    "model": {"architecture": {**_MANY_EXPERTS, "hidden": 512, "ffn_hidden": 512}},
+    "engine": "deepspeed",
+    "precision": "mixed_bf16",
+}
 # Ψ = 1e15 with one-element gradient buckets: 1e15 buckets, counted without listing them
 _ONE_ELEMENT_BUCKETS = {
     "model": {"params": 10**15},
@@ -139,6 +159,23 @@ def _cold() -> None:
 @example(("communication", {**_WIDEST, "engine": "torch", "precision": "mixed_bf16"}))
 @example(("memory", {**_WIDEST, "engine": "deepspeed", "precision": "mixed_bf16"}))
 @example(("communication", {**_WIDEST, "engine": "deepspeed", "precision": "mixed_bf16"}))
+# the persistent experts again, but only the first million elements of them kept (the model's
+# persistence threshold): copies alike in persistence are taken together
+@example(
+    (
+        "memory",
+        {
+            **_WIDEST,
+            "engine": "deepspeed",
+            "precision": "mixed_bf16",
+            "engine_config": {
+                "zero_optimization": {"stage3_model_persistence_threshold": 1_000_000}
+            },
+        },
+    )
+)
+@example(("memory", _RELEASED_EXPERTS))
+@example(("communication", _RELEASED_EXPERTS))
 def test_each_request_takes_under_a_second_of_cpu(
     endpoint_body: tuple[str, dict[str, Any]],
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from itertools import accumulate
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from calculators.architecture import Architecture, Norm, PositionEmbedding
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import Precision, Stage
-from calculators.engines.deepspeed import layouts
+from calculators.engines.deepspeed import layouts, stage3
 from calculators.engines.deepspeed.allocator import (
     BLOCK,
     K_SMALL_SIZE,
@@ -30,12 +31,17 @@ from calculators.engines.deepspeed.buckets import fallback_buckets, ipg_walk, pa
 from calculators.engines.deepspeed.config import Knobs
 from calculators.engines.deepspeed.stage3 import (
     Stage3Trace,
+    _Run,
     _stage3_trace,
+    _trace_by_template,
     gathered_numels,
     persistent_flags,
     reduce_scatter_buffer,
     stage3_plan,
     sub_groups,
+)
+from calculators.engines.deepspeed.stage3 import (
+    _set as set_lane,
 )
 from calculators.engines.torch import traffic as torch_traffic
 from calculators.hf_config import architecture_from_hf_config
@@ -327,25 +333,140 @@ def test_transformers_blocks_walk_as_their_tensors_do(
     _same_walks(_family(family), knobs, world, Batch(1, 8, Checkpointing.FULL))
 
 
-def test_the_widest_moe_trace_is_one_stretch_per_block_part() -> None:
-    # 16 × 4,096 experts of persistent tensors: the routers are the only fetches walked one by
-    # one, so the trace is short however many experts there are
+def _widest_moe(**changes: int) -> Architecture:
     from bench.calc_bench import MANY_EXPERTS
-    from calculators.engines.deepspeed.stage3 import _trace_by_template
 
-    arch = Architecture(
-        **{k: v for k, v in MANY_EXPERTS.items() if k not in ("norm", "position_embedding")},
-        norm=Norm(MANY_EXPERTS["norm"]),
-        position_embedding=PositionEmbedding(MANY_EXPERTS["position_embedding"]),
-    )
+    fields: dict[str, Any] = {**MANY_EXPERTS, **changes}
+    fields["norm"] = Norm(fields["norm"])
+    fields["position_embedding"] = PositionEmbedding(fields["position_embedding"])
+    return Architecture(**fields)
+
+
+def test_the_widest_moe_trace_is_one_stretch_per_block_part() -> None:
+    # 16 × 4,096 experts of persistent tensors: the routers are the only fetches that own a
+    # tensor that can be released, so the 16 blocks are one run each way (a block's experts
+    # one stretch in it) and the trace is short however many experts there are
+    arch = _widest_moe()
     runs = architecture_params(arch)
     numel = param_numels(runs)
     flags, _ = persistent_flags(numel, Knobs().param_persistence_threshold, 2**63 - 1)
-    forward, backward = _trace_by_template(runs, numel, flags)
-    walked = [s for s in forward + backward if s.params is not None]
-    assert len(walked) == 2 * arch.layers  # each block's router, forward and backward
-    assert len(forward) + len(backward) < 8 * arch.layers
+    forward, backward = _trace_by_template(runs, numel, flags, True)
+    blocks = [s for s in forward + backward if isinstance(s, _Run)]
+    assert [s.copies for s in blocks] == [arch.layers] * 2
+    assert [len([b for b in s.body if b.params is not None]) for s in blocks] == [1, 1]
+    assert len(forward) + len(backward) < 16
     assert "tensors" not in vars(runs)  # no tensor was named
+
+
+def test_released_experts_are_one_run_per_block() -> None:
+    # hidden 512: each expert's tensors (262,144 elements) are over the persistence
+    # threshold, so each block's 4,096 experts are one run of released copies each way
+    arch = _widest_moe(hidden=512, ffn_hidden=512)
+    runs = architecture_params(arch)
+    numel = param_numels(runs)
+    flags, _ = persistent_flags(numel, Knobs().param_persistence_threshold, 2**63 - 1)
+    forward, backward = _trace_by_template(runs, numel, flags, True)
+    experts = [s for s in forward + backward if isinstance(s, _Run)]
+    assert [s.copies for s in experts] == [arch.num_experts] * (2 * arch.layers)
+    assert len(forward) + len(backward) < 20 * arch.layers
+
+
+# --- released copies played at once --------------------------------------------------------------
+
+
+@st.composite
+def released_copies(draw: st.DrawFn) -> Architecture:
+    """Many identical experts (or blocks) of a few small tensors, for knobs drawn on their
+    scale: the prefetch head, the live-element cap and the reuse distance cross runs of copies
+    in every way."""
+    experts = draw(st.sampled_from([1, 5, 24, 40]))
+    return Architecture(
+        layers=draw(st.integers(1, 3)) if experts > 1 else draw(st.integers(2, 30)),
+        hidden=draw(st.sampled_from([4, 8, 16])),
+        heads=2,
+        vocab_size=draw(st.sampled_from([7, 300])),
+        ffn_hidden=draw(st.sampled_from([None, 6, 24])),
+        num_experts=experts,
+        experts_per_token=min(experts, 2),
+        gated_mlp=draw(st.booleans()),
+        bias=draw(st.booleans()),
+        tied_embeddings=draw(st.booleans()),
+        norm=draw(st.sampled_from(list(Norm))),
+        position_embedding=PositionEmbedding.ROPE,
+    )
+
+
+def _scaled(top: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from([0, 10**9]), st.integers(1, top))
+
+
+trace_knobs_drawn = st.tuples(
+    st.sampled_from([0, 5, 20, 63, 64, 100, 400, 100_000]),  # parameter persistence
+    st.sampled_from([2**63 - 1, 2**63 - 1, 0, 2_000]),  # model persistence
+    _scaled(40_000),  # max live parameters
+    _scaled(4_000),  # prefetch bucket
+    _scaled(300_000),  # max reuse distance
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(arch=released_copies(), knobs=trace_knobs_drawn)
+def test_released_copies_walk_as_the_tensors_do(
+    arch: Architecture, knobs: tuple[int, int, int, int, int]
+) -> None:
+    runs = architecture_params(arch)
+    listed = tuple(runs.tensors)
+    assert _stage3_trace(runs, *knobs) == reference_trace(listed, *knobs)
+
+
+def _played_at_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many copies each run of copies played at once covered (one entry per parameter
+    of the pattern copy whose gathered flag was set)."""
+    played: list[int] = []
+
+    def counted(values: list[Any], x: int, dx: int, lo: int, hi: int, new: list[Any]) -> None:
+        if new and type(new[0]) is bool:
+            played.append(hi - lo)
+        set_lane(values, x, dx, lo, hi, new)
+
+    monkeypatch.setattr(stage3, "_set", counted)
+    return played
+
+
+@pytest.mark.parametrize(
+    ("knobs", "at_once"),
+    [
+        # persistence, model persistence, max live, prefetch bucket, max reuse distance
+        ((1_000, 2**63 - 1, 1_000_000, 50_000, 1_000_000), True),  # the reuse decision flips
+        ((1_000, 2**63 - 1, 1_000_000, 50_000, 10**12), True),  # all kept into backward
+        ((1_000, 2**63 - 1, 0, 50_000, 0), True),  # no prefetch: fetched on demand
+        ((0, 2**63 - 1, 300_000, 10_000, 500_000), True),  # biases and norms released too
+        # the first prefetch gathers everything: the queue is exhausted at once and each
+        # tensor's uses play out on their own
+        ((1_000, 2**63 - 1, 10**12, 10**12, 3_000_000), False),
+    ],
+)
+def test_a_wide_moe_plays_its_released_experts_at_once(
+    knobs: tuple[int, int, int, int, int], at_once: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arch = Architecture(
+        layers=2,
+        hidden=64,
+        heads=4,
+        vocab_size=1000,
+        ffn_hidden=64,
+        num_experts=512,
+        experts_per_token=2,
+        bias=True,
+        position_embedding=PositionEmbedding.ROPE,
+    )
+    runs = architecture_params(arch)
+    listed = tuple(runs.tensors)
+    played = _played_at_once(monkeypatch)
+    _stage3_trace.cache_clear()
+    assert _stage3_trace(runs, *knobs) == reference_trace(listed, *knobs)
+    # forward and backward walk each block's experts: most of them played at once
+    assert (sum(played) >= 2 * arch.layers * arch.num_experts * 0.8) is at_once
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)

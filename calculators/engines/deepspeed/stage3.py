@@ -6,13 +6,14 @@ zero/parameter_offload.py, zero/partition_parameters.py, zero/stage3.py.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate, compress
-from operator import gt
+from operator import add, ge, gt, sub
+from typing import Any
 
 from calculators.conventions import HALF_BYTES
 from calculators.engines.deepspeed.allocator import block
@@ -115,7 +116,8 @@ def fetch_order(params: Sequence[ParamTensor]) -> tuple[list[str], list[str]]:
 # its parameters' indices, or a stretch of consecutive fetches whose parameters are all
 # persistent (always gathered, never released: such a fetch only pops its queue entries and may
 # prefetch). Identical experts and blocks whose parameters are all persistent make one stretch
-# however many copies there are.
+# however many copies there are; identical copies that own parameters which can be released
+# make one run (the first copy's fetches and how far down the list each further copy lies).
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,23 @@ class _Steps:
     params: tuple[int, ...] | None = None
 
 
+@dataclass(frozen=True)
+class _Run:
+    """``copies`` identical subtrees in trace order: ``body`` is the first one's fetches (none a
+    run), and each further copy's parameters lie ``shift`` further down the list (negative when
+    the copies are walked last first). ``steps``, ``entries``, ``elements``: one copy's."""
+
+    body: tuple[_Steps, ...]
+    copies: int
+    shift: int
+    steps: int
+    entries: int
+    elements: int
+
+
+_Item = _Steps | _Run
+
+
 def _fetch(mine: tuple[int, ...], numel: Sequence[int], persistent: Sequence[bool]) -> _Steps:
     elements = sum(numel[i] for i in mine)
     if all(persistent[i] for i in mine):
@@ -137,59 +156,88 @@ def _fetch(mine: tuple[int, ...], numel: Sequence[int], persistent: Sequence[boo
     return _Steps(1, len(mine), elements, mine)
 
 
-def _joined(steps: list[_Steps]) -> list[_Steps]:
+def _joined(steps: list[_Item]) -> list[_Item]:
     """Consecutive stretches of persistent fetches made one."""
-    out: list[_Steps] = []
+    out: list[_Item] = []
     for s in steps:
-        if s.params is None and out and out[-1].params is None:
-            a = out[-1]
+        a = out[-1] if out else None
+        if (
+            isinstance(s, _Steps)
+            and s.params is None
+            and isinstance(a, _Steps)
+            and a.params is None
+        ):
             out[-1] = _Steps(a.steps + s.steps, a.entries + s.entries, a.elements + s.elements)
         else:
             out.append(s)
     return out
 
 
-def _repeated(copy: list[_Steps], copies: int, stride: int, reverse: bool) -> list[_Steps]:
+def _shifted(s: _Steps, shift: int) -> _Steps:
+    """``s`` with its parameters ``shift`` further down the list."""
+    if not shift or s.params is None:
+        return s
+    return _Steps(s.steps, s.entries, s.elements, tuple(i + shift for i in s.params))
+
+
+def _moved(s: _Item, shift: int) -> _Item:
+    """``s`` (a run: each copy) with its parameters ``shift`` further down the list."""
+    if isinstance(s, _Run):
+        body = tuple(_shifted(b, shift) for b in s.body)
+        return _Run(body, s.copies, s.shift, s.steps, s.entries, s.elements)
+    return _shifted(s, shift)
+
+
+def _repeated(copy: list[_Item], copies: int, stride: int, reverse: bool) -> list[_Item]:
     """The fetches of ``copies`` identical subtrees in trace order, from the first copy's
     (``copy``; copy ``c``'s parameters are ``stride · c`` further down the list): one stretch
-    when a copy is one (its parameters all persistent), else each copy's fetches."""
-    if len(copy) == 1 and copy[0].params is None:
+    when a copy is one (its parameters all persistent), one run when a copy holds no run, else
+    each copy's fetches."""
+    if len(copy) == 1 and isinstance(copy[0], _Steps) and copy[0].params is None:
         s = copy[0]
         return [_Steps(s.steps * copies, s.entries * copies, s.elements * copies)]
-    out: list[_Steps] = []
-    for c in range(copies - 1, -1, -1) if reverse else range(copies):
-        shift = stride * c
-        out += [
-            s
-            if s.params is None or not shift
-            else _Steps(1, s.entries, s.elements, tuple(i + shift for i in s.params))
-            for s in copy
+    flat = [s for s in copy if isinstance(s, _Steps)]
+    if copies > 1 and len(flat) == len(copy):
+        first = stride * (copies - 1) if reverse else 0
+        return [
+            _Run(
+                tuple(_shifted(s, first) for s in flat),
+                copies,
+                -stride if reverse else stride,
+                sum(s.steps for s in flat),
+                sum(s.entries for s in flat),
+                sum(s.elements for s in flat),
+            )
         ]
+    out: list[_Item] = []
+    for c in range(copies - 1, -1, -1) if reverse else range(copies):
+        out += [_moved(s, stride * c) for s in copy]
     return _joined(out)
 
 
 def _trace_by_names(
     params: Sequence[ParamTensor], numel: Sequence[int], persistent: Sequence[bool]
-) -> tuple[list[_Steps], list[_Steps]]:
+) -> tuple[list[_Item], list[_Item]]:
     """Forward and backward fetches of a list of named tensors."""
     owned: dict[str, list[int]] = {}
     for i, p in enumerate(params):
         owned.setdefault(p.module, []).append(i)
     forward, backward = fetch_order(params)
 
-    def fetches(order: list[str]) -> list[_Steps]:
+    def fetches(order: list[str]) -> list[_Item]:
         return _joined([_fetch(tuple(owned.get(m, ())), numel, persistent) for m in order])
 
     return fetches(forward), fetches(backward)
 
 
 def _trace_by_template(
-    params: ParamList, numel: Sequence[int], persistent: Sequence[bool]
-) -> tuple[list[_Steps], list[_Steps]]:
+    params: ParamList, numel: Sequence[int], persistent: Sequence[bool], by_size: bool
+) -> tuple[list[_Item], list[_Item]]:
     """Forward and backward fetches of an architecture's tensors, from its template: the
     subtree of the first block of each kind (and of its expert 0) stands for every copy, whose
-    tensors lie a whole block (expert) further down the list per copy. Persistence must depend
-    on a tensor's size alone (copies alike)."""
+    tensors lie a whole block (expert) further down the list per copy. ``by_size``: persistence
+    depends on a tensor's size alone, so copies are alike; otherwise consecutive copies whose
+    tensors' persistence is alike are taken together."""
     template = params.template
     children = module_tree(template.tensors)
     owned: dict[str, list[int]] = {}
@@ -200,26 +248,54 @@ def _trace_by_template(
         n: f"blocks.{k.start}.experts.0" for n, k in enumerate(template.kinds) if k.expert
     }
 
-    def subtree(node: str, reverse: bool, kind: int | None) -> list[_Steps]:
-        """The fetches of ``node``'s subtree in the first block of its kind (expert 0)."""
-        mine = tuple(template.index(t, kind) for t in owned.get(node, ()))
-        out = [_fetch(mine, numel, persistent)]
+    def alike(node: str, kind: int, shift: int, stride: int, copies: int) -> list[tuple[int, int]]:
+        """Consecutive copies of ``node`` (each ``stride`` tensors, one after another, the
+        first ``shift`` down the list from the template's) whose tensors' persistence is
+        alike: (first copy, copies)."""
+        if by_size:
+            return [(0, copies)]
+        inside = [
+            template.index(t, kind)
+            for t, p in enumerate(template.tensors)
+            if p.module == node or p.module.startswith(node + ".")
+        ]
+        low = min(inside, default=0) + shift
+        groups, first = [], 0
+        for c in range(1, copies):
+            here = low + c * stride
+            if persistent[here : here + stride] != persistent[here - stride : here]:
+                groups.append((first, c - first))
+                first = c
+        return [*groups, (first, copies - first)]
+
+    def copies_of(
+        node: str, reverse: bool, kind: int, shift: int, stride: int, copies: int
+    ) -> list[_Item]:
+        parts = [
+            _repeated(subtree(node, reverse, kind, shift + stride * first), count, stride, reverse)
+            for first, count in alike(node, kind, shift, stride, copies)
+        ]
+        return _joined([s for part in (parts[::-1] if reverse else parts) for s in part])
+
+    def subtree(node: str, reverse: bool, kind: int | None, shift: int) -> list[_Item]:
+        """The fetches of ``node``'s subtree in the first block of its kind (expert 0), its
+        tensors ``shift`` further down the list."""
+        mine = tuple(template.index(t, kind) + shift for t in owned.get(node, ()))
+        out: list[_Item] = [_fetch(mine, numel, persistent)]
         kids = children[node]
         for kid in reversed(kids) if reverse else kids:
             if kid in block_roots:
                 k = block_roots[kid]
                 stride = template.block_length(template.kinds[k])
-                out += _repeated(
-                    subtree(kid, reverse, k), template.kinds[k].blocks, stride, reverse
-                )
+                out += copies_of(kid, reverse, k, shift, stride, template.kinds[k].blocks)
             elif kind is not None and kid == expert_roots.get(kind):
                 stride = template.kinds[kind].expert
-                out += _repeated(subtree(kid, reverse, kind), template.experts, stride, reverse)
+                out += copies_of(kid, reverse, kind, shift, stride, template.experts)
             else:
-                out += subtree(kid, reverse, kind)
+                out += subtree(kid, reverse, kind, shift)
         return _joined(out)
 
-    return subtree("", False, None), subtree("", True, None)
+    return subtree("", False, None, 0), subtree("", True, None, 0)
 
 
 def stage3_trace(params: Sequence[ParamTensor], knobs: Knobs) -> Stage3Trace:
@@ -288,6 +364,11 @@ def _stage3_trace(
     The prefetcher outruns the forward (it skips what is gathered), reaches the backward half of
     the queue a few modules in and records every backward use, so on models that fit
     ``stage3_max_live_parameters`` nearly every parameter stays gathered into backward.
+
+    A run of identical copies (experts, blocks) is walked copy by copy only until a copy
+    repeats the one before it exactly; the copies after it that would repeat it too (the
+    prefetch head a copy further on, the live-element count back, the same reuse decisions) are
+    played at once (``repeats``).
     """
     numel = param_numels(params)
     flags, by_size = persistent_flags(numel, persistence, model_persistence)
@@ -298,53 +379,98 @@ def _stage3_trace(
         # nothing). No module tree is needed.
         none = (0,) * len(persistent)
         return Stage3Trace(flags, flags, 0, 0, none, none, 0, 0)
-    if isinstance(params, ParamList) and by_size:
-        forward, backward = _trace_by_template(params, numel, persistent)
+    if isinstance(params, ParamList):
+        forward, backward = _trace_by_template(params, numel, persistent, by_size)
     else:
         forward, backward = _trace_by_names(params, numel, persistent)
-    fetches = forward + backward
-    n_forward = sum(s.steps for s in forward)
-    n_steps = n_forward + sum(s.steps for s in backward)
-    # Where each run of fetches starts (step, queue entry, elements traversed before it), the
-    # queue entries of the parameters that can be released, as three flat lists, and the
-    # elements traversed before each of their fetches and the fetch after (the reuse distance).
-    # A persistent parameter is always gathered and never released, so its entries only take
-    # room in the queue: the walks below step over them by position.
+    items = forward + backward
+    n_forward = sum(_span(s)[0] for s in forward)
+    n_steps = n_forward + sum(_span(s)[0] for s in backward)
+    # Where each item starts (step, queue entry, elements traversed before it); the queue
+    # entries of the parameters that can be released, as three flat lists; and for each such
+    # parameter its two uses (every module is fetched once in forward, once in backward), the
+    # elements traversed before the step after its forward use and before its backward use (the
+    # reuse distance between them). A persistent parameter is always gathered and never
+    # released, so its entries only take room in the queue: the walks below step over them by
+    # position. A run's entries and uses are laid out copy by copy at once.
+    n = len(numel)
     starts: list[tuple[int, int, int]] = []
     movable: list[int] = []  # queue positions
     movable_param: list[int] = []
     movable_step: list[int] = []
-    uses: dict[int, list[int]] = {}
-    before: dict[int, int] = {}
+    use_f, use_b, after_f, before_b = [0] * n, [0] * n, [0] * n, [0] * n
     step = entry = elements = 0
-    for s in fetches:
+    for s in items:
         starts.append((step, entry, elements))
-        if s.params is not None:
-            before[step] = elements
-            before[step + 1] = elements + s.elements
+        back = step >= n_forward
+        uses, distances = (use_b, before_b) if back else (use_f, after_f)
+        if isinstance(s, _Run):
+            lanes: list[tuple[int, int, int, int]] = []  # entry, parameter, step, elements
+            at = [0, 0, 0]
+            for b in s.body:
+                for k, i in enumerate(b.params or ()):
+                    if not persistent[i]:
+                        lanes.append((at[0] + k, i, at[1], at[2] + (0 if back else b.elements)))
+                at = [at[0] + b.entries, at[1] + b.steps, at[2] + b.elements]
+            width, copies = len(lanes), s.copies
+            size = width * copies
+            positions, owners, steps = [0] * size, [0] * size, [0] * size
+            for j, (e, i, t, el) in enumerate(lanes):
+                positions[j::width] = range(entry + e, entry + e + copies * s.entries, s.entries)
+                owners[j::width] = range(i, i + copies * s.shift, s.shift)
+                steps[j::width] = range(step + t, step + t + copies * s.steps, s.steps)
+                _fill(uses, i, s.shift, copies, step + t, s.steps)
+                _fill(distances, i, s.shift, copies, elements + el, s.elements)
+            movable += positions
+            movable_param += owners
+            movable_step += steps
+        elif s.params is not None:
             for k, i in enumerate(s.params):
                 if not persistent[i]:
                     movable.append(entry + k)
                     movable_param.append(i)
                     movable_step.append(step)
-                    uses.setdefault(i, []).append(step)
-        step += s.steps
-        entry += s.entries
-        elements += s.elements
+                    uses[i] = step
+                    distances[i] = elements + (0 if back else s.elements)
+        spanned = _span(s)
+        step += spanned[0]
+        entry += spanned[1]
+        elements += spanned[2]
     n_queue = entry
+    item_entries = [e for _, e, _ in starts]
     head = 0
     available = list(persistent)
-    recent = [-(10**18)] * len(numel)
+    recent = [_NEVER] * n
     n_available = 0
     gathered = [0, 0]
-    gathers = [[0] * len(numel), [0] * len(numel)]
+    gathers = [[0] * n, [0] * n]
     calls = [0, 0]
     kept = available
+    # While a run's copy is walked as the pattern of the copies after it: each parameter's
+    # state before the copy first changed it (gathered, last recorded use, gathers per phase).
+    journal: dict[int, tuple[bool, int, int, int]] | None = None
+    # Since the copy began: whether a prefetch found room, and the fewest live elements a
+    # prefetch found no room at.
+    prefetched, crowded = [False], [_NEVER]
+
+    def room() -> int:
+        """The prefetch budget: ``min(max_live - available, prefetch_bucket_size)``."""
+        budget = min(max_live - n_available, prefetch)
+        if budget > 0:
+            prefetched[0] = True
+        elif crowded[0] == _NEVER or n_available < crowded[0]:
+            crowded[0] = n_available
+        return budget
+
+    def note(i: int) -> None:
+        if journal is not None and i not in journal:
+            journal[i] = (available[i], recent[i], gathers[0][i], gathers[1][i])
 
     def gather(i: int, phase: int) -> int:
         nonlocal n_available
         if available[i]:
             return 0
+        note(i)
         available[i] = True
         n_available += numel[i]
         gathered[phase] += numel[i]
@@ -356,7 +482,7 @@ def _stage3_trace(
         gathered are requested: persistent entries are popped without effect, so only the
         others are visited; the prefetched set is one __all_gather_params call (:484)."""
         nonlocal head
-        budget = min(max_live - n_available, prefetch)
+        budget = room()
         if head >= n_queue or budget <= 0:
             return
         phase = 0 if step < n_forward else 1
@@ -367,6 +493,7 @@ def _stage3_trace(
         while k < len(movable):
             at = movable[k]
             i = movable_param[k]
+            note(i)
             recent[i] = max(recent[i], movable_step[k])
             k += 1
             if not available[i]:
@@ -384,45 +511,44 @@ def _stage3_trace(
         strictly fewer than it)."""
         if persistent[i] or recent[i] > after:
             return False
-        mine_uses = uses[i]
-        k = bisect_left(mine_uses, after)
-        return not (k < len(mine_uses) and before[mine_uses[k]] - before[after] < reuse)
+        return after > use_b[i] or before_b[i] - after_f[i] >= reuse
 
-    step = n_steps
-    for (first, entry, _), s in zip(starts, fetches, strict=True):
-        if head >= n_queue:
-            step = first
-            break
-        if s.params is not None:
-            mine = s.params
-            phase = 0 if first < n_forward else 1
-            # the module's own parameters: one __all_gather_params call (:381)
-            if sum(gather(i, phase) for i in mine):
-                calls[phase] += 1
-            # pop the module's entries not popped yet (``head`` never lags behind the step's
-            # first entry: each step pops up to its last)
-            for k, i in enumerate(mine):
-                if entry + k >= head:
-                    recent[i] = first
-            head = max(head, entry + s.entries)
-            prefetch_at(first)
-            after = first + 1
-            for i in [i for i in mine if released(i, after)]:
-                if available[i]:
-                    available[i] = False
-                    n_available -= numel[i]
-            if first == n_forward - 1:
-                kept = list(available)
-            continue
-        # A stretch of persistent fetches. Each pops its own entries, which can be neither
-        # prefetched nor released, so ``head`` passes them all at once: the prefetch search
-        # starts at the first entry after them either way, and a queue that ends inside the
-        # stretch leaves no use to play out. Each fetch prefetches while the budget lasts;
-        # once it does not, the rest of the stretch changes nothing.
+    def fetch(first: int, entry: int, mine: tuple[int, ...], entries: int) -> None:
+        """One module fetch owning a parameter that can be released."""
+        nonlocal head, n_available, kept
+        phase = 0 if first < n_forward else 1
+        # the module's own parameters: one __all_gather_params call (:381)
+        if sum(gather(i, phase) for i in mine):
+            calls[phase] += 1
+        # pop the module's entries not popped yet (``head`` never lags behind the step's
+        # first entry: each step pops up to its last)
+        for k, i in enumerate(mine):
+            if entry + k >= head:
+                note(i)
+                recent[i] = first
+        head = max(head, entry + entries)
+        prefetch_at(first)
+        after = first + 1
+        for i in [i for i in mine if released(i, after)]:
+            if available[i]:
+                note(i)
+                available[i] = False
+                n_available -= numel[i]
+        if first == n_forward - 1:
+            kept = list(available)
+
+    def stretch(first: int, entry: int, s: _Steps) -> int | None:
+        """A stretch of persistent fetches; the step where the queue runs out within it, if it
+        does. Each pops its own entries, which can be neither prefetched nor released, so
+        ``head`` passes them all at once: the prefetch search starts at the first entry after
+        them either way, and a queue that ends inside the stretch leaves no use to play out.
+        Each fetch prefetches while the budget lasts; once it does not, the rest of the stretch
+        changes nothing."""
+        nonlocal head, kept
         head = max(head, entry + s.entries)
         j = 0
         while j < s.steps and head < n_queue:
-            if min(max_live - n_available, prefetch) > 0:
+            if room() > 0:
                 prefetch_at(first + j)
                 end = j + 1
             else:
@@ -430,8 +556,199 @@ def _stage3_trace(
             if first + j <= n_forward - 1 < first + end:
                 kept = list(available)
             j = end
-        if j < s.steps:
-            step = first + j
+        return first + j if j < s.steps else None
+
+    def use_class(i: int, last: int) -> int:
+        """Which of i's uses ``last`` (a recorded use) is: none yet, forward, backward."""
+        return (last >= use_f[i]) + (last >= use_b[i])
+
+    def states(x: int, dx: int, lo: int, hi: int) -> tuple[list[bool], list[int]]:
+        """Gathered and last recorded use (as its class) of ``x + m·dx`` for m in [lo, hi)."""
+        last = _lane(recent, x, dx, lo, hi)
+        return _lane(available, x, dx, lo, hi), list(
+            map(
+                add,
+                map(ge, last, _lane(use_f, x, dx, lo, hi)),
+                map(ge, last, _lane(use_b, x, dx, lo, hi)),
+            )
+        )
+
+    def repeats(
+        r: _Run,
+        c: int,
+        first0: int,
+        entry0: int,
+        head0: int,
+        reference: dict[int, tuple[bool, int, int, int]],
+    ) -> tuple[int, list[tuple[int, int]]]:
+        """How many copies from ``c`` on walk exactly as copy ``c - 1`` just did, shifted a
+        copy each (and the parameters that copy read, each with its shift per copy).
+
+        A copy reads and changes only its own parameters and those of the queue entries its
+        prefetches pop (``head`` before it to ``head`` after), besides the live-element count.
+        When that count came back, the head moved a whole copy of the run it lies in (or not at
+        all), the release decision of the copy's own parameters (their reuse distances) is the
+        same on each copy, and the state of the parameters copies c..c+k-1 read equals the state
+        those copy c - 1 read, copy by copy, before it ran (each shifted a copy), then each of
+        those copies repeats the one before it (by induction). Stops before the copy that ends
+        forward, and where the two shifts differ the parameters must stay apart."""
+        d, t = r.shift, c - 1
+        limit = r.copies - c
+        if first0 <= n_forward - 1 < first0 + r.copies * r.steps:
+            limit = min(limit, (n_forward - 1 - first0) // r.steps - c)
+        own = [i + t * d for b in r.body for i in b.params or () if not persistent[i]]
+        moved = head - head0
+        window: list[int] = []
+        shift = d
+        if moved == 0:
+            # no entry popped: copies wholly before the head pop nothing either
+            limit = min(limit, (head0 - entry0) // r.entries - c)
+        else:
+            j = bisect_right(item_entries, head0) - 1
+            ahead = items[j]
+            if not isinstance(ahead, _Run) or ahead.entries != moved:
+                return 0, []
+            end = item_entries[j] + ahead.copies * ahead.entries
+            if head > end:
+                return 0, []
+            limit = min(limit, (end - head) // moved)
+            popped = movable_param[bisect_left(movable, head0) : bisect_left(movable, head)]
+            mine = set(own)
+            window = [x for x in popped if x not in mine]
+            if ahead is not r:
+                if len(window) < len(popped):
+                    return 0, []
+                shift = ahead.shift
+                limit = min(limit, _apart(own, d, window, shift, limit))
+        lanes = [(x, shift) for x in window] + [(x, d) for x in own]
+        # how many copies keep the same decision (forward: the reuse distance to backward)
+        decide = [(x, before_b[x] - after_f[x] >= reuse) for x in own] if first0 < n_forward else []
+        k, size = 0, 1
+        while k < limit:
+            hi = min(limit, k + size)
+            bad = hi - k
+            for x, keep in decide:
+                gaps = list(
+                    map(
+                        sub,
+                        _lane(before_b, x, d, k + 1, hi + 1),
+                        _lane(after_f, x, d, k + 1, hi + 1),
+                    )
+                )
+                if (min(gaps) >= reuse) if keep else (max(gaps) < reuse):
+                    continue
+                bad = min(bad, next(q for q, g in enumerate(gaps) if (g >= reuse) != keep))
+            for x, dx in lanes:
+                # copies k+1..hi now against copies k..hi-1 before the pattern copy ran (the
+                # same but for the tensors it changed)
+                gathered_now, classes = states(x, dx, k, hi + 1)
+                now = gathered_now[1:], classes[1:]
+                was = gathered_now[:-1], classes[:-1]
+                for y, (av, last, _, _) in reference.items():
+                    q, rest = divmod(y - x, dx)
+                    if not rest and k <= q < hi:
+                        was[0][q - k] = av
+                        was[1][q - k] = use_class(y, last)
+                if now == was:
+                    continue
+                bad = min(
+                    bad,
+                    next(
+                        q
+                        for q, pair in enumerate(zip(*now, *was, strict=True))
+                        if pair[:2] != pair[2:]
+                    ),
+                )
+            if bad < hi - k:
+                return k + bad, lanes
+            k, size = hi, 2 * size
+        return k, lanes
+
+    def repeat(
+        k: int, lanes: list[tuple[int, int]], reference: dict[int, tuple[bool, int, int, int]]
+    ) -> None:
+        """Copies 1..k after the reference copy leave each parameter it read ``m·dx`` further
+        down the list as it left that one (the window's first: a parameter the prefetch reads
+        ahead of the walk is walked later)."""
+        for x, dx in lanes:
+            _set(available, x, dx, 1, k + 1, [available[x]] * k)
+            cls = use_class(x, recent[x])
+            latest = (None, use_f, use_b)[cls]
+            _set(
+                recent, x, dx, 1, k + 1, _lane(latest, x, dx, 1, k + 1) if latest else [_NEVER] * k
+            )
+            was = reference.get(x)
+            for phase in (0, 1):
+                more = gathers[phase][x] - (was[2 + phase] if was else gathers[phase][x])
+                if more:
+                    counts = _lane(gathers[phase], x, dx, 1, k + 1)
+                    _set(gathers[phase], x, dx, 1, k + 1, [v + more for v in counts])
+
+    def walk_run(first0: int, entry0: int, r: _Run) -> int | None:
+        """The copies of a run one by one, each the pattern for the copies after it: where a
+        stretch of them repeats it exactly, it is played at once. The step where the queue runs
+        out, if it does."""
+        nonlocal journal, head, n_available
+        c = 0
+        while c < r.copies:
+            at, en = first0 + c * r.steps, entry0 + c * r.entries
+            head0, held, before = head, n_available, (gathered[:], calls[:])
+            journal, prefetched[0], crowded[0] = {}, False, _NEVER
+            for b in r.body:
+                if head >= n_queue:
+                    journal = None
+                    return at
+                if b.params is None:
+                    stop = stretch(at, en, b)
+                    if stop is not None:
+                        journal = None
+                        return stop
+                else:
+                    shift = c * r.shift
+                    fetch(
+                        at, en, tuple(i + shift for i in b.params) if shift else b.params, b.entries
+                    )
+                at += b.steps
+                en += b.entries
+            reference, journal = journal, None
+            c += 1
+            # The live-element count read by a prefetch that found room must come back; one
+            # that found none finds none while the count grows, or falls but stays at or
+            # above the cap.
+            grows = n_available - held
+            if grows and prefetched[0]:
+                room_for = 0
+            elif grows >= 0 or prefetch <= 0 or crowded[0] == _NEVER:
+                room_for = r.copies
+            else:
+                room_for = (crowded[0] - max_live) // -grows
+            if c < r.copies and head < n_queue and room_for > 0:
+                k, lanes = repeats(r, c, first0, entry0, head0, reference)
+                k = min(k, room_for)
+                if k > 0:
+                    repeat(k, lanes, reference)
+                    for phase in (0, 1):
+                        gathered[phase] += k * (gathered[phase] - before[0][phase])
+                        calls[phase] += k * (calls[phase] - before[1][phase])
+                    head += k * (head - head0)
+                    n_available += k * grows
+                    c += k
+        return None
+
+    step = n_steps
+    for (first, entry, _), s in zip(starts, items, strict=True):
+        if head >= n_queue:
+            step = first
+            break
+        if isinstance(s, _Run):
+            stop = walk_run(first, entry, s)
+        elif s.params is not None:
+            fetch(first, entry, s.params, s.entries)
+            continue
+        else:
+            stop = stretch(first, entry, s)
+        if stop is not None:
+            step = stop
             break
     if step < n_steps:
         # The queue is exhausted: nothing is prefetched any more, every parameter's last
@@ -442,26 +759,21 @@ def _stage3_trace(
         if first <= n_forward - 1:
             kept = list(available)
         gathered_at: list[set[int]] = [set(), set()]
-        for i, mine_uses in uses.items():
-            k = bisect_left(mine_uses, first)
-            if k == len(mine_uses):
-                continue
-            # ``released`` inlined: uses are distinct steps, so the next use after ``use`` is
-            # the next entry, and the last recorded use is final
+        for i in dict.fromkeys(movable_param[bisect_left(movable_step, first) :]):
+            # ``released`` inlined: the last recorded use is final
             held = available[i]
             last = recent[i]
-            for j in range(k, len(mine_uses)):
-                use = mine_uses[j]
+            for use in (use_f[i], use_b[i]):
+                if use < first:
+                    continue
                 if not held:
                     phase = 0 if use < n_forward else 1
                     held = True
                     gathered[phase] += numel[i]
                     gathers[phase][i] += 1
                     gathered_at[phase].add(use)
-                if last <= use + 1:
-                    nxt = j + 1
-                    if nxt == len(mine_uses) or (before[mine_uses[nxt]] - before[use + 1] >= reuse):
-                        held = False
+                if last <= use + 1 and (use == use_b[i] or before_b[i] - after_f[i] >= reuse):
+                    held = False
                 if use < n_forward:
                     kept[i] = held
             available[i] = held
@@ -477,6 +789,58 @@ def _stage3_trace(
         calls[0],
         calls[1],
     )
+
+
+_NEVER = -(10**18)  # no use recorded yet
+
+
+def _span(s: _Item) -> tuple[int, int, int]:
+    """Steps, queue entries and elements of an item."""
+    if isinstance(s, _Run):
+        return s.steps * s.copies, s.entries * s.copies, s.elements * s.copies
+    return s.steps, s.entries, s.elements
+
+
+def _fill(values: list[int], first: int, shift: int, copies: int, start: int, step: int) -> None:
+    """``values[first + c·shift] = start + c·step`` for each copy c."""
+    if shift > 0:
+        values[first : first + copies * shift : shift] = range(start, start + copies * step, step)
+    else:
+        low = first + (copies - 1) * shift
+        values[low : first + 1 : -shift] = range(start + (copies - 1) * step, start - step, -step)
+
+
+def _lane(values: list[Any], x: int, dx: int, lo: int, hi: int) -> list[Any]:
+    """``values[x + m·dx]`` for m in [lo, hi)."""
+    stop = x + hi * dx
+    return values[x + lo * dx : stop if stop >= 0 else None : dx]
+
+
+def _set(values: list[Any], x: int, dx: int, lo: int, hi: int, new: list[Any]) -> None:
+    """``values[x + m·dx] = new[m - lo]`` for m in [lo, hi)."""
+    stop = x + hi * dx
+    values[x + lo * dx : stop if stop >= 0 else None : dx] = new
+
+
+def _apart(a: list[int], da: int, b: list[int], db: int, limit: int) -> int:
+    """The most copies k <= limit for which parameters ``x + m·da`` (x in a) and
+    ``y + m·db`` (y in b), m in [0, k], lie in ranges apart."""
+
+    def apart(k: int) -> bool:
+        a_lo, a_hi = min(a) + min(0, k * da), max(a) + max(0, k * da)
+        b_lo, b_hi = min(b) + min(0, k * db), max(b) + max(0, k * db)
+        return a_hi < b_lo or b_hi < a_lo
+
+    if not a or not b:
+        return limit
+    lo, hi = -1, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if apart(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return max(lo, 0)
 
 
 def sub_groups(numels: Sequence[int], world: int, size: int) -> list[int]:
