@@ -216,17 +216,17 @@ def _measure(
 
     held: list[torch.Tensor] = []
 
-    # grad_sync per_step: DDP's no_sync on all but the last micro-step (forward and backward)
-    no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
-    if spec.grad_sync is GradSync.PER_STEP and isinstance(
-        engine.module, nn.parallel.DistributedDataParallel
-    ):
-        no_sync = engine.module.no_sync
+    def reduces(i: int) -> contextlib.AbstractContextManager[Any]:
+        """grad_sync per_step: DDP's no_sync on all but the last micro-step."""
+        ddp = engine.module
+        deferred = spec.grad_sync is GradSync.PER_STEP and i < len(batches) - 1
+        if deferred and isinstance(ddp, nn.parallel.DistributedDataParallel):
+            return ddp.no_sync()
+        return contextlib.nullcontext()
 
     def step(probe: Callable[[str], None] | None = None) -> None:
         for i, (x, y) in enumerate(batches):
-            local = no_sync is not None and i < len(batches) - 1
-            with no_sync() if no_sync is not None and local else contextlib.nullcontext():
+            with reduces(i):  # forward and backward: DDP reads the flag in both
                 with engine.autocast():
                     out, loss = workload.forward(engine.module, x, y)
                 held.clear()  # a loop rebinding ``out``/``loss`` frees the previous ones now
