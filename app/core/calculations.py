@@ -4,10 +4,11 @@ order.
 An answer that walks a model's tensors (an engine's layouts, a sweep over Nd) is pure Python:
 under the GIL two of them never run at once, so a thread each only makes them take turns. With
 32 such requests in flight, 32 threads taking turns gave every answer about the latency of all
-of them, and the hand-offs cost CPU of their own (the heavy sweep at 32 connections: p99 165 ms,
-2.7 ms of server CPU per request, against 82 ms and 2.2 ms one at a time; docs/BENCHMARKS.md §1).
+of them (the heavy sweep's p99 at 32 connections near twice its median; docs/BENCHMARKS.md §1).
 One worker thread answers them in the order they came, while the event loop keeps answering
-probes and the light questions.
+probes and the light questions. The price: a long answer (up to a sweep's 5 s budget) makes
+the heavier answers behind it wait until it is done, where taking turns would have let a short
+one finish first; the probes and the paper question, answered on the event loop, never wait.
 """
 
 from __future__ import annotations
