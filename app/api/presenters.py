@@ -86,20 +86,41 @@ def null_notes(est: StageEstimate, setup: TrainingSetup) -> list[str]:
     """Why activations, temporary_buffers or peak are null, where the engine's notes do not say."""
     if est.activations is not None and est.temporary_buffers is not None and est.peak is not None:
         return []
-    said = " ".join(est.notes)
-    nulls = tuple(
-        name
-        for name in ("activations", "temporary_buffers", "peak")
-        if getattr(est, name) is None and name not in said
+    note = _null_note(
+        est.notes,
+        est.activations is None,
+        est.temporary_buffers is None,
+        est.peak is None,
+        setup.architecture is None,
+        setup.batch is None,
+        setup.engine.value,
     )
+    return [] if note is None else [note]
+
+
+@lru_cache(maxsize=256)  # an answer's stages share their notes: worked out once per answer
+def _null_note(
+    notes: tuple[str, ...],
+    activations: bool,
+    temporary_buffers: bool,
+    peak: bool,
+    no_architecture: bool,
+    no_batch: bool,
+    engine: str,
+) -> str | None:
+    """The note of :func:`null_notes` for the null fields the engine's ``notes`` do not name."""
+    said = " ".join(notes)
+    nulls = [
+        name
+        for name, null in (
+            ("activations", activations),
+            ("temporary_buffers", temporary_buffers),
+            ("peak", peak),
+        )
+        if null and name not in said
+    ]
     if not nulls:
-        return []
-    return [_null_note(nulls, setup.architecture is None, setup.batch is None, setup.engine.value)]
-
-
-@lru_cache(maxsize=64)
-def _null_note(nulls: tuple[str, ...], no_architecture: bool, no_batch: bool, engine: str) -> str:
-    """The note of :func:`null_notes` (a few distinct sentences, worded once each)."""
+        return None
     missing = [
         what
         for what, absent in (
