@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -16,6 +17,7 @@ from fastapi.openapi.docs import (
 )
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api import direct, openapi
 from app.api.deps import reject_unknown_query
@@ -116,8 +118,44 @@ def add_docs(app: FastAPI) -> None:
     app.swagger_ui_oauth2_redirect_url = oauth2_redirect
 
 
-def create_app() -> FastAPI:
-    app = FastAPI(
+TELEMETRY_RECHECK_S = 1.0
+
+
+class Service(FastAPI):
+    """FastAPI behind its protections: every HTTP request enters through ``front``
+    (``app.core.middleware``: metrics, security headers, CORS, the concurrency limit and the
+    body cap, then ``app.api.direct``), which hands what it does not answer itself to
+    :meth:`routed`, FastAPI's own request path (telemetry, error handlers, router)."""
+
+    front: ASGIApp | None = None
+    # FastAPI asks the OpenTelemetry providers on every request (~4 µs); a provider, once
+    # configured, stays so: asked again at most once a second until one is
+    _telemetry_on = False
+    _telemetry_asked = -float("inf")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.front is not None and scope["type"] == "http":
+            await self.front(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def routed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+    def telemetry_configured(self) -> bool:
+        """Whether FastAPI's OpenTelemetry instrumentation is on (a provider is configured;
+        one configured while the service runs is seen within a second)."""
+        if self._telemetry_on:
+            return True
+        now = time.monotonic()
+        if now - self._telemetry_asked >= TELEMETRY_RECHECK_S:
+            self._telemetry_asked = now
+            self._telemetry_on = bool(self._native_telemetry.enabled())
+        return self._telemetry_on
+
+
+def create_app() -> Service:
+    app = Service(
         title="zerocalc",
         version="0.1.0",
         description=DESCRIPTION,
@@ -144,9 +182,13 @@ def create_app() -> FastAPI:
     )
     for module in routers:
         app.include_router(module.router)
-    direct.install(app)  # first added, so innermost: inside every protection
     app.state.metrics = Metrics()
-    middleware.install(app, get_settings(), app.state.metrics)
+    docs = frozenset(
+        p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p
+    )
+    # the direct answers innermost: inside every protection
+    answers = direct.layer(app.routed, app.telemetry_configured)
+    app.front = middleware.front(answers, get_settings(), app.state.metrics, docs)
     return app
 
 

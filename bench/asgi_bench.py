@@ -100,9 +100,9 @@ async def start(app: Any) -> None:
 
 def layers(app: Any) -> list[Any]:
     """The service's ASGI layers, outermost first, down to the direct answers (the layer that
-    answers the calculators' POSTs): each called directly times the request without the ones
-    above it."""
-    stack = [app, app.middleware_stack]
+    answers the calculators' POSTs and /healthz): each called directly times the request
+    without the ones above it."""
+    stack = [app, app.front]
     while type(stack[-1]).__name__ != "DirectAnswers":
         stack.append(stack[-1].app)
     return stack

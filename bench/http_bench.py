@@ -224,6 +224,7 @@ def main() -> int:
     rounds = min(max(args.rounds, 1), 10)
     names = ["floor", *(args.only or [t for t in TARGETS if t != "floor"])]
 
+    load_before = os.getloadavg()
     ports = {"service": free_port(), "floor": free_port()}
     env = {
         **os.environ,
@@ -299,7 +300,10 @@ def main() -> int:
             "rounds": [{**r, "ratio": q} for r, q in zip(rs, ratios, strict=True)],
         }
     load = os.getloadavg()
-    print(f"machine: {machine()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"machine: {machine()}; load average {load_before[0]:.2f} before, "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} after"
+    )
     print(f"server: --http {args.http} --loop {args.loop}; {installed()}")
     print(f"wrk -t1 -c{args.connections} -d{duration}s, {rounds} rounds")
     print(
@@ -326,6 +330,7 @@ def main() -> int:
     if args.json:
         summary = {
             "machine": machine(),
+            "load_average_before": load_before,
             "load_average": load,
             "command": " ".join(sys.argv),
             "server": {"http": args.http, "loop": args.loop, **installed()},

@@ -52,6 +52,39 @@ class StageEstimate:
         return needed <= device_memory
 
 
+def stage_estimate(
+    stage: Stage,
+    device: Placement,
+    cpu: Placement,
+    nvme: Placement,
+    resident: int,
+    activations: int | None,
+    peak: int | None,
+    notes: tuple[str, ...],
+    theory: int | None,
+) -> StageEstimate:
+    """``StageEstimate(...)`` of an estimate without buffers, components or host buffers, its
+    fields set at once: the frozen dataclass's ``__init__`` sets each through
+    ``object.__setattr__``, a fifth of the paper question's answer. Equal to the constructor's
+    (tests/calculators/test_estimates.py)."""
+    est = object.__new__(StageEstimate)
+    est.__dict__.update(
+        stage=stage,
+        device=device,
+        cpu=cpu,
+        nvme=nvme,
+        resident=resident,
+        activations=activations,
+        temporary_buffers=None,
+        peak=peak,
+        components={},
+        cpu_buffers=0,
+        notes=notes,
+        theory=theory,
+    )
+    return est
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Estimates for several stages of one setup."""

@@ -86,28 +86,55 @@ def null_notes(est: StageEstimate, setup: TrainingSetup) -> list[str]:
     """Why activations, temporary_buffers or peak are null, where the engine's notes do not say."""
     if est.activations is not None and est.temporary_buffers is not None and est.peak is not None:
         return []
-    said = " ".join(est.notes)
+    note = _null_note(
+        est.notes,
+        est.activations is None,
+        est.temporary_buffers is None,
+        est.peak is None,
+        setup.architecture is None,
+        setup.batch is None,
+        setup.engine.value,
+    )
+    return [] if note is None else [note]
+
+
+@lru_cache(maxsize=256)  # an answer's stages share their notes: worked out once per answer
+def _null_note(
+    notes: tuple[str, ...],
+    activations: bool,
+    temporary_buffers: bool,
+    peak: bool,
+    no_architecture: bool,
+    no_batch: bool,
+    engine: str,
+) -> str | None:
+    """The note of :func:`null_notes` for the null fields the engine's ``notes`` do not name."""
+    said = " ".join(notes)
     nulls = [
         name
-        for name in ("activations", "temporary_buffers", "peak")
-        if getattr(est, name) is None and name not in said
+        for name, null in (
+            ("activations", activations),
+            ("temporary_buffers", temporary_buffers),
+            ("peak", peak),
+        )
+        if null and name not in said
     ]
     if not nulls:
-        return []
+        return None
     missing = [
         what
         for what, absent in (
-            ("an architecture (preset, hf_config or architecture)", setup.architecture is None),
-            ("a batch", setup.batch is None),
+            ("an architecture (preset, hf_config or architecture)", no_architecture),
+            ("a batch", no_batch),
         )
         if absent
     ]
     reason = (
         f"they need {' and '.join(missing)}"
         if missing
-        else f"the {setup.engine.value} engine does not estimate them for this setup"
+        else f"the {engine} engine does not estimate them for this setup"
     )
-    return [f"{', '.join(nulls)} {'is' if len(nulls) == 1 else 'are'} null: {reason}"]
+    return f"{', '.join(nulls)} {'is' if len(nulls) == 1 else 'are'} null: {reason}"
 
 
 # The memory answers are built as the JSON body itself (dicts in the response models' field
@@ -116,9 +143,25 @@ def null_notes(est: StageEstimate, setup: TrainingSetup) -> list[str]:
 # tests/api/test_memory.py checks each body against MemoryResponse / MemorySweepResponse.
 
 
+class JSONBytes(Response):
+    """JSON already encoded: the headers FastAPI's JSON answers carry, written without
+    ``Response.init_headers``' general case."""
+
+    media_type = "application/json"
+
+    def __init__(self, content: bytes) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = content
+        self.raw_headers = [
+            (b"content-length", b"%d" % len(content)),
+            (b"content-type", b"application/json"),
+        ]
+
+
 def json_response(body: dict[str, Any]) -> Response:
     """``body`` as the JSON response FastAPI would send for its response model."""
-    return Response(content=to_json(body), media_type="application/json")
+    return JSONBytes(to_json(body))
 
 
 def per_device_body(est: StageEstimate) -> dict[str, int | None]:

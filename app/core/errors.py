@@ -177,9 +177,14 @@ async def http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, _problems_of(exc.status_code, exc.detail), headers)
 
 
-async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+def unexpected_error_response(method: str, path: str, exc: Exception) -> JSONResponse:
+    """The 500 of an error no handler expected, logged with its traceback (never echoed)."""
+    log.exception("unhandled error on %s %s", method, path, exc_info=exc)
     return error_response(500, [problem([], "internal error", "internal")])
+
+
+async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    return unexpected_error_response(request.method, request.url.path, exc)
 
 
 def install(app: FastAPI) -> None:

@@ -2,10 +2,12 @@
 
 Two layers that wrap ``send``/``receive`` directly (no ``BaseHTTPMiddleware``: it runs every
 request through a task and a memory stream and costs more than the routes it guards), each one
-function call and at most one ``send`` wrapper per request. ``install`` stacks them, outermost
+function call and at most one ``send`` wrapper per request. ``front`` stacks them, outermost
 first: :class:`ObserveMiddleware` (metrics and security headers, so refusals are counted and
 headed) → CORS (only when origins are configured) → :class:`LimitMiddleware` (concurrency
-limit, body cap) → the application.
+limit, body cap) → the application. ``app.main`` puts that stack in front of FastAPI's own
+(its telemetry, error handlers and router), so every request pays these once and the answers
+``app.api.direct`` gives itself pay nothing of FastAPI's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import json
 import time
 
-from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -263,24 +264,24 @@ class LimitMiddleware:
         await self.app(scope, replay, send)
 
 
-def install(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
-    """Stack the middleware on ``app`` (Starlette runs the last added first)."""
-    app.add_middleware(
-        LimitMiddleware,
+def front(
+    app: ASGIApp, settings: Settings, metrics: Metrics, docs_paths: frozenset[str]
+) -> ASGIApp:
+    """The protections in front of ``app``, outermost first: metrics and security headers, CORS
+    (only when origins are configured), the concurrency limit and the body cap."""
+    inner: ASGIApp = LimitMiddleware(
+        app,
         limit=settings.max_concurrent_requests,
         retry_after=settings.busy_retry_after_seconds,
         max_bytes=settings.max_body_bytes,
         metrics=metrics,
     )
     if settings.cors_origins:  # closed by default: no CORS headers unless origins are named
-        app.add_middleware(
-            CORSMiddleware,
+        inner = CORSMiddleware(
+            inner,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Content-Type", "X-API-Key"],
             expose_headers=["Location", "Retry-After"],
         )
-    docs = frozenset(
-        p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p
-    )
-    app.add_middleware(ObserveMiddleware, metrics=metrics, docs_paths=docs)
+    return ObserveMiddleware(inner, metrics=metrics, docs_paths=docs_paths)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Annotated, Any
 
 from pydantic import PlainValidator, WithJsonSchema
@@ -176,6 +177,7 @@ ByteCount = Annotated[
 """Bytes in a request: ``8e10``, ``"80GB"`` or ``"80GiB"``; read into an ``int``."""
 
 
+@lru_cache(maxsize=4096)  # an answer's sizes repeat within it and across the same questions
 def readable(n_bytes: int) -> str:
     """``31406250000`` → ``"31.41 GB (29.25 GiB)"``; both units named, never ambiguous."""
     gb, gib = n_bytes / GB, n_bytes / GIB

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from calculators.activations import Regime, activations
 from calculators.conventions import PRECISION_BYTES, OffloadDevice, Precision, Stage
-from calculators.estimates import DpEstimates, StageEstimate
+from calculators.estimates import DpEstimates, StageEstimate, stage_estimate
 from calculators.model_states import TrainingSetup, ceil_div, model_state_memory
 from calculators.topology import Op
 from calculators.traffic import (
@@ -58,7 +58,7 @@ class PaperModel:
             if not notes:
                 acts, said = self._activations(setup)
                 notes = ("temporary_buffers is null: the paper counts no engine buffers", said)
-            yield StageEstimate(
+            yield stage_estimate(
                 stage=stage,
                 device=states.device,
                 cpu=states.cpu,

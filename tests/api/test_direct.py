@@ -1,8 +1,10 @@
-"""The calculators' POSTs answered straight from ASGI (``app.api.direct``) answer exactly what
-FastAPI's route answers: status, headers and bytes, for ordinary bodies and for every refusal."""
+"""The calculators' POSTs and /healthz answered straight from ASGI (``app.api.direct``) answer
+exactly what FastAPI's route answers: status, headers and bytes, for ordinary bodies and for
+every refusal."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -88,7 +90,8 @@ CASES: list[tuple[str, bytes, dict[str, str], bool]] = [
 
 def _without_direct() -> FastAPI:
     app = create_app()
-    app.user_middleware = [m for m in app.user_middleware if m.cls is not DirectAnswers]
+    layer = _layer(app.front)
+    layer.answers, layer.fixed = {}, {}
     return app
 
 
@@ -114,7 +117,7 @@ def _layer(app: Any) -> DirectAnswers:
 @pytest.fixture(scope="module")
 def clients() -> Iterator[tuple[TestClient, TestClient, Passed]]:
     with TestClient(create_app()) as direct, TestClient(_without_direct()) as routed:
-        layer = _layer(direct.app.middleware_stack)  # type: ignore[attr-defined]
+        layer = _layer(direct.app.front)  # type: ignore[attr-defined]
         passed = Passed(layer.app)
         layer.app = passed
         yield direct, routed, passed
@@ -139,6 +142,62 @@ def test_same_answer_as_the_route(
     assert (got.status_code, got.content) == (want.status_code, want.content)
     assert _comparable(got.headers) == _comparable(want.headers)
     assert passed.paths == ([] if answered_directly else [path])
+
+
+def test_healthz_is_the_routes_answer(clients: tuple[TestClient, TestClient, Passed]) -> None:
+    direct, routed, passed = clients
+    passed.paths.clear()
+    got, want = direct.get("/healthz"), routed.get("/healthz")
+    assert (got.status_code, got.content) == (want.status_code, want.content) == (200, want.content)
+    assert _comparable(got.headers) == _comparable(want.headers)
+    assert passed.paths == []
+    # a query parameter is the route's to refuse, and other methods are the router's
+    assert direct.get("/healthz?x=1").status_code == routed.get("/healthz?x=1").status_code == 422
+    assert direct.post("/healthz").status_code == 405
+    assert passed.paths == ["/healthz", "/healthz"]
+
+
+def test_configured_telemetry_hands_everything_to_fastapi(
+    clients: tuple[TestClient, TestClient, Passed],
+) -> None:
+    """With OpenTelemetry on, FastAPI's instrumentation sees every request."""
+    direct, _, passed = clients
+    layer = _layer(direct.app.front)  # type: ignore[attr-defined]
+    passed.paths.clear()
+    layer.telemetry = lambda: True
+    try:
+        assert direct.get("/healthz").status_code == 200
+        assert direct.post("/v1/memory", json=PAPER).status_code == 200
+    finally:
+        layer.telemetry = direct.app.telemetry_configured  # type: ignore[attr-defined]
+    assert passed.paths == ["/healthz", "/v1/memory"]
+
+
+@pytest.mark.parametrize("path", ["/v1/memory", "/v1/memory/sweep"])
+def test_an_unexpected_failure_is_the_handlers_500(
+    clients: tuple[TestClient, TestClient, Passed], path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Paper question on the event loop, sweep on the worker thread: the same 500, logged."""
+    direct, _, passed = clients
+    layer = _layer(direct.app.front)  # type: ignore[attr-defined]
+    kept = layer.answers[path]
+
+    def broken(_: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    layer.answers[path] = dataclasses.replace(kept, answer=broken)
+    passed.paths.clear()
+    try:
+        got = direct.post(path, json=PAPER)
+    finally:
+        layer.answers[path] = kept
+    assert got.status_code == 500
+    assert got.json() == {
+        "detail": [{"loc": [], "field": "", "msg": "internal error", "type": "internal"}]
+    }
+    assert got.headers["x-content-type-options"] == "nosniff"
+    assert passed.paths == []
+    assert any("a bug" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
 
 
 def test_query_parameters_and_chunked_bodies_reach_the_route(

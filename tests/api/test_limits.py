@@ -136,7 +136,7 @@ def test_concurrency_limit_answers_503_with_retry_after() -> None:
 
 def test_concurrency_limit_comes_from_settings(make_client: Any) -> None:
     client = make_client(max_concurrent_requests="3", busy_retry_after_seconds="5")
-    stack = client.app.middleware_stack  # type: ignore[attr-defined]
+    stack = client.app.front  # type: ignore[attr-defined]
     while not isinstance(stack, LimitMiddleware):
         stack = stack.app
     assert (stack.limit, stack.retry_after) == (3, 5)
@@ -154,6 +154,10 @@ def test_security_headers_on_json_and_docs(make_client: Any) -> None:
     assert docs.headers["content-security-policy"] == DOCS_CSP
     refused = client.post("/v1/memory", content=b"x" * 2_000_000)
     assert refused.headers["x-content-type-options"] == "nosniff"
+    probe = client.get("/healthz")  # answered without the router, headed all the same
+    assert probe.headers["x-content-type-options"] == "nosniff"
+    assert probe.headers["content-security-policy"] == API_CSP
+    assert probe.headers["server-timing"].startswith("app;dur=")
 
 
 def test_page_gets_the_page_policy(make_client: Any) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body
-from starlette.concurrency import run_in_threadpool
 
 from app.api.convert import decide, resolve_model, to_batch, to_setup
 from app.api.examples import CAPACITY_EXAMPLES
 from app.api.presenters import capacity_response
+from app.core.calculations import calculate
 from app.schemas.capacity import CapacityRequest, CapacityResponse
 from app.schemas.model import ModelSpec
 from calculators.capacity import Search, search
@@ -27,7 +27,7 @@ async def capacity(
     """Largest model per stage that fits with the engine and batch; with a model, its least Nd."""
     # growing a shape walks its tensors per trial (seconds for a deep model under deepspeed):
     # off the event loop, so /healthz and everyone else keep being answered meanwhile
-    return await run_in_threadpool(answer, request)
+    return await calculate(answer, request)
 
 
 def _shape_name(spec: ModelSpec) -> str:

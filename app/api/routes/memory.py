@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from app.api.convert import memory_question
 from app.api.examples import MEMORY_EXAMPLES
 from app.api.presenters import memory_response
+from app.core.calculations import calculate
 from app.schemas.memory import MemoryRequest, MemoryResponse
 from calculators.conventions import Engine
 from calculators.memory import estimate
@@ -25,7 +25,7 @@ async def memory(
     """Per-device memory (bytes) of one model under each requested ZeRO stage."""
     if on_loop(request):
         return answer(request)
-    return await run_in_threadpool(answer, request)
+    return await calculate(answer, request)
 
 
 def on_loop(request: MemoryRequest) -> bool:

@@ -6,12 +6,12 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Body
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from app.api.convert import memory_setup
 from app.api.examples import SWEEP_EXAMPLES
 from app.api.presenters import convention_body, json_response, per_device_body
+from app.core.calculations import calculate
 from app.schemas.sweep import MemorySweepRequest, MemorySweepResponse
 from calculators.conventions import Stage
 from calculators.errors import InputError
@@ -30,7 +30,7 @@ async def memory_sweep(
 ) -> Response:
     """Per-device memory of one model for each Nd in dp_values, under each requested stage."""
     # off the event loop: up to 64 x 4 estimates, each walking the model's tensors
-    return await run_in_threadpool(sweep, request)
+    return await calculate(sweep, request)
 
 
 def sweep(request: MemorySweepRequest) -> Response:
