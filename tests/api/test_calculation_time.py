@@ -123,6 +123,12 @@ _RELEASED_EXPERTS = {
     "engine": "deepspeed",
     "precision": "mixed_bf16",
 }
+# hidden 2048: experts of 1,048,576 elements, each of stage 0's copies in the large pool, where
+# the allocator replay walks only the first few of each run of identical experts
+_WIDE_EXPERTS = {
+    **_RELEASED_EXPERTS,
+    "model": {"architecture": {**_MANY_EXPERTS, "hidden": 2048, "ffn_hidden": 512}},
+}
 # Ψ = 1e15 with one-element gradient buckets: 1e15 buckets, counted without listing them
 _ONE_ELEMENT_BUCKETS = {
     "model": {"params": 10**15},
@@ -176,6 +182,7 @@ def _cold() -> None:
 )
 @example(("memory", _RELEASED_EXPERTS))
 @example(("communication", _RELEASED_EXPERTS))
+@example(("memory", _WIDE_EXPERTS))
 def test_each_request_takes_under_a_second_of_cpu(
     endpoint_body: tuple[str, dict[str, Any]],
 ) -> None:

@@ -23,8 +23,8 @@ from calculators.engines.deepspeed import layouts, stage3
 from calculators.engines.deepspeed.allocator import (
     BLOCK,
     K_SMALL_SIZE,
-    _replay,
     block,
+    replay_mallocs,
     stage0_unsplit_bytes,
 )
 from calculators.engines.deepspeed.buckets import fallback_buckets, ipg_walk, partition_share
@@ -192,7 +192,9 @@ def test_allocator_replays_the_large_pool_alone(
 ) -> None:
     # the replay as first written filtered the tensors one by one by their fp32 block
     large = tuple(n for n in numels if max(block(4 * n), BLOCK) > K_SMALL_SIZE)
-    assert stage0_unsplit_bytes(tuple(numels), n_states, adam) == _replay(large, n_states, adam)
+    assert stage0_unsplit_bytes(tuple(numels), n_states, adam) == replay_mallocs(
+        large, n_states, adam
+    )
 
 
 # --- architectures: the runs against the tensors listed one by one -------------------------------
