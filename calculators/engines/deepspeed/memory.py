@@ -185,7 +185,8 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
         name, moment = max(layout.moments.items(), key=_moment_total)
         peak = states + workspaces + moment.total
         activations_at_peak = moment.activations
-        buffers_at_peak = sum(v for k, v in moment.buffers.items() if k != "held_outputs")
+        # every buffer but the loop's held outputs (counted in resident)
+        buffers_at_peak = moment.total - moment.activations - moment.buffers.get("held_outputs", 0)
         for k, v in moment.buffers.items():
             components[f"peak.{k}"] = v
         components["peak.activations"] = moment.activations
