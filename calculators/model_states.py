@@ -195,6 +195,9 @@ def partitioned(stage: Stage) -> tuple[bool, bool, bool]:
     )
 
 
+_PARTITIONED = {stage: partitioned(stage) for stage in Stage}  # looked up per stage and answer
+
+
 def check_offload(offload: Offload, stage: Stage) -> None:
     """Reject offload a stage cannot do (DeepSpeed: optimizer offload needs ZeRO ≥ 1,
     parameter offload needs ZeRO-3, deepspeed/runtime/zero/config.py)."""
@@ -267,10 +270,11 @@ def _device_shares(setup: TrainingSetup, stage: Stage) -> list[int]:
         setup.precision, setup.gradients, setup.optimizer, setup.master_weights, setup.k
     )
     dp = setup.dp
+    split_p, split_g, split_o = _PARTITIONED[stage]
     return [
-        -((-np_ * psi) // (qp * dp if stage >= Stage.PARAMETERS else qp)),
-        -((-ng * psi) // (qg * dp if stage >= Stage.GRADIENTS else qg)),
-        -((-no * psi) // (qo * dp if stage >= Stage.OPTIMIZER else qo)),
+        -((-np_ * psi) // (qp * dp if split_p else qp)),
+        -((-ng * psi) // (qg * dp if split_g else qg)),
+        -((-no * psi) // (qo * dp if split_o else qo)),
     ]
 
 
