@@ -504,7 +504,8 @@ def stage0(
             "adam_foreach_temp": foreach,
         },
     )
-    unsplit, unsplit_step = stage0_unsplit_bytes(tuple(numels), n_states, adam)
+    # an architecture's sizes go in with their tally (no recount)
+    unsplit, unsplit_step = stage0_unsplit_bytes(numels, n_states, adam)
     moments["optimizer_step"] = Moment(
         0, {**moments["optimizer_step"].buffers, "allocator_unsplit_transients": unsplit_step}
     )
