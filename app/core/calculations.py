@@ -25,8 +25,9 @@ R = TypeVar("R")
 
 # one worker thread, its queue first come first served: one answer computing at a time, the
 # others waiting their turn. Handed over with asyncio's own executor hook (a queue put and a
-# future), not anyio's worker-thread machinery and capacity limiter: a tenth of the heavy
-# sweep's time on the event loop went there.
+# future) rather than anyio's worker threads behind a capacity limiter: less CPU per hand-over
+# (~37 against ~43 µs in process), and the worker takes the next answer as soon as it is done
+# instead of waiting for the event loop to release the limiter to the next one.
 CALCULATIONS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calculations")
 
 
