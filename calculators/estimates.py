@@ -62,11 +62,14 @@ def stage_estimate(
     peak: int | None,
     notes: tuple[str, ...],
     theory: int | None,
+    temporary_buffers: int | None = None,
+    components: Mapping[str, int] | None = None,
+    cpu_buffers: int = 0,
 ) -> StageEstimate:
-    """``StageEstimate(...)`` of an estimate without buffers, components or host buffers, its
-    fields set at once: the frozen dataclass's ``__init__`` sets each through
-    ``object.__setattr__``, a fifth of the paper question's answer. Equal to the constructor's
-    (tests/calculators/test_estimates.py)."""
+    """``StageEstimate(...)``, its fields set at once: the frozen dataclass's ``__init__`` sets
+    each through ``object.__setattr__``, a fifth of the paper question's answer (and a sweep
+    builds one per stage and Nd). ``components`` None is a fresh empty mapping, as the
+    constructor's default. Equal to the constructor's (tests/calculators/test_estimates.py)."""
     est = object.__new__(StageEstimate)
     est.__dict__.update(
         stage=stage,
@@ -75,10 +78,10 @@ def stage_estimate(
         nvme=nvme,
         resident=resident,
         activations=activations,
-        temporary_buffers=None,
+        temporary_buffers=temporary_buffers,
         peak=peak,
-        components={},
-        cpu_buffers=0,
+        components={} if components is None else components,
+        cpu_buffers=cpu_buffers,
         notes=notes,
         theory=theory,
     )

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 from calculators.conventions import Engine, Stage
 from calculators.engines import engine_model
 from calculators.errors import InputError
 from calculators.estimates import MemoryEstimate, StageEstimate
-from calculators.model_states import TrainingSetup, model_state_memory
+from calculators.model_states import TrainingSetup, model_state_total
 
 
 def estimate(setup: TrainingSetup, stages: Iterable[Stage]) -> MemoryEstimate:
@@ -26,7 +25,7 @@ def across_dp(setup: TrainingSetup, stages: Iterable[Stage]) -> Callable[[int], 
     asked = _stages(stages)
 
     def at_dp(dp: int) -> MemoryEstimate:
-        at_setup = setup if dp == setup.dp else replace(setup, dp=dp)
+        at_setup = setup if dp == setup.dp else with_dp(setup, dp)
         return _with_theories(at_setup, at(at_setup, asked), model.convention)
 
     return at_dp
@@ -46,11 +45,22 @@ def _with_theories(
     for est in estimates:
         theory: int | None
         try:
-            theory = model_state_memory(setup, est.stage).device.total
+            theory = model_state_total(setup, est.stage)
         except InputError:  # a setup the engine runs but the paper's accounting cannot
             theory = None
         results.append(with_theory(est, theory))
     return MemoryEstimate(setup=setup, stages=tuple(results), convention=convention)
+
+
+def with_dp(setup: TrainingSetup, dp: int) -> TrainingSetup:
+    """``dataclasses.replace(setup, dp=dp)`` without re-running ``__init__`` over every field
+    (a shallow copy: the fields are immutable); ``dp`` checked as ``__post_init__`` does."""
+    if dp < 1:
+        raise InputError("dp", "must be at least 1")
+    copy = object.__new__(TrainingSetup)
+    copy.__dict__.update(setup.__dict__)
+    copy.__dict__["dp"] = dp
+    return copy
 
 
 def with_theory(est: StageEstimate, theory: int | None) -> StageEstimate:

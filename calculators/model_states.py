@@ -195,6 +195,9 @@ def partitioned(stage: Stage) -> tuple[bool, bool, bool]:
     )
 
 
+_PARTITIONED = {stage: partitioned(stage) for stage in Stage}  # looked up per stage and answer
+
+
 def check_offload(offload: Offload, stage: Stage) -> None:
     """Reject offload a stage cannot do (DeepSpeed: optimizer offload needs ZeRO ≥ 1,
     parameter offload needs ZeRO-3, deepspeed/runtime/zero/config.py)."""
@@ -220,22 +223,19 @@ def model_state_memory(setup: TrainingSetup, stage: Stage) -> ModelStateMemory:
     gradient partition to CPU memory (ZeRO-Offload, arXiv 2101.06840 §4). Parameter offload
     (stage 3, ZeRO-Infinity) moves the parameter partition.
     """
+    return ModelStateMemory(stage, *model_state_placements(setup, stage))
+
+
+def model_state_placements(
+    setup: TrainingSetup, stage: Stage
+) -> tuple[Placement, Placement, Placement]:
+    """:func:`model_state_memory`'s device, CPU and NVMe placements, without the object that
+    carries them (built per stage of every answer)."""
     offload = setup.offload
-    check_offload(offload, stage)
-    psi = setup.params_per_device
-    # ⌈b·Ψ / d⌉ with b = n/q in lowest terms is ⌈n·Ψ / (q·d)⌉: the same rational number, in
-    # integers (no Fraction product per share)
-    np_, qp, ng, qg, no, qo = _share_terms(
-        setup.precision, setup.gradients, setup.optimizer, setup.master_weights, setup.k
-    )
-    dp = setup.dp
-    device = [
-        -((-np_ * psi) // (qp * dp if stage >= Stage.PARAMETERS else qp)),
-        -((-ng * psi) // (qg * dp if stage >= Stage.GRADIENTS else qg)),
-        -((-no * psi) // (qo * dp if stage >= Stage.OPTIMIZER else qo)),
-    ]
     if offload.optimizer is OffloadDevice.NONE and offload.params is OffloadDevice.NONE:
-        return ModelStateMemory(stage, Placement(*device), NOWHERE, NOWHERE)
+        return placement(*_device_shares(setup, stage)), NOWHERE, NOWHERE
+    check_offload(offload, stage)  # its refusals before the shares'
+    device = _device_shares(setup, stage)
     cpu = [0, 0, 0]
     nvme = [0, 0, 0]
 
@@ -249,4 +249,42 @@ def model_state_memory(setup: TrainingSetup, stage: Stage) -> ModelStateMemory:
             move(GRADIENTS, OffloadDevice.CPU)
     if offload.params is not OffloadDevice.NONE:
         move(PARAMETERS, offload.params)
-    return ModelStateMemory(stage, Placement(*device), Placement(*cpu), Placement(*nvme))
+    return placement(*device), placement(*cpu), placement(*nvme)
+
+
+def model_state_total(setup: TrainingSetup, stage: Stage) -> int:
+    """``model_state_memory(setup, stage).device.total``, without building the placements."""
+    offload = setup.offload
+    if offload.optimizer is OffloadDevice.NONE and offload.params is OffloadDevice.NONE:
+        return sum(_device_shares(setup, stage))
+    return model_state_placements(setup, stage)[0].total
+
+
+def _device_shares(setup: TrainingSetup, stage: Stage) -> list[int]:
+    """The device's bytes of each state before any offload moves them: parameters, gradients,
+    optimizer states."""
+    psi = setup.params_per_device
+    # ⌈b·Ψ / d⌉ with b = n/q in lowest terms is ⌈n·Ψ / (q·d)⌉: the same rational number, in
+    # integers (no Fraction product per share)
+    np_, qp, ng, qg, no, qo = _share_terms(
+        setup.precision, setup.gradients, setup.optimizer, setup.master_weights, setup.k
+    )
+    dp = setup.dp
+    split_p, split_g, split_o = _PARTITIONED[stage]
+    return [
+        -((-np_ * psi) // (qp * dp if split_p else qp)),
+        -((-ng * psi) // (qg * dp if split_g else qg)),
+        -((-no * psi) // (qo * dp if split_o else qo)),
+    ]
+
+
+def placement(parameters: int, gradients: int, optimizer_states: int) -> Placement:
+    """``Placement(parameters, gradients, optimizer_states)``, its fields set at once: the
+    frozen dataclass's ``__init__`` sets each through ``object.__setattr__``, and one is built
+    per stage of every answer. Equal to the constructor's (tests/calculators/test_estimates.py)."""
+    built = object.__new__(Placement)
+    fields = built.__dict__
+    fields["parameters"] = parameters
+    fields["gradients"] = gradients
+    fields["optimizer_states"] = optimizer_states
+    return built

@@ -215,13 +215,11 @@ def stage_memory_body(
     """:class:`StageMemory`'s fields, in its order; ``names`` memoises ``readable`` over one
     answer (its stages repeat most sizes)."""
     per = per_device_body(est)
-    said = {}
-    for key, value in per.items():
-        if value is not None:
-            text = names.get(value)
-            if text is None:
-                text = names[value] = readable(value)
-            said[key] = text
+    said = {
+        key: names.get(value) or _name(names, value)
+        for key, value in per.items()
+        if value is not None
+    }
     return {
         "stage": int(est.stage),
         "per_device": per,
@@ -239,6 +237,12 @@ def stage_memory_body(
         },
         "notes": [*est.notes, *extra_notes],
     }
+
+
+def _name(names: dict[int, str], value: int) -> str:
+    """``readable(value)``, kept in ``names``."""
+    text = names[value] = readable(value)
+    return text
 
 
 def resolved_config(engine: Engine, decided: Decided | None) -> ResolvedConfig | None:
@@ -317,7 +321,6 @@ def memory_body(
     """The :class:`MemoryResponse` of ``result``, as its JSON body."""
     setup = result.setup
     config = resolved_config(setup.engine, decided)
-    names: dict[int, str] = {}
     return {
         "params": setup.params,
         "params_per_device": setup.params_per_device,
@@ -325,20 +328,29 @@ def memory_body(
         "tp": setup.tp,
         "pp": setup.pp,
         "convention": convention_body(result),
-        "stages": [
-            stage_memory_body(
-                s,
-                device_memory,
-                null_notes(s, setup),
-                names,
-            )
-            for s in result.stages
-        ],
+        "stages": _stage_bodies(result, device_memory),
         "breakdown_notes": BREAKDOWN_NOTES,
         "resolved_config": None
         if config is None
         else config.model_dump(mode="json", by_alias=True),
     }
+
+
+def _stage_bodies(result: MemoryEstimate, device_memory: int | None) -> list[dict[str, Any]]:
+    """Each stage's :class:`StageMemory` body; the null-value note worked out once for the
+    stages that share their notes and null fields (an engine's stages usually do)."""
+    setup = result.setup
+    names: dict[int, str] = {}
+    bodies = []
+    said: tuple[str, ...] | None = None
+    nulls: tuple[bool, bool, bool] | None = None
+    extra: list[str] = []
+    for s in result.stages:
+        these = (s.activations is None, s.temporary_buffers is None, s.peak is None)
+        if s.notes is not said or these != nulls:
+            said, nulls, extra = s.notes, these, null_notes(s, setup)
+        bodies.append(stage_memory_body(s, device_memory, extra, names))
+    return bodies
 
 
 def memory_response(

@@ -13,18 +13,27 @@ one finish first; the probes and the paper question, answered on the event loop,
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
-
-from anyio import CapacityLimiter, to_thread
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-# one answer computing at a time; the others wait their turn (first come, first served)
-CALCULATIONS = CapacityLimiter(1)
+# one worker thread, its queue first come first served: one answer computing at a time, the
+# others waiting their turn. Handed over with asyncio's own executor hook (a queue put and a
+# future) rather than anyio's worker threads behind a capacity limiter: less CPU per hand-over
+# (~37 against ~43 µs in process), and the worker takes the next answer as soon as it is done
+# instead of waiting for the event loop to release the limiter to the next one.
+CALCULATIONS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calculations")
 
 
 async def calculate(answer: Callable[[T], R], request: T) -> R:
-    """``answer(request)`` on the calculators' worker thread, after the answers asked before."""
-    return await to_thread.run_sync(answer, request, limiter=CALCULATIONS)
+    """``answer(request)`` on the calculators' worker thread, after the answers asked before
+    (in the caller's context, as ``asyncio.to_thread`` runs it)."""
+    loop = asyncio.get_running_loop()
+    run = functools.partial(contextvars.copy_context().run, answer, request)
+    return await loop.run_in_executor(CALCULATIONS, run)

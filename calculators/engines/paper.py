@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from calculators.activations import Regime, activations
 from calculators.conventions import PRECISION_BYTES, OffloadDevice, Precision, Stage
 from calculators.estimates import DpEstimates, StageEstimate, stage_estimate
-from calculators.model_states import TrainingSetup, ceil_div, model_state_memory
+from calculators.model_states import TrainingSetup, ceil_div, model_state_placements
 from calculators.topology import Op
 from calculators.traffic import (
     Collective,
@@ -53,16 +53,16 @@ class PaperModel:
         notes: tuple[str, ...] = ()
         acts: int | None = None
         for stage in stages:
-            states = model_state_memory(setup, stage)
-            resident = states.device.total
+            device, cpu, nvme = model_state_placements(setup, stage)
+            resident = device.parameters + device.gradients + device.optimizer_states
             if not notes:
                 acts, said = self._activations(setup)
                 notes = ("temporary_buffers is null: the paper counts no engine buffers", said)
             yield stage_estimate(
                 stage=stage,
-                device=states.device,
-                cpu=states.cpu,
-                nvme=states.nvme,
+                device=device,
+                cpu=cpu,
+                nvme=nvme,
                 resident=resident,
                 activations=acts,
                 peak=None if acts is None else resident + acts,

@@ -12,7 +12,7 @@ from functools import lru_cache
 from itertools import groupby
 
 from calculators.conventions import FP32_BYTES, HALF_BYTES
-from calculators.parameters import tally
+from calculators.parameters import Numels, tally
 
 BLOCK = 512  # CUDACachingAllocator kMinBlockSize: every allocation is a multiple of it
 
@@ -24,7 +24,9 @@ def block(nbytes: int) -> int:
 
 def blocks(element_bytes: int, numels: Sequence[int]) -> int:
     """One allocation per tensor (summed once per distinct size)."""
-    return sum(count * block(element_bytes * n) for n, count in tally(numels).items())
+    # an architecture's sizes carry their tally, read here without the copy ``tally`` makes
+    counts = numels.sizes if isinstance(numels, Numels) else tally(numels)
+    return sum(count * block(element_bytes * n) for n, count in counts.items())
 
 
 # --- the caching allocator, for stage 0's per-tensor state ------------------------------------

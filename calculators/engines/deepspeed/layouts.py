@@ -27,11 +27,11 @@ from calculators.engines.deepspeed.stage3 import (
     stage3_trace,
 )
 from calculators.engines.torch.peak import holds_outputs
-from calculators.model_states import Placement, TrainingSetup
+from calculators.model_states import NOWHERE, Placement, TrainingSetup, placement
 from calculators.parameters import ParamTensor, first_block_span, param_numels, tally
 
 FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
-_CHUNK = 1024  # parameters per chunk of ParamFacts.largest_of_first
+_CHUNK = 64  # parameters per chunk of ParamFacts.largest_of_first
 
 
 # --- the parameter list, whatever Nd --------------------------------------------------------------
@@ -154,12 +154,15 @@ class ParamFacts:
             numels, offsets = self.numels, self.offsets
             n = len(numels)
             out = []
+            if not backward:  # the 16-bit allocations' prefix sums, one look-up per size
+                half = {size: block(HALF_BYTES * size) for size in self.counts}
+                allocated = [0, *accumulate(map(half.__getitem__, numels))]
             for first, end in self.ranges(bucket, backward):
                 if backward:  # positions in the reversed list
                     first, end = n - end, n - first
                     rounded = 0
                 else:
-                    rounded = blocks(HALF_BYTES, numels[first:end])
+                    rounded = allocated[end] - allocated[first]
                 lo, hi = offsets[first], offsets[end]
                 flat = block(HALF_BYTES * (hi - lo))
                 out.append((lo, hi - 1, rounded, flat))
@@ -170,7 +173,7 @@ class ParamFacts:
 # --- the moments of a step ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Moment:
     """Bytes alive together at one point of the step, beyond the resident model states."""
 
@@ -178,8 +181,13 @@ class Moment:
     buffers: Mapping[str, int]
     total: int = field(init=False, repr=False, compare=False)  # read for every peak search
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "total", self.activations + sum(self.buffers.values()))
+    def __init__(self, activations: int, buffers: Mapping[str, int]) -> None:
+        # the fields set at once (a frozen dataclass's own __init__ sets each through
+        # object.__setattr__): a layout builds a few per stage and Nd
+        fields = self.__dict__
+        fields["activations"] = activations
+        fields["buffers"] = buffers
+        fields["total"] = activations + sum(buffers.values())
 
 
 @dataclass(frozen=True)
@@ -419,7 +427,7 @@ def later_micro_steps(
 # --- stages -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Layout:
     """What one stage keeps and what each moment adds."""
 
@@ -429,6 +437,25 @@ class Layout:
     cpu_buffers: int
     moments: dict[str, Moment]
     notes: list[str]
+
+    def __init__(
+        self,
+        resident_parts: dict[str, int],
+        device: Placement,
+        cpu: Placement,
+        cpu_buffers: int,
+        moments: dict[str, Moment],
+        notes: list[str],
+    ) -> None:
+        # the fields set at once, as Moment's: one layout per stage and Nd
+        self.__dict__.update(
+            resident_parts=resident_parts,
+            device=device,
+            cpu=cpu,
+            cpu_buffers=cpu_buffers,
+            moments=moments,
+            notes=notes,
+        )
 
 
 def _partition_elems(n: int, world: int) -> int:
@@ -477,7 +504,8 @@ def stage0(
             "adam_foreach_temp": foreach,
         },
     )
-    unsplit, unsplit_step = stage0_unsplit_bytes(tuple(numels), n_states, adam)
+    # an architecture's sizes go in with their tally (no recount)
+    unsplit, unsplit_step = stage0_unsplit_bytes(numels, n_states, adam)
     moments["optimizer_step"] = Moment(
         0, {**moments["optimizer_step"].buffers, "allocator_unsplit_transients": unsplit_step}
     )
@@ -655,7 +683,7 @@ class Stage12:
 
         master = block(FP32_BYTES * part)
         states = self.n_states * master
-        cpu = Placement()
+        cpu = NOWHERE
         cpu_buffers = 0
         resident = {"flat_16bit_params": flat16}
         if offload:
@@ -711,7 +739,7 @@ class Stage12:
             moments["optimizer_step"] = Moment(
                 0, {**base, "fp32_gradient": g32, "adam_foreach_temp": master if self.adam else 0}
             )
-            device = Placement(parameters=flat16, gradients=gip, optimizer_states=master + states)
+            device = placement(flat16, gip, master + states)
         return Layout(resident, device, cpu, cpu_buffers, moments, notes)
 
 
@@ -721,10 +749,25 @@ def _sub_groups(facts: ParamFacts, world: int, local: int, size: int) -> list[in
     group."""
     if local < size:
         return [local] if local else []  # none closes before the end
-    part_of = {n: -(-n // world) for n in facts.counts}
-    prefix = list(accumulate(map(part_of.__getitem__, facts.numels)))
     groups: list[int] = []
     base, i = 0, 0
+    if all(n % world == 0 for n in facts.counts):
+        # every partition is n / N: the partitions' prefix sums are the flat group's offsets
+        # over N, searched in place (no list per Nd)
+        offsets = facts.offsets
+        end = len(offsets)
+        i = 1
+        while True:
+            j = bisect_left(offsets, (base + size) * world, i)
+            if j == end:
+                break
+            groups.append(offsets[j] // world - base)
+            base, i = offsets[j] // world, j + 1
+        if local > base:
+            groups.append(local - base)
+        return groups
+    part_of = {n: -(-n // world) for n in facts.counts}
+    prefix = list(accumulate(map(part_of.__getitem__, facts.numels)))
     while True:
         j = bisect_left(prefix, base + size, i)  # the partition that closes the next group
         if j == len(prefix):
@@ -774,6 +817,15 @@ class Stage3:
             block(HALF_BYTES * knobs.reduce_bucket_size) if knobs.contiguous_gradients else 0
         )  # stage3.py:779-784
         self.buckets = facts.backward_buckets(knobs.reduce_bucket_size)
+        # under an N that divides every size, a bucket's padded copy is the bucket itself and
+        # a one-tensor bucket needs none: the largest copy is the same for every such N
+        self.whole_cat = max(
+            (
+                0 if single is not None else block(HALF_BYTES * sum(n * c for n, c in sizes))
+                for single, sizes in self.buckets
+            ),
+            default=0,
+        )
         self._forward: dict[bool, dict[str, Moment]] = {}
 
     def forward(self, gathers: bool) -> dict[str, Moment]:
@@ -822,14 +874,19 @@ class Stage3:
         moments = self.forward(gathers)
         # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds
         # a padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor
-        cat = max(
-            (
-                0
-                if single is not None and single % world == 0
-                else block(HALF_BYTES * world * sum(count * -(-n // world) for n, count in sizes))
+        if self.buckets and all(n % world == 0 for n in facts.counts):
+            cat = self.whole_cat
+        else:
+            cat = max(
+                (
+                    0
+                    if single is not None and single % world == 0
+                    else block(
+                        HALF_BYTES * world * sum(count * -(-n // world) for n, count in sizes)
+                    )
+                )
+                for single, sizes in self.buckets
             )
-            for single, sizes in self.buckets
-        )
         moments["gradient_reduction"] = Moment(
             0, {"held_outputs": shape.held, "reduce_scatter_buffer": cat}
         )
@@ -838,7 +895,7 @@ class Stage3:
             "ipg_bucket": ipg,
             "persistent_parameters": persist,
         }
-        cpu = Placement()
+        cpu = NOWHERE
         cpu_buffers = 0
         if offload_params:
             cpu_buffers += HALF_BYTES * local  # pinned unconditionally (:888-911)

@@ -48,8 +48,8 @@ from calculators.engines.deepspeed.layouts import (
 from calculators.engines.torch.memory import STATE_TENSORS  # the client torch.optim optimizer
 from calculators.engines.torch.peak import cublas_workspace_bytes
 from calculators.errors import InputError
-from calculators.estimates import StageEstimate
-from calculators.model_states import Offload, Placement, TrainingSetup, check_offload
+from calculators.estimates import StageEstimate, stage_estimate
+from calculators.model_states import NOWHERE, Offload, TrainingSetup, check_offload
 from calculators.parameters import ParamTensor, implied_note
 
 CONVENTION = (
@@ -185,25 +185,27 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
         name, moment = max(layout.moments.items(), key=_moment_total)
         peak = states + workspaces + moment.total
         activations_at_peak = moment.activations
-        buffers_at_peak = sum(v for k, v in moment.buffers.items() if k != "held_outputs")
+        # every buffer but the loop's held outputs (counted in resident)
+        buffers_at_peak = moment.total - moment.activations - moment.buffers.get("held_outputs", 0)
         for k, v in moment.buffers.items():
             components[f"peak.{k}"] = v
         components["peak.activations"] = moment.activations
         notes.append(f"peak moment: {name}")
     else:
         notes.append("peak needs model.architecture and batch")
-    result = StageEstimate(
+    result = stage_estimate(
         stage=stage,
         device=layout.device,
         cpu=layout.cpu,
-        nvme=Placement(),
+        nvme=NOWHERE,
         resident=resident,
         activations=activations_at_peak,
-        temporary_buffers=buffers_at_peak,
         peak=peak,
+        notes=tuple(notes),
+        theory=None,
+        temporary_buffers=buffers_at_peak,
         components=components,
         cpu_buffers=layout.cpu_buffers,
-        notes=tuple(notes),
     )
     if stage is Stage.NONE:
         shared.stage0 = result
