@@ -129,6 +129,7 @@ _WIDE_EXPERTS = {
     **_RELEASED_EXPERTS,
     "model": {"architecture": {**_MANY_EXPERTS, "hidden": 2048, "ffn_hidden": 512}},
 }
+_ONE_BY_128 = {"micro_batch_size": 1, "seq_len": 128}
 # Ψ = 1e15 with one-element gradient buckets: 1e15 buckets, counted without listing them
 _ONE_ELEMENT_BUCKETS = {
     "model": {"params": 10**15},
@@ -163,6 +164,9 @@ def _cold() -> None:
 @example(("communication", {**_WIDEST, "engine": "paper"}))
 @example(("memory", {**_WIDEST, "engine": "torch", "precision": "mixed_bf16"}))
 @example(("communication", {**_WIDEST, "engine": "torch", "precision": "mixed_bf16"}))
+@example(
+    ("memory", {**_WIDEST, "engine": "torch", "precision": "mixed_bf16", "batch": _ONE_BY_128})
+)
 @example(("memory", {**_WIDEST, "engine": "deepspeed", "precision": "mixed_bf16"}))
 @example(("communication", {**_WIDEST, "engine": "deepspeed", "precision": "mixed_bf16"}))
 # the persistent experts again, but only the first million elements of them kept (the model's

@@ -43,6 +43,7 @@ from calculators.engines.deepspeed.stage3 import (
 from calculators.engines.deepspeed.stage3 import (
     _set as set_lane,
 )
+from calculators.engines.torch import memory as torch_memory
 from calculators.engines.torch import traffic as torch_traffic
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import TrainingSetup
@@ -482,3 +483,8 @@ def test_torch_reads_of_a_param_list_are_the_named_tensors(arch: Architecture) -
     assert elements(params, 0) == [p.numel for p in named]
     assert torch_traffic._root_params(params) == torch_traffic._root_params(named)
     assert torch_traffic._fsdp_groups(params) == torch_traffic._fsdp_groups(named)
+    root, last = torch_memory.root_and_last_block(params)
+    named_root, named_last = torch_memory.root_and_last_block(named)
+    assert root == named_root
+    assert Counter(p.shape for p in last) == Counter(p.shape for p in named_last)
+    assert torch_memory.blocks(params) == torch_memory.blocks(named)

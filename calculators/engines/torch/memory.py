@@ -337,7 +337,7 @@ def _step(
         # gradient accumulation a later micro-batch also finds every shard of the earlier ones,
         # the root's own included (step_memory adds them as accumulated_gradients).
         ts = param_tensors(setup) or []
-        root_tensors = [t for t in ts if t.group == ROOT_GROUP]
+        root_tensors, _ = root_and_last_block(ts)
         root_shard = fsdp_shard_total(root_tensors, setup.dp)
         root_reduction = (
             sum(t.numel for t in root_tensors) * d.compute + setup.dp * root_shard * d.gradient
@@ -380,14 +380,50 @@ def _step(
     return memory, runtime
 
 
+def root_and_last_block(
+    ts: Sequence[ParamTensor],
+) -> tuple[list[ParamTensor], list[ParamTensor]]:
+    """The tensors of FSDP2's root unit (everything outside the blocks) and of the last block.
+
+    A :class:`ParamList`'s are read from its template without naming every tensor: the root
+    tensors occur once each, and the last block is shaped as the first block of its kind, each
+    expert's tensors once per expert (named as that block's expert 0).
+    """
+    if not isinstance(ts, ParamList):
+        root = [t for t in ts if t.group == ROOT_GROUP]
+        blocks = [t.group for t in ts if t.group != ROOT_GROUP]
+        return root, [t for t in ts if blocks and t.group == blocks[-1]]
+    template = ts.template
+    root = [t for t in template.tensors if t.group == ROOT_GROUP]
+    if not template.kinds:
+        return root, []
+    kind = template.kinds[-1]
+    start = template.first + sum(k.pre + k.expert + k.post for k in template.kinds[:-1])
+    pre, expert = start + kind.pre, start + kind.pre + kind.expert
+    tensors = template.tensors
+    last = [
+        *tensors[start:pre],
+        *tensors[pre:expert] * template.experts,
+        *tensors[expert : expert + kind.post],
+    ]
+    return root, last
+
+
+def blocks(ts: Sequence[ParamTensor]) -> int:
+    """FSDP units besides the root: one per block (a :class:`ParamList`'s counted from its
+    template)."""
+    if isinstance(ts, ParamList):
+        return sum(kind.blocks for kind in ts.template.kinds)
+    return len({t.group for t in ts if t.group != ROOT_GROUP})
+
+
 def _root_and_last_block(setup: TrainingSetup, compute_bytes: int) -> tuple[int, int]:
     """Bytes of the root unit and of the last block when FSDP2 gathers them (N × padded shard
     in the compute dtype); the last block is the one forward ran last, which backward prefetches
     first."""
-    ts = param_tensors(setup) or []
-    root = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], setup.dp)
-    blocks = [t.group for t in ts if t.group != ROOT_GROUP]
-    last = fsdp_shard_total([t for t in ts if blocks and t.group == blocks[-1]], setup.dp)
+    root_tensors, last_tensors = root_and_last_block(param_tensors(setup) or [])
+    root = fsdp_shard_total(root_tensors, setup.dp)
+    last = fsdp_shard_total(last_tensors, setup.dp)
     return setup.dp * root * compute_bytes, setup.dp * last * compute_bytes
 
 
@@ -399,17 +435,16 @@ def _fsdp_backward(
     arch = setup.architecture
     assert arch is not None  # _step has an architecture
     n = setup.dp
-    blocks = [t.group for t in ts if t.group != ROOT_GROUP]
-    last = [t for t in ts if blocks and t.group == blocks[-1]]
+    root, last = root_and_last_block(ts)
     block_shard = fsdp_shard_total(last, n)
-    root_shard = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], n)
+    root_shard = fsdp_shard_total(root, n)
     # the final norm and head (the embedding's gradient, when the head is tied to it), whose
     # backward runs before the blocks'
     after_blocks = sum(t.numel * c for t, c in tensor_counts(arch) if t.stage_hint == "last")
     if arch.tied_embeddings:
         after_blocks += arch.vocab_size * (arch.embed_proj_dim or arch.hidden)
     return FsdpBackward(
-        layers=len(set(blocks)),
+        layers=blocks(ts),
         root_gathered=n * root_shard * d.compute,
         root_grads=after_blocks * d.compute,
         block_gathered=n * block_shard * d.compute,
