@@ -37,24 +37,11 @@ from calculators.model_states import (
     placement,
 )
 from calculators.parameters import ParamTensor
+from tests.calculators.test_aggregated_walks import groups_walk
 
 HALF = 2
 
 # --- the walks as first written ----------------------------------------------------------------
-
-
-def groups_walk(numels: list[int], world: int, size: int) -> list[int]:
-    """fp16 sub-groups: running over the partitions, a group closes at ``size`` or more."""
-    groups: list[int] = []
-    current = 0
-    for n in numels:
-        current += -(-n // world)
-        if current >= size:
-            groups.append(current)
-            current = 0
-    if current:
-        groups.append(current)
-    return groups
 
 
 def copies_walk(plan: layouts.Stage3, world: int) -> int:
