@@ -21,6 +21,7 @@ import json
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +69,10 @@ def _cpp_frames(event: dict[str, Any], depth: int) -> list[str]:
     return out
 
 
-def peak_blocks(events: list[dict[str, Any]], depth: int) -> dict[str, Any]:
-    """Replay the history: the peak of allocated bytes in the last third of the events and the
-    allocations alive there."""
-    allocs = [e for e in events if e.get("action") in ("alloc", "free_requested")]
-    if not allocs:
-        return {"events": 0}
+def _replay(allocs: list[dict[str, Any]]) -> Iterator[tuple[int, int, dict[int, Any]]]:
+    """After each allocation or free, in order: its index, the allocated bytes and the live
+    allocations by address (one dict, updated in place)."""
     total, live = 0, {}
-    start = len(allocs) * 2 // 3
-    best, best_i = -1, -1
     for i, e in enumerate(allocs):
         if e["action"] == "alloc":
             total += e["size"]
@@ -84,16 +80,20 @@ def peak_blocks(events: list[dict[str, Any]], depth: int) -> dict[str, Any]:
         else:
             total -= e["size"]
             live.pop(e["addr"], None)
-        if i >= start and total > best:
-            best, best_i = total, i
-    total, live = 0, {}
-    for e in allocs[: best_i + 1]:
-        if e["action"] == "alloc":
-            total += e["size"]
-            live[e["addr"]] = e
-        else:
-            total -= e["size"]
-            live.pop(e["addr"], None)
+        yield i, total, live
+
+
+def peak_blocks(events: list[dict[str, Any]], depth: int) -> dict[str, Any]:
+    """Replay the history: the peak of allocated bytes in the last third of the events and the
+    allocations alive there."""
+    allocs = [e for e in events if e.get("action") in ("alloc", "free_requested")]
+    if not allocs:
+        return {"events": 0}
+    start = len(allocs) * 2 // 3
+    # the first event at the largest total
+    _, negative = max((total, -i) for i, total, _ in _replay(allocs) if i >= start)
+    best_i = -negative
+    total, live = next((t, alive) for i, t, alive in _replay(allocs) if i == best_i)
     sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     blocks = []
     for e in live.values():
