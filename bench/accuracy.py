@@ -315,7 +315,9 @@ def deepspeed_runs(path: Path) -> list[Run]:
         if "error" in r:
             raise ValueError(f"{path.name}: a failed run is committed: {r['error'][:200]}")
         memory, comm = predict(r, patched)
-        patched = patched or r["stage"] == 3
+        patched = patched or (
+            r["stage"] == 3 and r.get("zero", {}).get("memory_efficient_linear", True)
+        )
         errors = {
             RESIDENT: (memory.resident - (r["resident"] - r["baseline"]))
             / (r["resident"] - r["baseline"]),
@@ -488,7 +490,8 @@ def markdown(summaries: Iterable[Summary]) -> str:
         "|---|---|---|---:|---|---:|---:|---:|",
     ]
     for s in summaries:
-        what = f"stages {_span(s.stages)}, Nd {'/'.join(map(str, s.dps))}; {s.scope}"
+        stages = f"stage{'s' if len(s.stages) > 1 else ''} {_span(s.stages)}"
+        what = f"{stages}, Nd {'/'.join(map(str, s.dps))}; {s.scope}"
         lines.append(
             f"| {s.engine} | {s.family} | {s.metric} | {s.runs} | {what} | {percent(s.median)} "
             f"| {percent(s.max)} | {percent(s.lowest)} |"

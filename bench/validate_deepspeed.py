@@ -118,6 +118,22 @@ def tied_configs() -> list[dict[str, Any]]:
     ]
 
 
+def linear_configs() -> list[dict[str, Any]]:
+    """Stage 3 with torch's own ``F.linear`` (``memory_efficient_linear`` off) and every
+    parameter released after its use: bf16, the small (untied and tied) and large models. Run
+    in a process of its own: a stage-3 engine with the knob on replaces ``F.linear`` for the
+    rest of the process."""
+    zero = {
+        "memory_efficient_linear": False,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_max_reuse_distance": 0,
+    }
+    return [
+        {"model": m, "precision": "bf16", "stage": 3, "offload": False, "zero": zero}
+        for m in ("gpt2-small-untied", "gpt2-small-tied", "gpt2-large-untied")
+    ]
+
+
 def single_gpu_configs() -> list[dict[str, Any]]:
     """Nd = 1: the small model, bf16, every stage, offload at stages 2 and 3."""
     base = {"model": "gpt2-small-untied", "precision": "bf16"}
@@ -239,6 +255,7 @@ def run(out: Path, budget_s: float, only: str | None, which: str) -> None:
         "knobs": knob_configs,
         "single": single_gpu_configs,
         "tied": tied_configs,
+        "linear": linear_configs,
     }[which]()
     if only == "tiny":  # CPU smoke test of any set
         chosen = [{**c, "model": "tiny"} for c in chosen]
@@ -363,7 +380,9 @@ def report(paths: list[Path]) -> None:
         patched = False  # one process per file: stage 3 patches F.linear for the rest of it
         for r in data["results"]:
             rows.append((r, patched))
-            patched = patched or r["stage"] == 3
+            patched = patched or (
+                r["stage"] == 3 and r.get("zero", {}).get("memory_efficient_linear", True)
+            )
     print()
     print(
         "| model | Nd | prec | stage | offload | knobs | resident meas | pred | err % | "
@@ -455,7 +474,9 @@ def main() -> None:
     p_run.add_argument("--out", type=Path, required=True)
     p_run.add_argument("--budget-s", type=float, default=400.0)
     p_run.add_argument("--only", default=None, help="run only models whose name contains this")
-    p_run.add_argument("--set", default="main", choices=("main", "knobs", "single", "tied"))
+    p_run.add_argument(
+        "--set", default="main", choices=("main", "knobs", "single", "tied", "linear")
+    )
     p_rep = sub.add_parser("report")
     p_rep.add_argument("path", type=Path, nargs="+")
     args = parser.parse_args()

@@ -45,7 +45,7 @@ DEFAULT_SEQ_LEN = 512
 STEPS = (1, 100)
 WARMUP_STEPS = (1, 20)
 MAX_DP = 1 << 20
-HF_INSTALL = "pip install 'zerocalc[hf]' (transformers>=5.17,<6)"
+HF_INSTALL = "pip install 'zerocalc[hf]' (transformers>=5.17,<5.18)"
 DEEPSPEED_INSTALL = "pip install 'deepspeed>=0.19' (or use engine torch)"
 
 

@@ -41,7 +41,7 @@ def _body(
     return {
         "model": {"hf_config": family_config(family, a.size)},
         "dp": dp,
-        "stages": [0, 1, 2, 3],
+        "stages": a.stages,
         "precision": "mixed_bf16",
         "optimizer": "adamw",
         "engine": engine,
@@ -169,7 +169,8 @@ def _stem(a: argparse.Namespace, label: str) -> str:
         else "_" + "_".join(engines)
     )
     size = "" if a.size == "small" else f"_{a.size}"
-    return f"hf_{label}{suffix}{size}"
+    stages = "" if a.stages == [0, 1, 2, 3] else "_stage" + "".join(map(str, a.stages))
+    return f"hf_{label}{suffix}{size}{stages}"
 
 
 def _write(a: argparse.Namespace, label: str, results: list[dict[str, Any]]) -> None:
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--checkpointing", default="none,full")
+    ap.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages")
     ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--micro-batch-size", type=int, default=2)
@@ -259,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     a.families = [f for f in a.families.split(",") if f]
     a.engines = [e for e in a.engines.split(",") if e]
     a.checkpointing = [c for c in a.checkpointing.split(",") if c]
+    a.stages = [int(s) for s in a.stages.split(",") if s]
     worlds: list[tuple[str, list[dict[str, Any]]]] = []
     if a.simulated:
         for nd in (int(x) for x in a.simulated.split(",")):

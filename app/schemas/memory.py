@@ -102,8 +102,9 @@ class MemoryRequest(TrainingIn):
         "analytical",
         description=(
             "How a model given as hf_config gets its activations: the formulas derived from "
-            "transformers' modelling code, or a trace of that code run on the server under fake "
-            "tensors (needs torch and transformers there: pip install 'zerocalc[hf]')."
+            "transformers 5.17's modelling code, or a trace of the transformers installed on "
+            "the server run under fake tensors (needs torch and transformers there: pip "
+            "install 'zerocalc[hf]')."
         ),
     )
 

@@ -129,7 +129,7 @@ def gathered_walk(numels: list[int], trace: Stage3Trace) -> list[int]:
         n
         for i, (n, f, k) in enumerate(zip(numels, trace.persistent, trace.kept, strict=True))
         if not f and (k or i == last)
-    ]
+    ] + [numels[i] for i in trace.root_backward if i != last]
 
 
 # --- generated element counts: runs of equal sizes and empty tensors ------------------------------
@@ -353,7 +353,7 @@ def test_the_widest_moe_trace_is_one_stretch_per_block_part() -> None:
     runs = architecture_params(arch)
     numel = param_numels(runs)
     flags, _ = persistent_flags(numel, Knobs().param_persistence_threshold, 2**63 - 1)
-    forward, backward = _trace_by_template(runs, numel, flags, True)
+    forward, backward, _ = _trace_by_template(runs, numel, flags, True, frozenset())
     blocks = [s for s in forward + backward if isinstance(s, _Run)]
     assert [s.copies for s in blocks] == [arch.layers] * 2
     assert [len([b for b in s.body if b.params is not None]) for s in blocks] == [1, 1]
@@ -368,7 +368,7 @@ def test_released_experts_are_one_run_per_block() -> None:
     runs = architecture_params(arch)
     numel = param_numels(runs)
     flags, _ = persistent_flags(numel, Knobs().param_persistence_threshold, 2**63 - 1)
-    forward, backward = _trace_by_template(runs, numel, flags, True)
+    forward, backward, _ = _trace_by_template(runs, numel, flags, True, frozenset())
     experts = [s for s in forward + backward if isinstance(s, _Run)]
     assert [s.copies for s in experts] == [arch.num_experts] * (2 * arch.layers)
     assert len(forward) + len(backward) < 20 * arch.layers

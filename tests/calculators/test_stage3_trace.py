@@ -6,13 +6,18 @@ tensors, experts)."""
 from __future__ import annotations
 
 from bisect import bisect_left
-from itertools import accumulate
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calculators.architecture import Architecture
-from calculators.engines.deepspeed.stage3 import Stage3Trace, _stage3_trace, fetch_order
+from calculators.engines.deepspeed.stage3 import (
+    Stage3Trace,
+    _is_leaf,
+    _module,
+    _stage3_trace,
+    fetch_order,
+)
 from calculators.parameters import ParamTensor, architecture_params
 
 
@@ -23,8 +28,12 @@ def reference_trace(
     max_live: int,
     prefetch: int,
     reuse: int,
+    leaves: frozenset[int] = frozenset(),
 ) -> Stage3Trace:
-    """The coordinator walked one queue entry at a time (the simulation as first written)."""
+    """The coordinator walked one queue entry at a time (the simulation as first written); a
+    release walks the trace module by module as ``__params_to_release`` does, reading each
+    module's own parameters, or every parameter below it when the released module is a leaf
+    (the MoE blocks of ``leaves``)."""
     numel = [p.numel for p in params]
     persistent, total = [], 0
     for n in numel:
@@ -33,15 +42,41 @@ def reference_trace(
         persistent.append(flag)
     owned: dict[str, list[int]] = {}
     for i, p in enumerate(params):
-        owned.setdefault(p.module, []).append(i)
-    forward, backward = fetch_order(params)
+        owned.setdefault(_module(p, leaves), []).append(i)
+    forward, backward = fetch_order(params, leaves)
     trace = forward + backward
     n_forward = len(forward)
+    early_end = n_forward + next(
+        (k for k, m in enumerate(backward) if m.startswith("blocks.")), len(backward)
+    )
+    early: list[tuple[bool, int]] = []  # (after the root's step, parameter)
+    now = [0]
     empty: list[int] = []
     at_step = [owned.get(m, empty) for m in trace]
-    # elements traversed before each step, and each parameter's uses, for the reuse walk
-    module_elements = {m: sum(numel[i] for i in mine) for m, mine in owned.items()}
-    before = [0, *accumulate(module_elements.get(m, 0) for m in trace)]
+    below = {
+        m: {
+            i for o, mine in owned.items() if o == m or o.startswith(m + ".") or not m for i in mine
+        }
+        for m in forward
+    }
+    owner = {i: m for m, mine in owned.items() for i in mine}
+
+    def keeps(i: int, after: int) -> bool:
+        """``__params_to_release`` from step ``after``: i is kept if it reappears before the
+        elements walked reach the distance (checked before each module)."""
+        recurse = _is_leaf(owner[i], leaves)
+        walked = 0
+        for m in trace[after:]:
+            if walked >= reuse:
+                return False
+            # a leaf owns no parameter itself: all of them lie below it
+            own = empty if _is_leaf(m, leaves) else owned.get(m, empty)
+            mine = below[m] if recurse else own
+            if i in mine:
+                return True
+            walked += sum(numel[j] for j in mine)
+        return False
+
     queue = [(i, step) for step, mine in enumerate(at_step) for i in mine]
     uses: list[list[int]] = [[] for _ in params]
     for i, step in queue:
@@ -59,6 +94,8 @@ def reference_trace(
         nonlocal n_available
         if available[i]:
             return 0
+        if n_forward <= now[0] < early_end:
+            early.append((now[0] > n_forward, i))
         available[i] = True
         n_available += numel[i]
         gathered[phase] += numel[i]
@@ -71,12 +108,12 @@ def reference_trace(
         strictly fewer than it)."""
         if persistent[i] or recent[i] > after:
             return False
-        k = bisect_left(uses[i], after)
-        return not (k < len(uses[i]) and before[uses[i][k]] - before[after] < reuse)
+        return not keeps(i, after)
 
     step = 0
     while step < len(at_step) and head < len(queue):
         mine = at_step[step]
+        now[0] = step
         phase = 0 if step < n_forward else 1
         # the module's own parameters: one __all_gather_params call (:381)
         if sum(gather(i, phase) for i in mine):
@@ -133,10 +170,10 @@ def reference_trace(
                     gathered[phase] += numel[i]
                     gathers[phase][i] += 1
                     gathered_at[phase].add(use)
-                if free and last <= use + 1:
-                    nxt = j + 1
-                    if nxt == len(mine_uses) or (before[mine_uses[nxt]] - before[use + 1] >= reuse):
-                        held = False
+                    if n_forward <= use < early_end:
+                        early.append((use > n_forward, i))
+                if free and last <= use + 1 and not keeps(i, use + 1):
+                    held = False
                 if use < n_forward:
                     kept[i] = held
             available[i] = held
@@ -151,6 +188,8 @@ def reference_trace(
         tuple(gathers[1]),
         calls[0],
         calls[1],
+        tuple(sorted(i for later, i in early if not later)),
+        tuple(sorted(i for _, i in early)),
     )
 
 

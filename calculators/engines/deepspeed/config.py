@@ -31,6 +31,14 @@ from calculators.errors import InputError
 from calculators.model_states import Offload, TrainingSetup
 from calculators.parameters import ParamTensor, architecture_params, implied_params
 
+DEFAULT_LEAF_CLASSES = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
+"""zero/leaf_module_config.py DEFAULT_LEAF_MODULE_CLASSES: ZeRO-3 fetches these MoE blocks
+whole unless the config's ``leaf_module.classes`` says otherwise."""
+
 
 @dataclass(frozen=True)
 class Knobs:
@@ -61,6 +69,13 @@ class Knobs:
     bf16: bool | None = None
     micro_batch: int | None = None
     grad_accumulation: int | None = None
+    # zero_optimization.leaf_module (zero/leaf_module_config.py): the modules ZeRO-3 fetches
+    # whole, by class, by name, by name suffix
+    leaf_classes: tuple[str, ...] = DEFAULT_LEAF_CLASSES
+    leaf_names: tuple[str, ...] = ()
+    leaf_suffixes: tuple[str, ...] = ()
+    # the layers whose MoE block those name, once the architecture is known (stage3.leaf_layers)
+    leaves: frozenset[int] = frozenset()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def overlap(self, stage: Stage) -> bool:
@@ -111,6 +126,15 @@ def _flag(value: Any, where: str) -> bool:
     return value
 
 
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    """A string or a list of strings (leaf_module_config.py _coerce_container_types)."""
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InputError(where, "must be a string or a list of strings")
+    return tuple(dict.fromkeys(value))
+
+
 def _section(config: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
     value = config.get(key, {})
     if value is None:
@@ -158,6 +182,12 @@ def parse_config(config: Mapping[str, Any] | None) -> Knobs:
             if "pin_memory" in section:
                 pin = pin and _flag(section["pin_memory"], f"{zp}.{key}.pin_memory")
     values["pin_memory"] = pin
+    leaf = _section(zero, "leaf_module", f"{zp}.leaf_module")
+    for key, attr in (("classes", "leaf_classes"), ("names", "leaf_names")):
+        if key in leaf:
+            values[attr] = _strings(leaf[key], f"{zp}.leaf_module.{key}")
+    if "name_suffixes" in leaf:
+        values["leaf_suffixes"] = _strings(leaf["name_suffixes"], f"{zp}.leaf_module.name_suffixes")
     if "zero_force_ds_cpu_optimizer" in config:
         values["force_ds_cpu_optimizer"] = _flag(
             config["zero_force_ds_cpu_optimizer"], f"{prefix}.zero_force_ds_cpu_optimizer"

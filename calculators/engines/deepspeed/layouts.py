@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import accumulate, compress
 
@@ -25,6 +25,7 @@ from calculators.engines.deepspeed.stage3 import (
     Stage3Trace,
     gathered_numels,
     stage3_trace,
+    view_saved,
 )
 from calculators.engines.torch.peak import holds_outputs
 from calculators.model_states import NOWHERE, Placement, TrainingSetup, placement
@@ -44,7 +45,8 @@ class Stage3Kept:
     trace: Stage3Trace
     persistent_counts: dict[int, int]  # persistent parameters per size
     persistent_bytes: int  # their gathered 16-bit copies
-    gathered_bytes: int  # the other parameters still gathered at the end of forward
+    gathered_bytes: int  # the other copies alive at the loss's backward
+    later_bytes: int  # ... and at the head's and the final norm's backward
 
 
 class ParamFacts:
@@ -136,10 +138,18 @@ class ParamFacts:
         trace = stage3_trace(self.params, knobs) if exact else Stage3Trace((False,), (True,))
         persistent = list(compress(numels, trace.persistent))
         # gathered at the end of forward: what the coordinator keeps, plus the head
-        gathered = gathered_numels(numels, trace)
+        held = view_saved(self.params, not knobs.memory_efficient_linear) if exact else ()
+        gathered = gathered_numels(numels, trace, held)
+        later = gathered_numels(numels, trace, held, later=True)
         counts = tally(persistent)
         persistent_bytes = sum(count * block(HALF_BYTES * n) for n, count in counts.items())
-        kept = Stage3Kept(trace, counts, persistent_bytes, blocks(HALF_BYTES, gathered))
+        kept = Stage3Kept(
+            trace,
+            counts,
+            persistent_bytes,
+            blocks(HALF_BYTES, gathered),
+            blocks(HALF_BYTES, later),
+        )
         self._kept = (knobs, exact, kept)
         return kept
 
@@ -275,6 +285,7 @@ def forward_moments(
     gathered: int = 0,
     bucket_first_hook: int = 0,
     hook_moves_gradients: bool = False,
+    gathered_later: int | None = None,
 ) -> dict[str, Moment]:
     """Moments of the loss and the start of backward, common to every stage.
 
@@ -289,15 +300,20 @@ def forward_moments(
       where the hook copies it into the bucket (``hook_moves_gradients``: stage 2, stage 1
       with overlap_comm, stage 3); a tied one waits in the shared weight's input buffer until
       the embedding's backward.
+
+    ``gathered``: stage 3's gathered parameters at the loss's backward; ``gathered_later``: at
+    the moments after it (the head's and the final norm's backward steps gather too).
     """
     if not shape.known:
         return {}
+    if gathered_later is None:
+        gathered_later = gathered
     base = shape.end_of_forward - shape.log_softmax_out - shape.logits_path_freed
     later = 0 if hook_moves_gradients and not shape.tied else first_grad
     after = {
         "first_gradient": later,
         "ipg_buckets": bucket_first_hook,
-        "gathered_parameters": gathered,
+        "gathered_parameters": gathered_later,
     }
     out = {
         "loss_backward": Moment(
@@ -309,7 +325,7 @@ def forward_moments(
             {
                 "first_gradient": first_grad,
                 "ipg_buckets": bucket_first_hook,
-                "gathered_parameters": gathered,
+                "gathered_parameters": gathered_later,
             },
         ),
     }
@@ -325,7 +341,7 @@ def forward_moments(
             {
                 "first_gradient": first_grad,
                 "ipg_buckets": bucket_first_hook,
-                "gathered_parameters": gathered,
+                "gathered_parameters": gathered_later,
             },
         )
     layer = shape.last_layer_backward_moved if hook_moves_gradients else shape.last_layer_backward
@@ -813,6 +829,34 @@ class Stage3:
         self.kept = facts.stage3_kept(knobs, exact)
         trace = self.kept.trace
         self.n_persistent, self.n_kept = sum(trace.persistent), sum(trace.kept)
+        leaves = knobs.leaves if exact else frozenset()
+        held = view_saved(facts.params, not knobs.memory_efficient_linear) if exact else ()
+        self.leaf_notes: list[str] = []
+        if leaves:
+            self.leaf_notes.append(
+                f"stage 3: the MoE blocks of {len(leaves)} layers are ZeRO-3 leaf modules "
+                "(zero_optimization.leaf_module; DeepSpeed's default classes include Mixtral's "
+                "and Qwen-MoE's): each is fetched and released whole, and its parameters' "
+                "gradients wait for the whole block's backward"
+            )
+        if held and any(not trace.kept[i] and not trace.persistent[i] for i in held):
+            what = (
+                "linear and expert weights (memory_efficient_linear off: torch's F.linear)"
+                if not knobs.memory_efficient_linear
+                else "expert weights"
+            )
+            self.leaf_notes.append(
+                f"stage 3: {what} released after forward stay allocated until their backward "
+                "(autograd saved views of the gathered copies); they count as gathered at the "
+                "end of forward"
+            )
+        # a leaf's gradients wait for its whole backward: the last layer's expert gradients
+        # are not moved away one by one (stage3.py reduce_leaf_module_grads)
+        self.shape = (
+            replace(shape, last_layer_backward_moved=shape.last_layer_backward)
+            if shape.blocks - 1 in leaves
+            else shape
+        )
         self.ipg = (
             block(HALF_BYTES * knobs.reduce_bucket_size) if knobs.contiguous_gradients else 0
         )  # stage3.py:779-784
@@ -834,9 +878,10 @@ class Stage3:
             # gathered at the end of forward: what the coordinator keeps, plus the head; the
             # IPG bucket is persistent here; the head's gradient is copied into it and freed
             gathered = self.kept.gathered_bytes if gathers else 0
+            later = self.kept.later_bytes if gathers else 0
             shape = self.shape
             self._forward[gathers] = forward_moments(
-                shape, shape.first_gradient(self.facts.numels), gathered, 0, True
+                shape, shape.first_gradient(self.facts.numels), gathered, 0, True, later
             )
         return dict(self._forward[gathers])
 
@@ -871,24 +916,7 @@ class Stage3:
         ]
         if not self.exact:
             notes.append("approximate: no architecture, Ψ taken as one tensor kept gathered")
-        if (
-            self.exact
-            and gathers
-            and self.n_kept < len(facts.numels)
-            and facts.psi > knobs.max_reuse_distance
-            # measured at DeepSpeed's defaults; lowered knobs release as simulated
-            and knobs.max_reuse_distance >= Knobs.max_reuse_distance
-            and knobs.max_live_parameters >= Knobs.max_live_parameters
-        ):
-            notes.append(
-                f"may read low: the simulated coordinator releases "
-                f"{len(facts.numels) - self.n_kept} parameters after forward, but measured "
-                "stage-3 runs of models above stage3_max_reuse_distance elements "
-                "(two MoE models of 1.7 and 2.5B) kept every parameter gathered and "
-                "peaked 5-9 % above this figure; setting stage3_max_reuse_distance and "
-                "stage3_max_live_parameters above the parameter count gives the peak with "
-                "every parameter kept"
-            )
+        notes += self.leaf_notes
         moments = self.forward(gathers)
         # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds
         # a padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor

@@ -31,6 +31,7 @@ prefixed ``peak.``, what the peak moment adds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import cached_property
 
 from calculators.conventions import OffloadDevice, Optimizer, Precision, Stage
@@ -45,6 +46,7 @@ from calculators.engines.deepspeed.layouts import (
     stage0,
     step_shape,
 )
+from calculators.engines.deepspeed.stage3 import leaf_layers
 from calculators.engines.torch.memory import STATE_TENSORS  # the client torch.optim optimizer
 from calculators.engines.torch.peak import cublas_workspace_bytes
 from calculators.errors import InputError
@@ -119,7 +121,8 @@ class Shared:
 
     @cached_property
     def knobs(self) -> Knobs:
-        return with_offload(self.setup, parse_config(self.setup.engine_config))
+        knobs = with_offload(self.setup, parse_config(self.setup.engine_config))
+        return replace(knobs, leaves=leaf_layers(self.setup.architecture, knobs))
 
     @cached_property
     def params(self) -> tuple[Sequence[ParamTensor], bool]:

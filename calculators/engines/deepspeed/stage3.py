@@ -15,6 +15,7 @@ from itertools import accumulate, compress
 from operator import add, ge, gt, sub
 from typing import Any
 
+from calculators.architecture import Architecture, dense_layers
 from calculators.conventions import HALF_BYTES
 from calculators.engines.deepspeed.allocator import block
 from calculators.engines.deepspeed.buckets import ipg_buckets, ipg_ranges
@@ -37,6 +38,10 @@ class Stage3Trace:
             per prefetch that finds something to gather (partitioned_param_coordinator.py
             ``__all_gather_params`` -> one ``all_gather_coalesced``).
         backward_calls: the same during backward.
+        root_backward: parameters gathered again by the root's backward step, before the
+            loss's backward runs.
+        early_backward: those gathered by the backward steps before the first block's (the
+            root's, the head's, the final norm's), alive with everything forward saved.
     """
 
     persistent: tuple[bool, ...]
@@ -47,15 +52,80 @@ class Stage3Trace:
     backward_gathers: tuple[int, ...] = ()
     forward_calls: int = 0
     backward_calls: int = 0
+    root_backward: tuple[int, ...] = ()
+    early_backward: tuple[int, ...] = ()
 
 
-def module_tree(params: Sequence[ParamTensor]) -> dict[str, list[str]]:
+# --- ZeRO-3 leaf modules -----------------------------------------------------------------------
+# A leaf module (utils/z3_leaf_module.py, set from zero_optimization.leaf_module by
+# engine.py _configure_distributed_model) gets hooks but its children do not
+# (parameter_offload.py _register_deepspeed_module): it is one step of the trace that fetches
+# and releases every parameter below it. Its own release walk reads every later module's
+# parameters recursively (partitioned_param_coordinator.py __params_to_release passes
+# ``recurse=z3_leaf_module(submodule_to_release)`` for each module it walks), while the other
+# modules' walks read a leaf's own parameters only (none for an MoE block).
+
+MOE_BLOCK_CLASSES = {
+    "mixtral": "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "qwen2_moe": "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "qwen3_moe": "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+    "deepseek_v3": "transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3MoE",
+}
+"""The MoE block of each family, as transformers >= 5 names it (``model.layers.<i>.mlp``)."""
+
+_MOE_PARTS = frozenset({"router", "experts", "shared_expert", "shared_expert_gate"})
+"""The modules of an MoE block in the canonical names (``blocks.<i>.<part>``)."""
+
+
+def leaf_layers(arch: Architecture | None, knobs: Knobs) -> frozenset[int]:
+    """The layers whose MoE block is a ZeRO-3 leaf module under ``knobs``' ``leaf_module``:
+    its class named (fully qualified or by class name, utils/z3_leaf_module.py
+    _do_set_z3_leaf_modules), or its module name ``model.layers.<i>.mlp`` named or ending in a
+    named suffix. Only a transformers MoE family has such blocks."""
+    m = arch.modelling if arch is not None else None
+    if arch is None or m is None or arch.num_experts <= 1 or m.family not in MOE_BLOCK_CLASSES:
+        return frozenset()
+    qualified = MOE_BLOCK_CLASSES[m.family]
+    short = qualified.rsplit(".", 1)[1]
+    moe = range(dense_layers(arch), arch.layers)
+    if qualified in knobs.leaf_classes or short in knobs.leaf_classes:
+        return frozenset(moe)
+    names = set(knobs.leaf_names)
+    return frozenset(
+        i
+        for i in moe
+        if f"model.layers.{i}.mlp" in names
+        or any(f"model.layers.{i}.mlp".endswith(x) for x in knobs.leaf_suffixes)
+    )
+
+
+def _module(p: ParamTensor, leaves: frozenset[int]) -> str:
+    """The module whose hooks fetch ``p``: its own, or the leaf MoE block above it."""
+    module = p.module
+    if leaves and module.startswith("blocks."):
+        _, layer, rest = (module.split(".", 2) + [""])[:3]
+        if rest.split(".", 1)[0] in _MOE_PARTS and int(layer) in leaves:
+            return f"blocks.{layer}.mlp"
+    return module
+
+
+def _is_leaf(module: str, leaves: frozenset[int]) -> bool:
+    """Whether ``module`` is the leaf MoE block of one of ``leaves``."""
+    if not leaves or not module.endswith(".mlp") or not module.startswith("blocks."):
+        return False
+    layer = module[len("blocks.") : -len(".mlp")]
+    return layer.isdigit() and int(layer) in leaves
+
+
+def module_tree(
+    params: Sequence[ParamTensor], leaves: frozenset[int] = frozenset()
+) -> dict[str, list[str]]:
     """Each module's child modules in registration order, the root ``""`` first.
 
     Every module whose ``forward`` runs is a step of the trace (parameter_offload.py
     pre-forward hook), the root and containers included (they own no parameters);
     ``ModuleList``s are never called, so an indexed module's parent is the module above the
-    list.
+    list. The MoE blocks of ``leaves`` are leaf modules: one module, no children.
     """
     children: dict[str, list[str]] = {"": []}
 
@@ -76,7 +146,7 @@ def module_tree(params: Sequence[ParamTensor]) -> dict[str, list[str]]:
         children[above].append(path)
 
     for p in params:
-        module = p.module
+        module = _module(p, leaves)
         if module in children:
             continue
         above, _, name = module.rpartition(".")
@@ -88,27 +158,36 @@ def module_tree(params: Sequence[ParamTensor]) -> dict[str, list[str]]:
     return children
 
 
-def fetch_order(params: Sequence[ParamTensor]) -> tuple[list[str], list[str]]:
+def fetch_order(
+    params: Sequence[ParamTensor], leaves: frozenset[int] = frozenset()
+) -> tuple[list[str], list[str]]:
     """Modules in the order DeepSpeed's hooks fetch them, forward then backward.
 
     Every module whose ``forward`` runs is fetched (``module_tree``). Backward fetches come
     from the hooks on each module's outputs, so a container comes before its children and
     children run in reverse.
     """
-    children = module_tree(params)
+    children = module_tree(params, leaves)
+    return _walk(children, False), _walk(children, True)
 
-    def walk(reverse: bool) -> list[str]:
-        out: list[str] = []
-        stack = [""]
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            kids = children[node]
-            # pushed last-first, so the first to visit is on top
-            stack.extend(kids if reverse else reversed(kids))
-        return out
 
-    return walk(False), walk(True)
+def _before_blocks(backward: list[str]) -> int:
+    """Backward steps before the first block's (the root, the head, the final norm), of the
+    modules in backward order."""
+    return next((k for k, m in enumerate(backward) if m.startswith("blocks.")), len(backward))
+
+
+def _walk(children: dict[str, list[str]], reverse: bool) -> list[str]:
+    """The modules from the root, each before its children (last first when ``reverse``)."""
+    out: list[str] = []
+    stack = [""]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        kids = children[node]
+        # pushed last-first, so the first to visit is on top
+        stack.extend(kids if reverse else reversed(kids))
+    return out
 
 
 # --- the trace, run-length coded ---------------------------------------------------------------
@@ -130,13 +209,16 @@ class _Steps:
     entries: int
     elements: int
     params: tuple[int, ...] | None = None
+    nested: int = 0
+    leaf: bool = False
 
 
 @dataclass(frozen=True)
 class _Run:
     """``copies`` identical subtrees in trace order: ``body`` is the first one's fetches (none a
     run), and each further copy's parameters lie ``shift`` further down the list (negative when
-    the copies are walked last first). ``steps``, ``entries``, ``elements``: one copy's."""
+    the copies are walked last first). ``steps``, ``entries``, ``elements``, ``nested``: one
+    copy's."""
 
     body: tuple[_Steps, ...]
     copies: int
@@ -144,16 +226,29 @@ class _Run:
     steps: int
     entries: int
     elements: int
+    nested: int = 0
 
 
 _Item = _Steps | _Run
 
 
-def _fetch(mine: tuple[int, ...], numel: Sequence[int], persistent: Sequence[bool]) -> _Steps:
-    elements = sum(numel[i] for i in mine)
-    if all(persistent[i] for i in mine):
-        return _Steps(1, len(mine), elements)
-    return _Steps(1, len(mine), elements, mine)
+def _fetch(
+    mine: tuple[int, ...],
+    numel: Sequence[int],
+    persistent: Sequence[bool],
+    nested: int,
+    leaf: bool = False,
+) -> _Steps:
+    """One module's fetch; a leaf module owns no parameter itself (all lie below it)."""
+    if len(mine) == 1:  # most modules: one weight
+        (i,) = mine
+        elements, alike = (0 if leaf else numel[i]), persistent[i]
+    else:
+        elements = 0 if leaf else sum([numel[i] for i in mine])
+        alike = all(persistent[i] for i in mine)
+    if alike:
+        return _Steps(1, len(mine), elements, None, nested)
+    return _Steps(1, len(mine), elements, mine, nested, leaf)
 
 
 def _joined(steps: list[_Item]) -> list[_Item]:
@@ -167,7 +262,13 @@ def _joined(steps: list[_Item]) -> list[_Item]:
             and isinstance(a, _Steps)
             and a.params is None
         ):
-            out[-1] = _Steps(a.steps + s.steps, a.entries + s.entries, a.elements + s.elements)
+            out[-1] = _Steps(
+                a.steps + s.steps,
+                a.entries + s.entries,
+                a.elements + s.elements,
+                None,
+                a.nested + s.nested,
+            )
         else:
             out.append(s)
     return out
@@ -177,14 +278,16 @@ def _shifted(s: _Steps, shift: int) -> _Steps:
     """``s`` with its parameters ``shift`` further down the list."""
     if not shift or s.params is None:
         return s
-    return _Steps(s.steps, s.entries, s.elements, tuple(i + shift for i in s.params))
+    return _Steps(
+        s.steps, s.entries, s.elements, tuple(i + shift for i in s.params), s.nested, s.leaf
+    )
 
 
 def _moved(s: _Item, shift: int) -> _Item:
     """``s`` (a run: each copy) with its parameters ``shift`` further down the list."""
     if isinstance(s, _Run):
         body = tuple(_shifted(b, shift) for b in s.body)
-        return _Run(body, s.copies, s.shift, s.steps, s.entries, s.elements)
+        return _Run(body, s.copies, s.shift, s.steps, s.entries, s.elements, s.nested)
     return _shifted(s, shift)
 
 
@@ -195,7 +298,11 @@ def _repeated(copy: list[_Item], copies: int, stride: int, reverse: bool) -> lis
     each copy's fetches."""
     if len(copy) == 1 and isinstance(copy[0], _Steps) and copy[0].params is None:
         s = copy[0]
-        return [_Steps(s.steps * copies, s.entries * copies, s.elements * copies)]
+        return [
+            _Steps(
+                s.steps * copies, s.entries * copies, s.elements * copies, None, s.nested * copies
+            )
+        ]
     flat = [s for s in copy if isinstance(s, _Steps)]
     if copies > 1 and len(flat) == len(copy):
         first = stride * (copies - 1) if reverse else 0
@@ -207,6 +314,7 @@ def _repeated(copy: list[_Item], copies: int, stride: int, reverse: bool) -> lis
                 sum(s.steps for s in flat),
                 sum(s.entries for s in flat),
                 sum(s.elements for s in flat),
+                sum(s.nested for s in flat),
             )
         ]
     out: list[_Item] = []
@@ -216,33 +324,53 @@ def _repeated(copy: list[_Item], copies: int, stride: int, reverse: bool) -> lis
 
 
 def _trace_by_names(
-    params: Sequence[ParamTensor], numel: Sequence[int], persistent: Sequence[bool]
-) -> tuple[list[_Item], list[_Item]]:
-    """Forward and backward fetches of a list of named tensors."""
+    params: Sequence[ParamTensor],
+    numel: Sequence[int],
+    persistent: Sequence[bool],
+    leaves: frozenset[int],
+) -> tuple[list[_Item], list[_Item], int]:
+    """Forward and backward fetches of a list of named tensors, and the backward steps before
+    the first block's."""
     owned: dict[str, list[int]] = {}
     for i, p in enumerate(params):
-        owned.setdefault(p.module, []).append(i)
-    forward, backward = fetch_order(params)
-
-    def fetches(order: list[str]) -> list[_Item]:
-        return _joined([_fetch(tuple(owned.get(m, ())), numel, persistent) for m in order])
-
-    return fetches(forward), fetches(backward)
+        owned.setdefault(_module(p, leaves), []).append(i)
+    children = module_tree(params, leaves)
+    forward, backward = _walk(children, False), _walk(children, True)
+    # each module's fetch, the same forward and backward; its elements below it first
+    total: dict[str, int] = {}
+    step: dict[str, _Steps] = {}
+    for node in reversed(forward):  # children before their parent
+        mine = tuple(owned.get(node, ()))
+        own = sum(numel[i] for i in mine)
+        kids = children[node]
+        total[node] = own + sum(total[k] for k in kids) if kids else own
+        step[node] = _fetch(mine, numel, persistent, total[node], _is_leaf(node, leaves))
+    return (
+        _joined([step[m] for m in forward]),
+        _joined([step[m] for m in backward]),
+        _before_blocks(backward),
+    )
 
 
 def _trace_by_template(
-    params: ParamList, numel: Sequence[int], persistent: Sequence[bool], by_size: bool
-) -> tuple[list[_Item], list[_Item]]:
-    """Forward and backward fetches of an architecture's tensors, from its template: the
+    params: ParamList,
+    numel: Sequence[int],
+    persistent: Sequence[bool],
+    by_size: bool,
+    leaves: frozenset[int],
+) -> tuple[list[_Item], list[_Item], int]:
+    """Forward and backward fetches of an architecture's tensors, from its template (and the
+    backward steps before the first block's): the
     subtree of the first block of each kind (and of its expert 0) stands for every copy, whose
     tensors lie a whole block (expert) further down the list per copy. ``by_size``: persistence
     depends on a tensor's size alone, so copies are alike; otherwise consecutive copies whose
-    tensors' persistence is alike are taken together."""
+    tensors' persistence is alike are taken together. ``leaves`` holds every block of a kind or
+    none of them."""
     template = params.template
-    children = module_tree(template.tensors)
+    children = module_tree(template.tensors, leaves)
     owned: dict[str, list[int]] = {}
     for t, p in enumerate(template.tensors):
-        owned.setdefault(p.module, []).append(t)
+        owned.setdefault(_module(p, leaves), []).append(t)
     block_roots = {f"blocks.{k.start}": n for n, k in enumerate(template.kinds)}
     expert_roots = {
         n: f"blocks.{k.start}.experts.0" for n, k in enumerate(template.kinds) if k.expert
@@ -270,43 +398,63 @@ def _trace_by_template(
 
     def copies_of(
         node: str, reverse: bool, kind: int, shift: int, stride: int, copies: int
-    ) -> list[_Item]:
-        parts = [
-            _repeated(subtree(node, reverse, kind, shift + stride * first), count, stride, reverse)
-            for first, count in alike(node, kind, shift, stride, copies)
-        ]
-        return _joined([s for part in (parts[::-1] if reverse else parts) for s in part])
+    ) -> tuple[list[_Item], int]:
+        parts, total = [], 0
+        for first, count in alike(node, kind, shift, stride, copies):
+            copy, size = subtree(node, reverse, kind, shift + stride * first)
+            parts.append(_repeated(copy, count, stride, reverse))
+            total += size * count
+        return _joined([s for part in (parts[::-1] if reverse else parts) for s in part]), total
 
-    def subtree(node: str, reverse: bool, kind: int | None, shift: int) -> list[_Item]:
+    def subtree(node: str, reverse: bool, kind: int | None, shift: int) -> tuple[list[_Item], int]:
         """The fetches of ``node``'s subtree in the first block of its kind (expert 0), its
-        tensors ``shift`` further down the list."""
+        tensors ``shift`` further down the list, and the elements below ``node``."""
         mine = tuple(template.index(t, kind) + shift for t in owned.get(node, ()))
-        out: list[_Item] = [_fetch(mine, numel, persistent)]
+        total = sum(numel[i] for i in mine)
+        out: list[_Item] = []
         kids = children[node]
         for kid in reversed(kids) if reverse else kids:
             if kid in block_roots:
                 k = block_roots[kid]
                 stride = template.block_length(template.kinds[k])
-                out += copies_of(kid, reverse, k, shift, stride, template.kinds[k].blocks)
+                part, size = copies_of(kid, reverse, k, shift, stride, template.kinds[k].blocks)
             elif kind is not None and kid == expert_roots.get(kind):
                 stride = template.kinds[kind].expert
-                out += copies_of(kid, reverse, kind, shift, stride, template.experts)
+                part, size = copies_of(kid, reverse, kind, shift, stride, template.experts)
             else:
-                out += subtree(kid, reverse, kind, shift)
-        return _joined(out)
+                part, size = subtree(kid, reverse, kind, shift)
+            out += part
+            total += size
+        own = _fetch(mine, numel, persistent, total, _is_leaf(node, leaves))
+        return _joined([own, *out]), total
 
-    return subtree("", False, None, 0), subtree("", True, None, 0)
+    backward = subtree("", True, None, 0)[0]
+    return subtree("", False, None, 0)[0], backward, _before_blocks(_walk(children, True))
 
 
 def stage3_trace(params: Sequence[ParamTensor], knobs: Knobs) -> Stage3Trace:
     """The coordinator simulation, cached per parameter list and the knobs it reads."""
-    return _stage3_trace(
-        _key(params),
+    return _stage3_trace(*_trace_args(params, knobs))
+
+
+def _trace_args(
+    params: Sequence[ParamTensor], knobs: Knobs
+) -> tuple[Sequence[ParamTensor], int, int, int, int, int, frozenset[int]]:
+    """``_stage3_trace``'s arguments: the list as a cache key and the knobs it reads."""
+    leaves = knobs.leaves
+    key = _key(params)
+    if leaves and isinstance(params, ParamList):
+        spans = [set(range(k.start, k.start + k.blocks)) for k in params.template.kinds]
+        if any(span & leaves and not span <= leaves for span in spans):
+            key = tuple(params)  # some blocks of a kind are leaves: walked by name
+    return (
+        key,
         knobs.param_persistence_threshold,
         knobs.model_persistence_threshold,
         knobs.max_live_parameters,
         knobs.prefetch_bucket_size,
         knobs.max_reuse_distance,
+        leaves,
     )
 
 
@@ -347,6 +495,7 @@ def _stage3_trace(
     max_live: int,
     prefetch: int,
     reuse: int,
+    leaves: frozenset[int] = frozenset(),
 ) -> Stage3Trace:
     """Simulate the parameter coordinator for one steady-state forward and backward.
 
@@ -359,7 +508,10 @@ def _stage3_trace(
       step of that use (``__most_recent_step_id_param_fetched_for``).
     - ``release_sub_module`` / ``__params_to_release``: after the module runs, its parameters
       are released unless persistent, unless a prefetch already recorded a later use, and unless
-      they reappear in the trace before ``stage3_max_reuse_distance`` elements.
+      they reappear in the trace before ``stage3_max_reuse_distance`` elements. A leaf
+      module's walk reads each later module's parameters recursively, so its own reappear at
+      the first backward step (the root): they are kept when forward after it reads fewer
+      elements than the distance, counting a parameter once per module above it.
 
     The prefetcher outruns the forward (it skips what is gathered), reaches the backward half of
     the queue a few modules in and records every backward use, so on models that fit
@@ -380,11 +532,13 @@ def _stage3_trace(
         none = (0,) * len(persistent)
         return Stage3Trace(flags, flags, 0, 0, none, none, 0, 0)
     if isinstance(params, ParamList):
-        forward, backward = _trace_by_template(params, numel, persistent, by_size)
+        forward, backward, head = _trace_by_template(params, numel, persistent, by_size, leaves)
     else:
-        forward, backward = _trace_by_names(params, numel, persistent)
+        forward, backward, head = _trace_by_names(params, numel, persistent, leaves)
     items = forward + backward
     n_forward = sum(_span(s)[0] for s in forward)
+    early_end = n_forward + head
+    early: list[tuple[bool, int]] = []  # (after the root's step, parameter)
     n_steps = n_forward + sum(_span(s)[0] for s in backward)
     # Where each item starts (step, queue entry, elements traversed before it); the queue
     # entries of the parameters that can be released, as three flat lists; and for each such
@@ -399,10 +553,27 @@ def _stage3_trace(
     movable_param: list[int] = []
     movable_step: list[int] = []
     use_f, use_b, after_f, before_b = [0] * n, [0] * n, [0] * n, [0] * n
-    step = entry = elements = 0
+    # a leaf module's parameters with the nested elements read in forward up to and with it
+    leaf_reads: list[tuple[tuple[int, ...], int]] = []
+    step = entry = elements = nested = 0
     for s in items:
         starts.append((step, entry, elements))
         back = step >= n_forward
+        if not back:
+            if isinstance(s, _Run):
+                read = nested
+                for b in s.body:
+                    read += b.nested
+                    if b.leaf and b.params is not None:
+                        leaf_reads += [
+                            (tuple(i + c * s.shift for i in b.params), read + c * s.nested)
+                            for c in range(s.copies)
+                        ]
+                nested += s.nested * s.copies
+            else:
+                nested += s.nested
+                if s.leaf and s.params is not None:
+                    leaf_reads.append((s.params, nested))
         uses, distances = (use_b, before_b) if back else (use_f, after_f)
         if isinstance(s, _Run):
             lanes: list[tuple[int, int, int, int]] = []  # entry, parameter, step, elements
@@ -437,6 +608,13 @@ def _stage3_trace(
         entry += spanned[1]
         elements += spanned[2]
     n_queue = entry
+    # elements a release walk reads between a parameter's forward and backward use: its own
+    # module's walk counts modules' own parameters; a leaf's, every module's nested ones up to
+    # the root's backward step
+    gap = list(map(sub, before_b, after_f))
+    for mine, read in leaf_reads:
+        for i in mine:
+            gap[i] = nested - read
     item_entries = [e for _, e, _ in starts]
     head = 0
     available = list(persistent)
@@ -488,6 +666,8 @@ def _stage3_trace(
         phase = 0 if step < n_forward else 1
         requested = 0
         batch = 0
+        # what the backward steps before the first block's gather (Stage3Trace.early_backward)
+        early_step = (step > n_forward) if n_forward <= step < early_end else None
         k = bisect_left(movable, head)
         head = n_queue  # unless the budget is reached first
         while k < len(movable):
@@ -498,6 +678,8 @@ def _stage3_trace(
             k += 1
             if not available[i]:
                 batch += gather(i, phase)
+                if early_step is not None:
+                    early.append((early_step, i))
                 requested += numel[i]
                 if requested >= budget:
                     head = at + 1
@@ -511,14 +693,16 @@ def _stage3_trace(
         strictly fewer than it)."""
         if persistent[i] or recent[i] > after:
             return False
-        return after > use_b[i] or before_b[i] - after_f[i] >= reuse
+        return after > use_b[i] or gap[i] >= reuse
 
     def fetch(first: int, entry: int, mine: tuple[int, ...], entries: int) -> None:
         """One module fetch owning a parameter that can be released."""
         nonlocal head, n_available, kept
         phase = 0 if first < n_forward else 1
         # the module's own parameters: one __all_gather_params call (:381)
-        if sum(gather(i, phase) for i in mine):
+        if n_forward <= first < early_end:
+            early.extend((first > n_forward, i) for i in mine if not available[i])
+        if sum([gather(i, phase) for i in mine]):
             calls[phase] += 1
         # pop the module's entries not popped yet (``head`` never lags behind the step's
         # first entry: each step pops up to its last)
@@ -622,19 +806,13 @@ def _stage3_trace(
                 limit = min(limit, _apart(own, d, window, shift, limit))
         lanes = [(x, shift) for x in window] + [(x, d) for x in own]
         # how many copies keep the same decision (forward: the reuse distance to backward)
-        decide = [(x, before_b[x] - after_f[x] >= reuse) for x in own] if first0 < n_forward else []
+        decide = [(x, gap[x] >= reuse) for x in own] if first0 < n_forward else []
         k, size = 0, 1
         while k < limit:
             hi = min(limit, k + size)
             bad = hi - k
             for x, keep in decide:
-                gaps = list(
-                    map(
-                        sub,
-                        _lane(before_b, x, d, k + 1, hi + 1),
-                        _lane(after_f, x, d, k + 1, hi + 1),
-                    )
-                )
+                gaps = _lane(gap, x, d, k + 1, hi + 1)
                 if (min(gaps) >= reuse) if keep else (max(gaps) < reuse):
                     continue
                 bad = min(bad, next(q for q, g in enumerate(gaps) if (g >= reuse) != keep))
@@ -772,7 +950,9 @@ def _stage3_trace(
                     gathered[phase] += numel[i]
                     gathers[phase][i] += 1
                     gathered_at[phase].add(use)
-                if last <= use + 1 and (use == use_b[i] or before_b[i] - after_f[i] >= reuse):
+                    if n_forward <= use < early_end:
+                        early.append((use > n_forward, i))
+                if last <= use + 1 and (use == use_b[i] or gap[i] >= reuse):
                     held = False
                 if use < n_forward:
                     kept[i] = held
@@ -788,6 +968,8 @@ def _stage3_trace(
         tuple(gathers[1]),
         calls[0],
         calls[1],
+        tuple(sorted(i for later, i in early if not later)),
+        tuple(sorted(i for _, i in early)),
     )
 
 
@@ -869,15 +1051,68 @@ def sub_groups(numels: Sequence[int], world: int, size: int) -> list[int]:
     return out
 
 
-def gathered_numels(numels: Sequence[int], trace: Stage3Trace) -> list[int]:
-    """Sizes of the parameters gathered (not persistent) when forward ends: those the
-    coordinator keeps, and the head's last parameter, whose gradient backward starts with."""
+def gathered_numels(
+    numels: Sequence[int], trace: Stage3Trace, held: Sequence[int] = (), later: bool = False
+) -> list[int]:
+    """Sizes of the gathered copies (not persistent) alive when the loss's backward runs: those
+    the coordinator keeps, the head's last parameter, whose gradient backward starts with, every
+    copy forward gathered of the parameters in ``held`` (``view_saved``), released or not, and
+    what the root's backward step gathers again; ``later``: what the steps up to the first
+    block's gather again instead (the head's and the final norm's backward)."""
     if not numels:
         return []
     kept = list(compress(numels[:-1], map(gt, trace.kept[:-1], trace.persistent[:-1])))
     if not trace.persistent[-1]:
         kept.append(numels[-1])
+    last = len(numels) - 1
+    again = trace.early_backward if later else trace.root_backward
+    kept += [numels[i] for i in again if i != last]
+    for i in held:
+        if not trace.persistent[i] and trace.forward_gathers:
+            last = i == len(numels) - 1
+            kept += [numels[i]] * max(trace.forward_gathers[i] - (trace.kept[i] or last), 0)
     return kept
+
+
+def view_saved(params: Sequence[ParamTensor], linear_views: bool = False) -> tuple[int, ...]:
+    """The parameters autograd saves as views of their gathered copy, whose memory stays
+    allocated when the coordinator releases them until their backward uses it. A release sets
+    ``param.data`` to an empty tensor (partition_parameters.py ``free_param``), which frees the
+    copy only when nothing else refers to it.
+
+    - The 3-D expert weights of transformers' experts: ``weight.transpose(-2, -1)`` into
+      ``grouped_mm``, or ``weight[expert]`` into ``F.linear`` (``integrations/moe.py`` and the
+      families' eager loop).
+    - ``linear_views`` (``memory_efficient_linear`` off, so ``F.linear`` is torch's own): every
+      linear layer's weight, saved as ``weight.t()`` by the matrix product's backward; the
+      token embedding too when the head is tied to it. With it on, DeepSpeed's
+      ``LinearFunctionForZeroStage3`` saves the parameter itself, whose copy is freed.
+    """
+    names = (".experts.gate_up_proj", ".experts.down_proj")
+    if linear_views:
+        listed = list(params)
+        tied = not any(p.name == "head.weight" for p in listed)
+        embeddings = {"pos.weight"} if tied else {"embed.weight", "pos.weight"}
+        return tuple(
+            i
+            for i, p in enumerate(listed)
+            if p.name.endswith(names)
+            or (p.name.endswith(".weight") and len(p.shape) == 2 and p.name not in embeddings)
+        )
+    if not isinstance(params, ParamList):
+        return tuple(i for i, p in enumerate(params) if p.name.endswith(names))
+    m = params.arch.modelling
+    if m is None or not m.fused_experts:
+        return ()
+    template = params.template  # each block's copies, without naming every tensor
+    out: list[int] = []
+    for k, kind in enumerate(template.kinds):
+        stride = template.block_length(kind)
+        for t, p in enumerate(template.tensors):
+            if p.name.startswith(f"blocks.{kind.start}.") and p.name.endswith(names):
+                first = template.index(t, k)
+                out += range(first, first + kind.blocks * stride, stride)
+    return tuple(sorted(out))
 
 
 def reduce_scatter_buffer(numels: Sequence[int], bucket: int, world: int) -> int:
@@ -934,17 +1169,8 @@ def stage3_plan(
     - Gradients: IPG buckets in reverse registration order (stage3.py
       __add_grad_to_ipg_bucket), padded per parameter by reduce_scatter_coalesced.
     """
-    return _stage3_plan(
-        _key(params),
-        n,
-        exact,
-        knobs.reduce_bucket_size,
-        knobs.param_persistence_threshold,
-        knobs.model_persistence_threshold,
-        knobs.max_live_parameters,
-        knobs.prefetch_bucket_size,
-        knobs.max_reuse_distance,
-    )
+    key, *trace_knobs = _trace_args(params, knobs)
+    return _stage3_plan(key, n, exact, knobs.reduce_bucket_size, *trace_knobs)
 
 
 @lru_cache(maxsize=64)
@@ -953,7 +1179,7 @@ def _stage3_plan(
     n: int,
     exact: bool,
     reduce_bucket_size: int,
-    *trace_knobs: int,
+    *trace_knobs: Any,
 ) -> Stage3Plan:
     """``stage3_plan`` once per parameter list, N and knobs (a sweep asks again per request)."""
     trace = _stage3_trace(params, *trace_knobs)
