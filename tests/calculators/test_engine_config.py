@@ -129,3 +129,11 @@ def test_batch_and_knobs_match_deepspeeds_own_config(
     assert got["stage3_prefetch_bucket_size"] == z.prefetch_bucket_size
     assert got["stage3_param_persistence_threshold"] == z.param_persistence_threshold
     assert got["overlap_comm"] == z.overlap_comm
+
+
+def test_granularity_leaves_are_said_to_be_unmodelled() -> None:
+    zero = {"stage": 3, "stage3_module_granularity_threshold": 5000}
+    d = resolve_config({"bf16": {"enabled": True}, "zero_optimization": zero}, asked())
+    assert any("stage3_module_granularity_threshold" in n for n in d.notes)
+    plain = resolve_config({"bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}, asked())
+    assert not any("granularity" in n for n in plain.notes)

@@ -721,6 +721,14 @@ class _Reader:
                     getattr(Knobs(), attr),
                     dropped.get(key, "DeepSpeed default") + " (zero/config.py)",
                 )
+        granularity = zero.get("stage3_module_granularity_threshold")
+        if isinstance(granularity, (int, float)) and granularity > 0:
+            self.notes.append(
+                "zero_optimization.stage3_module_granularity_threshold > 0 makes DeepSpeed pick "
+                "further leaf modules by their parameters per descendant "
+                "(parameter_offload.py _set_z3_leaf_modules_by_threshold): not modelled; the "
+                "stage-3 figures take only the MoE blocks leaf_module names as leaves"
+            )
 
 
 def resolve_config(config: Mapping[str, Any], req: Requested) -> Decided:
