@@ -219,14 +219,19 @@ def validate_runs(path: Path) -> list[Run]:
 
 
 def _hf_engine_config(
-    setup: TrainingSetup, stage: Stage, linear_patched: bool, compute_capability_major: int
+    setup: TrainingSetup,
+    stage: Stage,
+    linear_patched: bool,
+    compute_capability_major: int,
+    given: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``engine_config`` that ``measure.runner`` hands the calculators for one HF run.
 
     As ``RunSettings.engine_config`` builds it on a CUDA device: the loop holds its last outputs;
     torch ≥ 2.9's FSDP2 reshards the root when told to (every torch these files record); a
-    DeepSpeed run gets its own config body, and no cuBLASLt workspace once an earlier stage-3
-    engine of the process replaced ``F.linear``.
+    DeepSpeed run gets its own config body (with ``given``, the ``engine_config`` every request
+    of the file carried: ``validate_hf --engine-config``), and no cuBLASLt workspace once an
+    earlier stage-3 engine of the process replaced ``F.linear``.
     """
     config: dict[str, Any] = {
         "holds_outputs": True,  # measure's default, which validate_hf keeps
@@ -236,7 +241,9 @@ def _hf_engine_config(
         assert setup.batch is not None
         offload = {"optimizer": setup.offload.optimizer.value, "params": setup.offload.params.value}
         config.update(
-            deepspeed_config(stage, setup.precision, setup.batch.micro_batch_size, 1, offload, {})
+            deepspeed_config(
+                stage, setup.precision, setup.batch.micro_batch_size, 1, offload, given or {}
+            )
         )
         if linear_patched and stage is not Stage.PARAMETERS:
             config["cublaslt_workspace_bytes"] = 0
@@ -260,6 +267,7 @@ def hf_runs(path: Path) -> list[Run]:
     ZeroRedundancyOptimizer's and FSDP2's shard boundaries by a few tensors at most).
     """
     data = json.loads(path.read_text())
+    given = data.get("engine_config") or {}  # validate_hf --engine-config
     out = []
     patched = False  # one process per file: a stage-3 DeepSpeed engine patches F.linear
     for case in data["cases"]:
@@ -291,7 +299,7 @@ def hf_runs(path: Path) -> list[Run]:
         for run in result["runs"]:
             stage = Stage(run["stage"])
             bare, family = spec_setup(body, run["world_size"], None)
-            config = _hf_engine_config(bare, stage, patched, major)
+            config = _hf_engine_config(bare, stage, patched, major, given)
             setup, _ = spec_setup(body, run["world_size"], config)
             label = f"{case['family']} ckpt={case['checkpointing']}"
             r = _validate_run(path, f"{data['world']} | {label}", run, setup, family)
@@ -300,7 +308,11 @@ def hf_runs(path: Path) -> list[Run]:
             out.append(
                 Run(r.source, r.label, f"{engine} {version}", shown, r.stage, r.dp, r.errors)
             )
-            patched = patched or (engine == "deepspeed" and stage is Stage.PARAMETERS)
+            patched = patched or (
+                engine == "deepspeed"
+                and stage is Stage.PARAMETERS
+                and given.get("zero_optimization", {}).get("memory_efficient_linear", True)
+            )
     return out
 
 

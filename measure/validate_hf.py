@@ -55,6 +55,7 @@ def _body(
         "warmup_steps": a.warmup_steps,
         "steps": a.steps,
         "allow_slow_cpu": True,
+        **({"engine_config": a.engine_config} if a.engine_config else {}),
     }
 
 
@@ -176,7 +177,9 @@ def _stem(a: argparse.Namespace, label: str) -> str:
 def _write(a: argparse.Namespace, label: str, results: list[dict[str, Any]]) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    body = {"world": label, "size": a.size, "cases": results}
+    body: dict[str, Any] = {"world": label, "size": a.size, "cases": results}
+    if a.engine_config:
+        body["engine_config"] = a.engine_config
     (out / f"{_stem(a, label)}.json").write_text(json.dumps(body, indent=1))
 
 
@@ -246,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--checkpointing", default="none,full")
     ap.add_argument("--stages", default="0,1,2,3", help="comma-separated ZeRO stages")
+    ap.add_argument(
+        "--engine-config",
+        type=json.loads,
+        default=None,
+        help="JSON object every run's request carries as engine_config (DeepSpeed knobs)",
+    )
     ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--micro-batch-size", type=int, default=2)
