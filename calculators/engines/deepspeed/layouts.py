@@ -831,9 +831,9 @@ class Stage3:
         self.n_persistent, self.n_kept = sum(trace.persistent), sum(trace.kept)
         leaves = knobs.leaves if exact else frozenset()
         held = view_saved(facts.params, not knobs.memory_efficient_linear) if exact else ()
-        self.leaf_notes: list[str] = []
+        self.coordinator_notes: list[str] = []
         if leaves:
-            self.leaf_notes.append(
+            self.coordinator_notes.append(
                 f"stage 3: the MoE blocks of {len(leaves)} layers are ZeRO-3 leaf modules "
                 "(zero_optimization.leaf_module; DeepSpeed's default classes include Mixtral's "
                 "and Qwen-MoE's): each is fetched and released whole, and its parameters' "
@@ -845,7 +845,7 @@ class Stage3:
                 if not knobs.memory_efficient_linear
                 else "expert weights"
             )
-            self.leaf_notes.append(
+            self.coordinator_notes.append(
                 f"stage 3: {what} released after forward stay allocated until their backward "
                 "(autograd saved views of the gathered copies); they count as gathered at the "
                 "end of forward"
@@ -916,7 +916,8 @@ class Stage3:
         ]
         if not self.exact:
             notes.append("approximate: no architecture, Ψ taken as one tensor kept gathered")
-        notes += self.leaf_notes
+        if gathers:  # one rank gathers nothing
+            notes += self.coordinator_notes
         moments = self.forward(gathers)
         # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds
         # a padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor
