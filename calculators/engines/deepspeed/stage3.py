@@ -532,12 +532,12 @@ def _stage3_trace(
         none = (0,) * len(persistent)
         return Stage3Trace(flags, flags, 0, 0, none, none, 0, 0)
     if isinstance(params, ParamList):
-        forward, backward, head = _trace_by_template(params, numel, persistent, by_size, leaves)
+        forward, backward, outside = _trace_by_template(params, numel, persistent, by_size, leaves)
     else:
-        forward, backward, head = _trace_by_names(params, numel, persistent, leaves)
+        forward, backward, outside = _trace_by_names(params, numel, persistent, leaves)
     items = forward + backward
     n_forward = sum(_span(s)[0] for s in forward)
-    early_end = n_forward + head
+    early_end = n_forward + outside  # the backward steps before the first block's
     early: list[tuple[bool, int]] = []  # (after the root's step, parameter)
     n_steps = n_forward + sum(_span(s)[0] for s in backward)
     # Where each item starts (step, queue entry, elements traversed before it); the queue
