@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calculators.architecture import Architecture, count_params, dense_layers
-from calculators.batch import Batch
+from calculators.batch import Batch, Checkpointing
 from calculators.conventions import Engine, Precision, Stage
 from calculators.engines.deepspeed import MODEL
 from calculators.engines.deepspeed.config import DEFAULT_LEAF_CLASSES, Knobs, parse_config
@@ -168,7 +168,7 @@ def test_released_expert_copies_count_until_backward() -> None:
     assert kept.gathered_bytes < 2 * elements + 512 * len(numels)  # allocator rounding only
 
 
-def _notes(family: str, zero: dict[str, Any]) -> list[str]:
+def _notes(family: str, zero: dict[str, Any], batch: Batch | None = None) -> list[str]:
     arch = _arch(family, 16, "medium")
     setup = TrainingSetup(
         params=count_params(arch),
@@ -176,7 +176,7 @@ def _notes(family: str, zero: dict[str, Any]) -> list[str]:
         precision=Precision.MIXED_BF16,
         engine=Engine.DEEPSPEED,
         architecture=arch,
-        batch=Batch(2, 1024),
+        batch=batch or Batch(2, 1024),
         engine_config={"zero_optimization": {"stage": 3, **zero}},
     )
     return [n for n in MODEL.estimate(setup, Stage.PARAMETERS).notes if "stage 3: " in n]
@@ -203,3 +203,12 @@ def test_torch_linear_saves_every_linear_weight(tied: bool) -> None:
     embeddings = {"pos.weight"} if tied else {"pos.weight", "embed.weight"}
     assert held == linear - embeddings
     assert view_saved(params) == ()  # DeepSpeed's own linear function saves the parameter
+
+
+def test_checkpointed_blocks_save_no_views() -> None:
+    # every decoder layer checkpointed: forward saves nothing inside it, so a released expert
+    # weight's copy is freed (measured: mixtral 2.5B held 2.48 GB after forward with
+    # checkpointing, 10.64 GB without)
+    full = Batch(2, 1024, Checkpointing.FULL)
+    assert not any("stay allocated" in n for n in _notes("mixtral", {}, full))
+    assert any("stay allocated" in n for n in _notes("mixtral", {}))

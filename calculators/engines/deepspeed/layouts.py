@@ -66,7 +66,7 @@ class ParamFacts:
         self._ranges: dict[tuple[int, bool], list[tuple[int, int]]] = {}
         self._extents: dict[tuple[int, bool], list[tuple[int, int, int, int]]] = {}
         self._buckets: dict[int, list[tuple[int | None, list[tuple[int, int]]]]] = {}
-        self._kept: tuple[Knobs, bool, Stage3Kept] | None = None
+        self._kept: tuple[Knobs, bool, bool, Stage3Kept] | None = None
         self._chunk_largest: list[int] | None = None
 
     @cached_property
@@ -129,16 +129,19 @@ class ParamFacts:
             self._buckets[bucket] = out
         return self._buckets[bucket]
 
-    def stage3_kept(self, knobs: Knobs, exact: bool) -> Stage3Kept:
+    def stage3_kept(self, knobs: Knobs, exact: bool, views: bool = True) -> Stage3Kept:
         """What stage 3's parameter coordinator keeps gathered (``stage3_trace``), as sizes
-        and 16-bit bytes; the last config asked is remembered (one per request)."""
-        if self._kept is not None and self._kept[0] is knobs and self._kept[1] == exact:
-            return self._kept[2]
+        and 16-bit bytes; the last config asked is remembered (one per request). ``views``:
+        forward saves views of gathered weights (``view_saved``; not where every block is
+        checkpointed, whose forward saves none)."""
+        if self._kept is not None and self._kept[0] is knobs and self._kept[1:3] == (exact, views):
+            return self._kept[3]
         numels = self.numels
         trace = stage3_trace(self.params, knobs) if exact else Stage3Trace((False,), (True,))
         persistent = list(compress(numels, trace.persistent))
         # gathered at the end of forward: what the coordinator keeps, plus the head
-        held = view_saved(self.params, not knobs.memory_efficient_linear) if exact else ()
+        linear = not knobs.memory_efficient_linear
+        held = view_saved(self.params, linear) if exact and views else ()
         gathered = gathered_numels(numels, trace, held)
         later = gathered_numels(numels, trace, held, later=True)
         counts = tally(persistent)
@@ -150,7 +153,7 @@ class ParamFacts:
             blocks(HALF_BYTES, gathered),
             blocks(HALF_BYTES, later),
         )
-        self._kept = (knobs, exact, kept)
+        self._kept = (knobs, exact, views, kept)
         return kept
 
     def bucket_extents(self, bucket: int, backward: bool) -> list[tuple[int, int, int, int]]:
@@ -826,11 +829,14 @@ class Stage3:
     ) -> None:
         self.facts, self.knobs, self.shape = facts, knobs, shape
         self.n_states, self.adam, self.exact = n_states, adam, exact
-        self.kept = facts.stage3_kept(knobs, exact)
+        # full checkpointing: no block's forward saves anything, views of weights neither
+        views = not (shape.acts is not None and shape.acts.recompute > 0)
+        self.kept = facts.stage3_kept(knobs, exact, views)
         trace = self.kept.trace
         self.n_persistent, self.n_kept = sum(trace.persistent), sum(trace.kept)
         leaves = knobs.leaves if exact else frozenset()
-        held = view_saved(facts.params, not knobs.memory_efficient_linear) if exact else ()
+        linear = not knobs.memory_efficient_linear
+        held = view_saved(facts.params, linear) if exact and views else ()
         self.coordinator_notes: list[str] = []
         if leaves:
             self.coordinator_notes.append(
