@@ -46,7 +46,7 @@ _GROUPED = r"[0-9]{1,3}(?:,[0-9]{3})+"
 _READ = re.compile(rf"\s*({_NUMBER})\s*([A-Za-z]*)\s*")
 # The same shapes for OpenAPI (ECMA regex, no inline flags): what a string field accepts.
 COUNT_PATTERN = rf"^\s*(?:{_GROUPED}|{_NUMBER}\s*[kKmMbBgGtT]?)\s*$"
-SIZE_PATTERN = rf"^\s*(?:{_GROUPED}|{_NUMBER}\s*(?:[kKmMgGtT][iI]?)?[bB]?)\s*$"
+SIZE_PATTERN = rf"^\s*(?:{_GROUPED}|{_NUMBER}\s*(?:(?:[kKmMgGtT][iI]?)?[bB])?)\s*$"
 
 
 class TooLarge(ValueError):

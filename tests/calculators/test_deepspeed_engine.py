@@ -39,17 +39,29 @@ def test_registered() -> None:
 
 def test_every_committed_run_is_predicted() -> None:
     # bench/results/deepspeed_*.json: 41 runs on 1 and 2 x H200, 36 through the shipped
-    # measure path (deepspeed_measure_*.json) and 18 of the tied-head GPT-2 on 1 and 2 x H100
-    # (deepspeed_measure_tied*.json), predicted again by bench.accuracy; tests/test_accuracy.py
-    # holds each to the README's stated error
+    # measure path (deepspeed_measure_*.json), 18 of the tied-head GPT-2 on 1 and 2 x H100
+    # (deepspeed_measure_tied*.json) and 3 with torch's F.linear (deepspeed_linear.json),
+    # predicted again by bench.accuracy; tests/test_accuracy.py holds each to the README's
+    # stated error
     runs = [
         run for path in sorted(RESULTS.glob("deepspeed_*.json")) for run in deepspeed_runs(path)
     ]
-    assert len(runs) == 41 + 36 + 18
+    assert len(runs) == 41 + 36 + 18 + 3
     assert all({PEAK, RESIDENT} <= set(run.errors) for run in runs)
     assert all((SENT in run.errors) == (run.dp > 1) for run in runs)
-    # bytes sent per rank within 9 bytes of what the counted collectives moved
-    assert all(abs(run.errors[SENT]) < 1e-6 for run in runs if SENT in run.errors)
+    # bytes sent per rank within 9 bytes of what the counted collectives moved, but for the
+    # tied head with every parameter released, which errs high (docs/VALIDATION.md)
+    released_tied = [
+        run
+        for run in runs
+        if run.family == "GPT-2 (tied head)" and "stage3_max_reuse_distance=0" in run.label
+    ]
+    assert len(released_tied) == 1 and released_tied[0].errors[SENT] > 0
+    assert all(
+        abs(run.errors[SENT]) < 1e-6
+        for run in runs
+        if SENT in run.errors and run not in released_tied
+    )
 
 
 def test_stage12_layout() -> None:
