@@ -393,8 +393,9 @@ SOURCES = (
     Source(
         "hf_nccl_*.json",
         hf_runs,
-        "transformers 5.17, small configs unless the family names a size, mixed bf16, "
-        "± full checkpointing, H100/H200 (NCCL)",
+        "transformers 5.17, small configs unless the family names a size, micro-batch "
+        "2 × 1,024 tokens (some also 1 × 2,048), mixed bf16, ± full checkpointing, "
+        "H100/H200 (NCCL)",
         "bash bench/gpu/hf_round.sh",
     ),
     Source(

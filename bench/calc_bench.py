@@ -4,7 +4,8 @@
 Each case runs in a fresh Python process (cold: no tensor list, coordinator trace or allocator
 replay cached), answered the way the route answers it; ``time.process_time`` around the call
 (CPU of that process only, so other load on the machine barely moves it). ``cold`` is the first
-answer, ``warm`` the median of the next ``--repeat`` (what a sweep or a repeated question pays).
+answer, ``warm`` the median of the next ``--repeat`` (what a sweep or a repeated question
+pays); with ``--processes N``, cold is the median of N fresh processes.
 With ``--before REF`` the same cases also run on the calculators of a git commit, extracted with
 ``git archive`` into a temporary folder (no checkout is touched)::
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,6 +76,31 @@ def _cases() -> dict[str, tuple[str, dict[str, Any]]]:
             {**wide, "batch": {"micro_batch_size": 1, "seq_len": 128}},
         )
         out[f"moe-16x4096-h{hidden} deepspeed communication"] = ("communication", wide)
+    # many blocks of few experts, every tensor released (stage3_param_persistence_threshold 0):
+    # the stage-3 coordinator walks blocks that each hold a run of experts
+    for layers, experts, hidden, ffn, stages in (
+        (4096, 16, 256, 256, [3]),
+        (1000, 64, 128, 96, [1, 2, 3]),
+    ):
+        blocks = {
+            **MANY_EXPERTS,
+            "layers": layers,
+            "num_experts": experts,
+            "hidden": hidden,
+            "ffn_hidden": ffn,
+            "bias": True,
+        }
+        out[f"blocks-{layers}x{experts}-h{hidden} deepspeed memory"] = (
+            "memory",
+            {
+                "model": {"architecture": blocks},
+                "dp": 8,
+                "stages": stages,
+                "engine": "deepspeed",
+                "precision": "mixed_bf16",
+                "engine_config": {"zero_optimization": {"stage3_param_persistence_threshold": 0}},
+            },
+        )
     llama = {
         "model": {"preset": "llama3-8b"},
         "dp": 8,
@@ -137,6 +164,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", help="a git commit to compare with (e.g. 88a9cc1)")
     parser.add_argument("--repeat", type=int, default=5, help="warm answers after the cold one")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="fresh processes per case: cold is their median"
+    )
     parser.add_argument("--only", default="", help="run the cases whose name contains this")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -152,7 +182,12 @@ def main() -> None:
         for name, (endpoint, body) in cases.items():
             row = results.setdefault(name, {})
             for tree_name, tree in trees.items():
-                row[tree_name] = measure(tree, endpoint, body, args.repeat)
+                runs = [measure(tree, endpoint, body, args.repeat) for _ in range(args.processes)]
+                row[tree_name] = {
+                    "cold": statistics.median(r["cold"] for r in runs),
+                    "warm": runs[0]["warm"],
+                    "cold_runs": [r["cold"] for r in runs],
+                }
             cells = "".join(
                 f"{row[t]['cold']:>14.4f}"
                 + (f"{row[t]['warm']:>14.4f}" if row[t]["warm"] is not None else f"{'-':>14}")

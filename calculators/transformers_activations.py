@@ -62,7 +62,6 @@ BOOL_BYTES = 1
 INT32_BYTES = 4
 EFFICIENT_LSE_ROWS = 32  # mem-efficient attention pads logsumexp rows to a multiple of 32
 MASK_ALIGNMENT = 16  # mem-efficient attention pads the bias's last dim (attention.cu pad_bias)
-FLASH_MAX_HEAD_DIM = 256  # sdp_utils.cpp check_head_dim_size_flash
 
 
 def _m(arch: Architecture) -> TransformersModelling:
@@ -213,10 +212,15 @@ def _logsumexp(arch: Architecture, batch: Batch, efficient: bool) -> int:
     return FP32_BYTES * batch.micro_batch_size * arch.heads * rows
 
 
-def _latent_flash(mla: LatentAttention, d: Dtypes) -> bool:
-    """Flash attention takes 16-bit q, k and v of one width (at most 256): DeepSeek's 192-wide
-    q/k and 128-wide v go to the memory-efficient kernel (``sdp_utils.cpp``)."""
-    return d.lin == HALF_BYTES and mla.qk_head_dim == mla.v_head_dim <= FLASH_MAX_HEAD_DIM
+def _latent_follows_q(d: Dtypes) -> bool:
+    """Whether SDPA writes its output in q's layout. With 16-bit q, k and v and no mask, CUDA
+    runs flash attention (q, k and v of one width, at most 256) or cuDNN attention, which it
+    picks on Hopper with torch 2.11 for DeepSeek's 192-wide q/k and 128-wide v
+    (``torch._fused_sdp_choice``: cuDNN on an H100 for 96/64 and 192/128): both write the
+    output like q. fp32 goes to the memory-efficient kernel, which writes (b, s, heads, d).
+    On a GPU that runs the memory-efficient kernel in 16-bit too, the copy counted below is
+    not made: the figure then errs high by one (tokens × heads × v) tensor per layer."""
+    return d.lin == HALF_BYTES
 
 
 def _latent_attention_terms(
@@ -254,12 +258,12 @@ def _latent_attention_terms(
     attention += d.lin * t * heads * qk  # k: expand_kv's new tensor
     attention += d.lin * t * heads * (mla.qk_nope_head_dim + v)  # kv_b output, v a view of it
     attention += sdpa * t * heads * v  # output (o_proj's input)
-    flash = _latent_flash(mla, d)
-    if flash:
-        # q from torch.cat is laid out (b, heads, s, d): flash's output follows it, and
-        # transpose(1, 2).contiguous() copies it for o_proj
+    follows_q = _latent_follows_q(d)
+    if follows_q:
+        # q from torch.cat is laid out (b, heads, s, d): flash's or cuDNN's output follows it,
+        # and transpose(1, 2).contiguous() copies it for o_proj
         attention += sdpa * t * heads * v
-    attention += _logsumexp(arch, batch, efficient=not flash)
+    attention += _logsumexp(arch, batch, efficient=not follows_q)
     return norms, inputs, attention
 
 

@@ -14,9 +14,12 @@ What the trace substitutes for the GPU, and why:
 
 - Attention: ``scaled_dot_product_attention`` has no flash kernel on CPU, so the trace calls the
   op the CUDA dispatcher picks on an H100/H200 (``sdp_utils.cpp``): with 16-bit q/k/v and no
-  mask, ``aten::_scaled_dot_product_flash_attention`` (grouped-query heads natively); in fp32,
-  with a mask, or with heads of different widths (flash wants q, k and v equally wide:
-  DeepSeek's 192-wide q/k and 128-wide v), ``aten::_scaled_dot_product_efficient_attention``.
+  mask, ``aten::_scaled_dot_product_flash_attention`` (grouped-query heads natively; where
+  torch 2.11 picks cuDNN attention instead, it saves the same bytes); with heads of different
+  widths (flash wants q, k and v equally wide: DeepSeek's 192-wide q/k and 128-wide v),
+  ``aten::_scaled_dot_product_cudnn_attention``, which ``torch._fused_sdp_choice`` picks there
+  on an H100 and whose output follows q's layout; in fp32 or with a mask,
+  ``aten::_scaled_dot_product_efficient_attention``.
   Their autograd formulas (``derivatives.yaml``) decide what is saved, exactly as on the GPU.
   Under autocast the q/k/v are cast to bf16 first (SDPA is on CUDA autocast's lower-precision
   list).
@@ -144,12 +147,20 @@ def _gpu_sdpa(
         query, key, value = query.to(dt), key.to(dt), value.to(dt)
     with torch.autocast("cpu", enabled=False):
         same_dims = query.shape[-1] == key.shape[-1] == value.shape[-1] <= FLASH_MAX_HEAD_DIM
-        if attn_mask is None and query.dtype in (torch.bfloat16, torch.float16) and same_dims:
+        half = query.dtype in (torch.bfloat16, torch.float16)
+        if attn_mask is None and half and same_dims:
             # flash attention: grouped-query heads without expanding k/v
             flash: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale
             )[0]
             return flash
+        if attn_mask is None and half and key.shape[1] == query.shape[1]:
+            # heads of different widths (DeepSeek's latent attention): cuDNN attention, whose
+            # output follows q's layout
+            cudnn: torch.Tensor = torch.ops.aten._scaled_dot_product_cudnn_attention(
+                query, key, value, None, True, dropout_p, is_causal, False, scale=scale
+            )[0]
+            return cudnn
         if enable_gqa and key.shape[1] != query.shape[1]:
             # the memory-efficient kernel has no GQA: torch expands k/v (math fallback's
             # repeat_interleave) before it

@@ -7,8 +7,9 @@
 #   bash bench/gpu/families_round.sh            # the default job list below
 #   JOBS="torch 2 0,1 llama,gemma;deepspeed 1 2 phi3" bash bench/gpu/families_round.sh
 #
-# A job is "ENGINE ND GPUS FAMILIES" (ND 8s/64s: a simulated world of 8/64 on the first GPU
-# listed). SIZE picks the configs (measure.hf_families.SIZES, default small). Each job starts no new case after BUDGET_S seconds; results land in
+# A job is "ENGINE ND GPUS FAMILIES [ARGS...]" (ND 8s/64s: a simulated world of 8/64 on the
+# first GPU listed; ARGS go to measure.validate_hf as they are, e.g. "--micro-batch-size 1
+# --seq-len 2048", and name the job's folder too). SIZE picks the configs (measure.hf_families.SIZES, default small). Each job starts no new case after BUDGET_S seconds; results land in
 # $OUT/families/<job>/hf_*.{json,md} with a log, packed into $OUT/families.tar.gz.
 set -u
 budget=${BUDGET_S:-280}
@@ -27,9 +28,10 @@ default_jobs+=";torch 64s 2 llama,gemma2,mixtral,phi3,qwen2"
 default_jobs+=";torch 8s 3 gemma,gemma3_text,phi3,mixtral,qwen2_moe"
 port=29600
 IFS=';' read -ra jobs <<<"${JOBS:-$default_jobs}"
-for job in "${jobs[@]}"; do
-    read -r engine nd gpus families <<<"$job"
-    name="${engine}_nd${nd}_gpu${gpus//,/}"
+for k in "${!jobs[@]}"; do
+    read -r engine nd gpus families extra <<<"${jobs[$k]}"
+    name="job${k}_${engine}_nd${nd}_gpu${gpus//,/}"  # two jobs never share a folder
+    [[ -n ${extra:-} ]] && name+="_$(tr -cd 'a-z0-9' <<<"$extra")"
     dir="$out/$name"
     mkdir -p "$dir"
     port=$((port + 1))
@@ -42,7 +44,8 @@ for job in "${jobs[@]}"; do
     fi
     (
         CUDA_VISIBLE_DEVICES=$gpus timeout $((budget + 200)) "${cmd[@]}" --engines "$engine" \
-            --families "$families" --budget-s "$budget" --size "${SIZE:-small}" --out "$dir" >"$dir/run.log" 2>&1
+            --families "$families" --budget-s "$budget" --size "${SIZE:-small}" --out "$dir" \
+            ${extra:-} >"$dir/run.log" 2>&1
         echo "$name: exit $?" >>"$out/status.txt"
     ) &
 done

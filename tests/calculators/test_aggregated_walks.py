@@ -472,6 +472,64 @@ def test_a_wide_moe_plays_its_released_experts_at_once(
     assert (sum(played) >= 2 * arch.layers * arch.num_experts * 0.8) is at_once
 
 
+@st.composite
+def blocks_of_few_experts(draw: st.DrawFn) -> Architecture:
+    """Many blocks, each a few experts: a block's experts are written out step by step, so
+    the blocks make one run of copies each way."""
+    experts = draw(st.integers(2, 6))
+    return Architecture(
+        layers=draw(st.integers(2, 24)),
+        hidden=draw(st.sampled_from([4, 8])),
+        heads=2,
+        vocab_size=draw(st.sampled_from([7, 300])),
+        ffn_hidden=draw(st.sampled_from([None, 6])),
+        num_experts=experts,
+        experts_per_token=2,
+        gated_mlp=draw(st.booleans()),
+        bias=draw(st.booleans()),
+        tied_embeddings=draw(st.booleans()),
+        position_embedding=PositionEmbedding.ROPE,
+    )
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(arch=blocks_of_few_experts(), knobs=trace_knobs_drawn)
+def test_blocks_of_few_experts_walk_as_the_tensors_do(
+    arch: Architecture, knobs: tuple[int, int, int, int, int]
+) -> None:
+    runs = architecture_params(arch)
+    assert _stage3_trace(runs, *knobs) == reference_trace(tuple(runs.tensors), *knobs)
+
+
+def test_many_blocks_of_few_experts_are_one_run_played_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 120 blocks of 4 experts, every tensor released: the blocks are one run each way (their
+    # experts written out in the run's body), and hundreds of blocks are played at once
+    arch = Architecture(
+        layers=120,
+        hidden=16,
+        heads=2,
+        vocab_size=300,
+        ffn_hidden=12,
+        num_experts=4,
+        experts_per_token=2,
+        bias=True,
+        position_embedding=PositionEmbedding.ROPE,
+    )
+    runs = architecture_params(arch)
+    numel = param_numels(runs)
+    flags, _ = persistent_flags(numel, 0, 2**63 - 1)
+    forward, backward, _ = _trace_by_template(runs, numel, flags, True, frozenset())
+    blocks = [s for s in forward + backward if isinstance(s, _Run)]
+    assert [s.copies for s in blocks] == [arch.layers] * 2
+    knobs = (0, 2**63 - 1, 300_000, 10_000, 500_000)
+    played = _played_at_once(monkeypatch)
+    _stage3_trace.cache_clear()
+    assert _stage3_trace(runs, *knobs) == reference_trace(tuple(runs.tensors), *knobs)
+    assert max(played) >= arch.layers // 2
+
+
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
 @given(arch=architectures())
 def test_torch_reads_of_a_param_list_are_the_named_tensors(arch: Architecture) -> None:

@@ -56,7 +56,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
     "qwen2_moe": {"model_type": "qwen2_moe", **_MOE, "shared_expert_intermediate_size": 48},
     "qwen3_moe": {"model_type": "qwen3_moe", "head_dim": 16, "norm_topk_prob": True, **_MOE},
-    # latent attention with q/k heads wider than v (the memory-efficient kernel), a dense
+    # latent attention with q/k heads wider than v (cuDNN attention in 16-bit, the
+    # memory-efficient kernel in fp32), a dense
     # layer then an MoE layer, eight experts in four groups, a shared expert
     "deepseek_v3": {
         "model_type": "deepseek_v3",
@@ -155,7 +156,8 @@ def test_deepseek_variants_equal_the_trace(variant: int, regime: Regime) -> None
     cfg = {**_config("deepseek_v3"), **DEEPSEEK_VARIANTS[variant]}
     assert count_params(architecture_from_hf_config(cfg)) == trace_module.count_parameters(cfg)
     _check(cfg, Batch(2, 24), regime)
-    _check(cfg, Batch(1, 40, Checkpointing.FULL), regime)  # 40: logsumexp rows padded to 64
+    # 40: the memory-efficient kernel (fp32) pads logsumexp rows to 64
+    _check(cfg, Batch(1, 40, Checkpointing.FULL), regime)
 
 
 # sliding-window layers whose window the sequence reaches: masked SDPA (memory-efficient kernel)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from itertools import groupby
 
+from calculators.collector import collector_paused
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.parameters import Numels, tally
 
@@ -367,6 +368,7 @@ class _SizePool:
 
 
 @lru_cache(maxsize=32)
+@collector_paused
 def _replay(large: tuple[int, ...], n_states: int, adam: bool) -> tuple[int, int]:
     """``replay_mallocs`` over runs of identical tensors, phase by phase as there: each run
     costs about as much as its first few tensors."""

@@ -16,6 +16,7 @@ from operator import add, ge, gt, sub
 from typing import Any
 
 from calculators.architecture import Architecture, dense_layers
+from calculators.collector import collector_paused
 from calculators.conventions import HALF_BYTES
 from calculators.engines.deepspeed.allocator import block
 from calculators.engines.deepspeed.buckets import ipg_buckets, ipg_ranges
@@ -304,6 +305,14 @@ def _repeated(copy: list[_Item], copies: int, stride: int, reverse: bool) -> lis
             )
         ]
     flat = [s for s in copy if isinstance(s, _Steps)]
+    if copies > 1 and len(flat) < len(copy):
+        # a copy that holds runs (a block's experts): written out step by step when that is no
+        # longer than the copies are many, so the copies make one run (the walk then plays most
+        # copies at once instead of walking each copy's own runs)
+        size = sum(s.copies * len(s.body) if isinstance(s, _Run) else 1 for s in copy)
+        if size <= max(_UNROLL, copies):
+            flat = _unrolled(copy)
+            copy = list(flat)
     if copies > 1 and len(flat) == len(copy):
         first = stride * (copies - 1) if reverse else 0
         return [
@@ -321,6 +330,22 @@ def _repeated(copy: list[_Item], copies: int, stride: int, reverse: bool) -> lis
     for c in range(copies - 1, -1, -1) if reverse else range(copies):
         out += [_moved(s, stride * c) for s in copy]
     return _joined(out)
+
+
+# a copy's runs are written out when the result has at most this many steps, or as many as there
+# are copies (``_repeated``)
+_UNROLL = 64
+
+
+def _unrolled(copy: list[_Item]) -> list[_Steps]:
+    """``copy``'s fetches with each run written out copy by copy."""
+    out: list[_Item] = []
+    for s in copy:
+        if isinstance(s, _Run):
+            out += [_shifted(b, c * s.shift) for c in range(s.copies) for b in s.body]
+        else:
+            out.append(s)
+    return [s for s in _joined(out) if isinstance(s, _Steps)]
 
 
 def _trace_by_names(
@@ -488,6 +513,7 @@ def persistent_flags(
 
 
 @lru_cache(maxsize=64)
+@collector_paused
 def _stage3_trace(
     params: Sequence[ParamTensor],
     persistence: int,
@@ -659,7 +685,7 @@ def _stage3_trace(
         """Pop until ``min(max_live - available, prefetch_bucket_size)`` elements not yet
         gathered are requested: persistent entries are popped without effect, so only the
         others are visited; the prefetched set is one __all_gather_params call (:484)."""
-        nonlocal head
+        nonlocal head, n_available
         budget = room()
         if head >= n_queue or budget <= 0:
             return
@@ -668,21 +694,29 @@ def _stage3_trace(
         batch = 0
         # what the backward steps before the first block's gather (Stage3Trace.early_backward)
         early_step = (step > n_forward) if n_forward <= step < early_end else None
-        k = bisect_left(movable, head)
+        first = bisect_left(movable, head)
         head = n_queue  # unless the budget is reached first
-        while k < len(movable):
-            at = movable[k]
+        # ``note`` and ``gather`` written out: a prefetch may pop most of the queue
+        changed, counts = journal, gathers[phase]
+        for k in range(first, len(movable)):
             i = movable_param[k]
-            note(i)
-            recent[i] = max(recent[i], movable_step[k])
-            k += 1
+            if changed is not None and i not in changed:
+                changed[i] = (available[i], recent[i], gathers[0][i], gathers[1][i])
+            use = movable_step[k]
+            if use > recent[i]:
+                recent[i] = use
             if not available[i]:
-                batch += gather(i, phase)
+                available[i] = True
+                size = numel[i]
+                n_available += size
+                gathered[phase] += size
+                counts[i] += 1
+                batch = 1
                 if early_step is not None:
                     early.append((early_step, i))
-                requested += numel[i]
+                requested += size
                 if requested >= budget:
-                    head = at + 1
+                    head = movable[k] + 1
                     break
         if batch:
             calls[phase] += 1
@@ -807,6 +841,22 @@ def _stage3_trace(
         lanes = [(x, shift) for x in window] + [(x, d) for x in own]
         # how many copies keep the same decision (forward: the reuse distance to backward)
         decide = [(x, gap[x] >= reuse) for x in own] if first0 < n_forward else []
+        # the parameters the pattern copy changed, on each lane: (copy, gathered, use class)
+        # before it ran, found through their remainder modulo the lane's shift
+        residues: dict[int, dict[int, list[int]]] = {}
+        for dx in {dx for _, dx in lanes}:
+            groups: dict[int, list[int]] = residues.setdefault(dx, {})
+            for y in reference:
+                groups.setdefault(y % dx, []).append(y)
+        marks: list[list[tuple[int, bool, int]]] = []
+        for x, dx in lanes:
+            marks.append(
+                [
+                    (q, reference[y][0], use_class(y, reference[y][1]))
+                    for y in residues[dx].get(x % dx, ())
+                    if (q := (y - x) // dx) >= 0
+                ]
+            )
         k, size = 0, 1
         while k < limit:
             hi = min(limit, k + size)
@@ -816,17 +866,16 @@ def _stage3_trace(
                 if (min(gaps) >= reuse) if keep else (max(gaps) < reuse):
                     continue
                 bad = min(bad, next(q for q, g in enumerate(gaps) if (g >= reuse) != keep))
-            for x, dx in lanes:
+            for (x, dx), changed in zip(lanes, marks, strict=True):
                 # copies k+1..hi now against copies k..hi-1 before the pattern copy ran (the
                 # same but for the tensors it changed)
                 gathered_now, classes = states(x, dx, k, hi + 1)
                 now = gathered_now[1:], classes[1:]
                 was = gathered_now[:-1], classes[:-1]
-                for y, (av, last, _, _) in reference.items():
-                    q, rest = divmod(y - x, dx)
-                    if not rest and k <= q < hi:
+                for q, av, cls in changed:
+                    if k <= q < hi:
                         was[0][q - k] = av
-                        was[1][q - k] = use_class(y, last)
+                        was[1][q - k] = cls
                 if now == was:
                     continue
                 bad = min(
@@ -1174,6 +1223,7 @@ def stage3_plan(
 
 
 @lru_cache(maxsize=64)
+@collector_paused
 def _stage3_plan(
     params: Sequence[ParamTensor],
     n: int,
