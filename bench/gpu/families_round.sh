@@ -9,8 +9,10 @@
 #
 # A job is "ENGINE ND GPUS FAMILIES [ARGS...]" (ND 8s/64s: a simulated world of 8/64 on the
 # first GPU listed; ARGS go to measure.validate_hf as they are, e.g. "--micro-batch-size 1
-# --seq-len 2048", and name the job's folder too). SIZE picks the configs (measure.hf_families.SIZES, default small). Each job starts no new case after BUDGET_S seconds; results land in
-# $OUT/families/<job>/hf_*.{json,md} with a log, packed into $OUT/families.tar.gz.
+# --seq-len 2048", and name the job's folder too). SIZE picks the configs
+# (measure.hf_families.SIZES, default small). Each job starts no new case after BUDGET_S
+# seconds; results land in $OUT/families/job<N>_<job>/hf_*.{json,md} with a log, packed into
+# $OUT/families.tar.gz (keep the archive: a remote runner may bring back only a few files).
 set -u
 budget=${BUDGET_S:-280}
 out=${OUT:-$PWD/families-results}/families

@@ -505,7 +505,7 @@ def test_many_blocks_of_few_experts_are_one_run_played_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # 120 blocks of 4 experts, every tensor released: the blocks are one run each way (their
-    # experts written out in the run's body), and hundreds of blocks are played at once
+    # experts written out in the run's body), and over half of them are played at once
     arch = Architecture(
         layers=120,
         hidden=16,

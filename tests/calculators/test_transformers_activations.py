@@ -57,8 +57,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "qwen2_moe": {"model_type": "qwen2_moe", **_MOE, "shared_expert_intermediate_size": 48},
     "qwen3_moe": {"model_type": "qwen3_moe", "head_dim": 16, "norm_topk_prob": True, **_MOE},
     # latent attention with q/k heads wider than v (cuDNN attention in 16-bit, the
-    # memory-efficient kernel in fp32), a dense
-    # layer then an MoE layer, eight experts in four groups, a shared expert
+    # memory-efficient kernel in fp32), a dense layer then an MoE layer, eight experts in four
+    # groups, a shared expert
     "deepseek_v3": {
         "model_type": "deepseek_v3",
         "num_key_value_heads": 4,
