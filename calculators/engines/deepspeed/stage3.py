@@ -653,6 +653,11 @@ def _stage3_trace(
     # While a run's copy is walked as the pattern of the copies after it: each parameter's
     # state before the copy first changed it (gathered, last recorded use, gathers per phase).
     journal: dict[int, tuple[bool, int, int, int]] | None = None
+    # A copy whose prefetches popped more parameters than any run's copy has entries moved the
+    # head by more than a copy of the run it lies in, so nothing repeats it (``repeats``): its
+    # journal stops there. ``journal_room``: entries it may still take.
+    widest = max((s.entries for s in items if isinstance(s, _Run)), default=0)
+    journal_room = 0
     # Since the copy began: whether a prefetch found room, and the fewest live elements a
     # prefetch found no room at.
     prefetched, crowded = [False], [_NEVER]
@@ -667,8 +672,12 @@ def _stage3_trace(
         return budget
 
     def note(i: int) -> None:
+        nonlocal journal, journal_room
         if journal is not None and i not in journal:
             journal[i] = (available[i], recent[i], gathers[0][i], gathers[1][i])
+            journal_room -= 1
+            if journal_room < 0:
+                journal = None
 
     def gather(i: int, phase: int) -> int:
         nonlocal n_available
@@ -685,7 +694,7 @@ def _stage3_trace(
         """Pop until ``min(max_live - available, prefetch_bucket_size)`` elements not yet
         gathered are requested: persistent entries are popped without effect, so only the
         others are visited; the prefetched set is one __all_gather_params call (:484)."""
-        nonlocal head, n_available
+        nonlocal head, n_available, journal, journal_room
         budget = room()
         if head >= n_queue or budget <= 0:
             return
@@ -702,6 +711,9 @@ def _stage3_trace(
             i = movable_param[k]
             if changed is not None and i not in changed:
                 changed[i] = (available[i], recent[i], gathers[0][i], gathers[1][i])
+                journal_room -= 1
+                if journal_room < 0:
+                    journal = changed = None
             use = movable_step[k]
             if use > recent[i]:
                 recent[i] = use
@@ -915,12 +927,15 @@ def _stage3_trace(
         """The copies of a run one by one, each the pattern for the copies after it: where a
         stretch of them repeats it exactly, it is played at once. The step where the queue runs
         out, if it does."""
-        nonlocal journal, head, n_available
+        nonlocal journal, journal_room, head, n_available
         c = 0
+        # the copy's own parameters and the popped ones of at most one copy of any run
+        room_per_copy = sum(len(b.params or ()) for b in r.body) + widest
         while c < r.copies:
             at, en = first0 + c * r.steps, entry0 + c * r.entries
             head0, held, before = head, n_available, (gathered[:], calls[:])
             journal, prefetched[0], crowded[0] = {}, False, _NEVER
+            journal_room = room_per_copy
             for b in r.body:
                 if head >= n_queue:
                     journal = None
@@ -949,7 +964,7 @@ def _stage3_trace(
                 room_for = r.copies
             else:
                 room_for = (crowded[0] - max_live) // -grows
-            if c < r.copies and head < n_queue and room_for > 0:
+            if reference is not None and c < r.copies and head < n_queue and room_for > 0:
                 k, lanes = repeats(r, c, first0, entry0, head0, reference)
                 k = min(k, room_for)
                 if k > 0:
