@@ -5,7 +5,8 @@ Each case runs in a fresh Python process (cold: no tensor list, coordinator trac
 replay cached), answered the way the route answers it; ``time.process_time`` around the call
 (CPU of that process only, so other load on the machine barely moves it). ``cold`` is the first
 answer, ``warm`` the median of the next ``--repeat`` (what a sweep or a repeated question
-pays); with ``--processes N``, cold is the median of N fresh processes.
+pays); with ``--processes N``, cold is the median of N fresh processes;
+``--collector-running`` keeps the cyclic garbage collector running through the engine walks.
 With ``--before REF`` the same cases also run on the calculators of a git commit, extracted with
 ``git archive`` into a temporary folder (no checkout is touched)::
 
@@ -118,7 +119,9 @@ def _cases() -> dict[str, tuple[str, dict[str, Any]]]:
 
 # Runs inside the measured tree: answer one body cold, then `repeat` times warm.
 _PROBE = """
-import json, statistics, sys, time
+import gc, json, os, statistics, sys, time
+if os.environ.get("CALC_BENCH_COLLECTOR_RUNNING"):
+    gc.disable = lambda: None  # the walks' pause of the cyclic collector made a no-op
 endpoint, body, repeat = json.loads(sys.argv[1])
 if endpoint == "memory":
     from app.api.routes.memory import answer
@@ -167,10 +170,17 @@ def main() -> None:
     parser.add_argument(
         "--processes", type=int, default=1, help="fresh processes per case: cold is their median"
     )
+    parser.add_argument(
+        "--collector-running",
+        action="store_true",
+        help="keep the cyclic garbage collector running through the engine walks",
+    )
     parser.add_argument("--only", default="", help="run the cases whose name contains this")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     cases = {k: v for k, v in _cases().items() if args.only in k}
+    if args.collector_running:
+        os.environ["CALC_BENCH_COLLECTOR_RUNNING"] = "1"
     trees = {"after": ROOT}
     with tempfile.TemporaryDirectory() as tmp:
         if args.before:
