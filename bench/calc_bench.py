@@ -102,6 +102,19 @@ def _cases() -> dict[str, tuple[str, dict[str, Any]]]:
                 "engine_config": {"zero_optimization": {"stage3_param_persistence_threshold": 0}},
             },
         )
+    # a bare count: the dense decoder Ψ implies (1,720 blocks for 10^15), the first block
+    # holding the leftover elements, with one-element gradient buckets
+    out["params-1e15 deepspeed communication"] = (
+        "communication",
+        {
+            "model": {"params": 10**15},
+            "dp": 8,
+            "stages": STAGES,
+            "engine": "deepspeed",
+            "precision": "mixed_bf16",
+            "engine_config": {"zero_optimization": {"reduce_bucket_size": 1}},
+        },
+    )
     llama = {
         "model": {"preset": "llama3-8b"},
         "dp": 8,

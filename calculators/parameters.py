@@ -7,7 +7,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import overload
 
@@ -204,6 +204,9 @@ class ParamList(Sequence[ParamTensor]):
     @cached_property
     def numels(self) -> Numels:
         """Each tensor's elements, in order (the same as ``p.numel`` over the tensors)."""
+        return self._numels()
+
+    def _numels(self) -> Numels:
         counts = tensor_counts(self.arch)
         sizes: Counter[int] = Counter()
         for t, count in counts:
@@ -227,6 +230,9 @@ class ParamList(Sequence[ParamTensor]):
     @cached_property
     def shape_counts(self) -> Counter[tuple[int, ...]]:
         """How often each shape occurs in the list."""
+        return self._shape_counts()
+
+    def _shape_counts(self) -> Counter[tuple[int, ...]]:
         shapes: Counter[tuple[int, ...]] = Counter()
         for t, count in tensor_counts(self.arch):
             shapes[t.shape] += count
@@ -236,6 +242,9 @@ class ParamList(Sequence[ParamTensor]):
     def template(self) -> ParamTemplate:
         """The tensors outside the blocks, and the first block of each kind with its expert 0
         (the rest are copies of them)."""
+        return self._template()
+
+    def _template(self) -> ParamTemplate:
         counts = tensor_counts(self.arch)
         first = [t for t, _ in counts if t.layer is None and t.stage_hint == "first"]
         last = [t for t, _ in counts if t.layer is None and t.stage_hint != "first"]
@@ -254,6 +263,9 @@ class ParamList(Sequence[ParamTensor]):
     @cached_property
     def tensors(self) -> tuple[ParamTensor, ...]:
         """The named tensors (built once per list)."""
+        return self._tensors()
+
+    def _tensors(self) -> tuple[ParamTensor, ...]:
         return _named_params(self.arch)
 
     def __len__(self) -> int:
@@ -271,18 +283,22 @@ class ParamList(Sequence[ParamTensor]):
     def __iter__(self) -> Iterator[ParamTensor]:
         return iter(self.tensors)
 
+    def _identity(self) -> tuple[object, ...]:
+        """What the list is built from: equal lists of one class have equal identities."""
+        return (self.arch,)
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ParamList):
-            return self.arch == other.arch
+            return type(self) is type(other) and self._identity() == other._identity()
         if isinstance(other, tuple | list):
             return self.tensors == tuple(other)
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((ParamList, self.arch))
+        return hash((type(self), *self._identity()))
 
     def __repr__(self) -> str:
-        return f"ParamList({self.arch!r})"
+        return f"{type(self).__name__}{self._identity()!r}"
 
 
 def param_numels(params: Sequence[ParamTensor]) -> Sequence[int]:
@@ -435,18 +451,81 @@ def implied_decoder(psi: int) -> ImpliedDecoder | None:
     return ImpliedDecoder(arch, leftover)
 
 
+_GROWN = "blocks.0.mlp.down.weight"
+"""The implied decoder's tensor that carries the leftover elements."""
+
+
+class ImpliedParamList(ParamList):
+    """The implied decoder's tensors (:class:`ParamList` of its architecture), with the
+    ``leftover`` elements added to the first block's down projection, flattened, so that they
+    add up to Ψ exactly. That block is a kind of its own in the template; the other blocks are
+    copies of the second."""
+
+    def __init__(self, arch: Architecture, leftover: int) -> None:
+        super().__init__(arch)
+        self.leftover = leftover
+
+    def _identity(self) -> tuple[object, ...]:
+        return (self.arch, self.leftover)
+
+    def _grown(self, p: ParamTensor) -> ParamTensor:
+        return ParamTensor(p.name, (p.numel + self.leftover,), p.group)
+
+    @cached_property
+    def _plain(self) -> tuple[int, ParamTensor]:
+        """The tensor to grow, as the architecture has it, and its index in the list."""
+        template = super()._template()
+        t = next(i for i, p in enumerate(template.tensors) if p.name == _GROWN)
+        return template.index(t, 0), template.tensors[t]
+
+    def _numels(self) -> Numels:
+        at, plain = self._plain
+        numels = super()._numels()
+        out = list(numels)
+        out[at] += self.leftover
+        sizes = Counter(numels.sizes)
+        sizes[plain.numel] -= 1
+        sizes[out[at]] += 1
+        return Numels(out, +sizes)
+
+    def _shape_counts(self) -> Counter[tuple[int, ...]]:
+        _, plain = self._plain
+        shapes = super()._shape_counts()
+        shapes[plain.shape] -= 1
+        shapes[self._grown(plain).shape] += 1
+        return +shapes
+
+    def _template(self) -> ParamTemplate:
+        plain = super()._template()
+        (kind,) = plain.kinds
+        tensors = [self._grown(p) if p.name == _GROWN else p for p in plain.tensors]
+        if kind.blocks == 1:
+            return replace(plain, tensors=tuple(tensors))
+        end = plain.first + kind.pre + kind.expert + kind.post
+        second = [_param(t.name, t.shape, "blocks.1") for t, _ in block_template(self.arch, 1)]
+        return ParamTemplate(
+            tuple(tensors[:end] + second + tensors[end:]),
+            plain.first,
+            (replace(kind, blocks=1), replace(kind, start=1, blocks=kind.blocks - 1)),
+            plain.experts,
+        )
+
+    def _tensors(self) -> tuple[ParamTensor, ...]:
+        at, plain = self._plain
+        out = list(super()._tensors())
+        out[at] = self._grown(plain)
+        return tuple(out)
+
+
 @lru_cache(maxsize=16)
-def implied_params(psi: int) -> tuple[ParamTensor, ...] | None:
+def implied_params(psi: int) -> ParamList | None:
     """The implied decoder's tensors (``implied_decoder``), adding up to Ψ exactly."""
     implied = implied_decoder(psi)
     if implied is None:
         return None
-    params = list(architecture_params(implied.architecture))
-    if implied.leftover:
-        at = next(i for i, p in enumerate(params) if p.name == "blocks.0.mlp.down.weight")
-        down = params[at]
-        params[at] = ParamTensor(down.name, (down.numel + implied.leftover,), down.group)
-    return tuple(params)
+    if not implied.leftover:
+        return architecture_params(implied.architecture)
+    return ImpliedParamList(implied.architecture, implied.leftover)
 
 
 def implied_note(psi: int) -> str | None:

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calculators.communication import estimate_communication
 from calculators.conventions import Engine, OffloadDevice, Stage
-from calculators.engines.deepspeed.config import param_list
+from calculators.engines.deepspeed.config import Knobs, param_list
+from calculators.engines.deepspeed.stage3 import stage3_plan, stage3_trace
 from calculators.memory import estimate
 from calculators.model_states import Offload, TrainingSetup
-from calculators.parameters import architecture_params, implied_decoder, implied_params
+from calculators.parameters import (
+    ParamList,
+    architecture_params,
+    first_block_span,
+    implied_decoder,
+    implied_params,
+    param_numels,
+    shape_counts,
+    tally,
+)
 from calculators.presets import PRESETS
 from calculators.topology import Op, make_topology
 from calculators.traffic import CommunicationSetup, Phase
@@ -101,3 +113,44 @@ def test_deepspeed_offload_staging_is_the_largest_implied_tensor() -> None:
     (s2,) = estimate(setup, [Stage.GRADIENTS]).stages
     largest = max(p.numel for p in implied_params(psi) or ())
     assert s2.components["offload_grad_staging"] == 2 * largest < 2 * psi // 50
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(min_value=8_258_304, max_value=10**15),
+    st.sampled_from([0, 100_000, 10**9]),
+    st.sampled_from([0, 10**6, 2**63 - 1]),
+    st.sampled_from([0, 300_000, 10**9]),
+    st.sampled_from([0, 50_000_000, 10**12]),
+    st.sampled_from([0, 10**9]),
+)
+def test_grown_first_block_walks_as_its_named_tensors(
+    psi: int, persistence: int, model_persistence: int, live: int, prefetch: int, reuse: int
+) -> None:
+    # the leftover makes the first block a kind of its own: the list read from its template
+    # (each block's copies at once) is the same list, and the stage-3 coordinator walks it
+    # exactly as it walks the named tensors one by one
+    params = implied_params(psi)
+    assert params is not None
+    named = tuple(params.tensors) if isinstance(params, ParamList) else tuple(params)
+    assert tuple(params) == named and list(param_numels(params)) == [p.numel for p in named]
+    assert tally(param_numels(params)) == Counter(p.numel for p in named)
+    assert shape_counts(params) == Counter(p.shape for p in named)
+    assert first_block_span(params) == first_block_span(named)
+    if isinstance(params, ParamList):  # each template tensor is the list's tensor it stands for
+        template, t = params.template, params.template.first
+        assert template.tensors[:t] == named[:t]
+        for k, kind in enumerate(template.kinds):
+            for p in template.tensors[t : t + kind.pre + kind.expert + kind.post]:
+                assert named[template.index(t, k)] == p
+                t += 1
+        assert template.tensors[t:] == named[template.index(t, None) :]
+    knobs = Knobs(
+        param_persistence_threshold=persistence,
+        model_persistence_threshold=model_persistence,
+        max_live_parameters=live,
+        prefetch_bucket_size=prefetch,
+        max_reuse_distance=reuse,
+    )
+    assert stage3_trace(params, knobs) == stage3_trace(named, knobs)
+    assert stage3_plan(params, 8, knobs) == stage3_plan(named, 8, knobs)
