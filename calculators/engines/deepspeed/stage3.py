@@ -694,7 +694,7 @@ def _stage3_trace(
         """Pop until ``min(max_live - available, prefetch_bucket_size)`` elements not yet
         gathered are requested: persistent entries are popped without effect, so only the
         others are visited; the prefetched set is one __all_gather_params call (:484)."""
-        nonlocal head, n_available, journal, journal_room
+        nonlocal head, n_available
         budget = room()
         if head >= n_queue or budget <= 0:
             return
@@ -705,15 +705,13 @@ def _stage3_trace(
         early_step = (step > n_forward) if n_forward <= step < early_end else None
         first = bisect_left(movable, head)
         head = n_queue  # unless the budget is reached first
-        # ``note`` and ``gather`` written out: a prefetch may pop most of the queue
-        changed, counts = journal, gathers[phase]
+        # ``gather`` written out: a prefetch may pop most of the queue (``note`` is called
+        # at most ``journal_room`` times a copy)
+        counts = gathers[phase]
         for k in range(first, len(movable)):
             i = movable_param[k]
-            if changed is not None and i not in changed:
-                changed[i] = (available[i], recent[i], gathers[0][i], gathers[1][i])
-                journal_room -= 1
-                if journal_room < 0:
-                    journal = changed = None
+            if journal is not None and i not in journal:
+                note(i)
             use = movable_step[k]
             if use > recent[i]:
                 recent[i] = use
