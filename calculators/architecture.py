@@ -84,6 +84,11 @@ class TransformersModelling:
             weight each.
         sandwich_norms: four norms per layer (Gemma-2/3 post-attention and pre/post-feedforward).
         fused_projections: one ``qkv_proj`` and one ``gate_up_proj`` linear (Phi-3).
+        residual_dropout: each layer's attention and MLP outputs pass an ``nn.Dropout`` module
+            (Phi-3's ``resid_attn_dropout`` and ``resid_mlp_dropout``).
+        experts_first: the MoE block registers its experts before its router (Qwen3-MoE,
+            DeepSeek-V3), so ``named_parameters`` lists them first; it still runs the router
+            first.
         rotary_cat: the rotation ends in ``torch.cat`` (partial rotary, Phi-3).
         rotary_dim: dimensions rotated per head; ``None`` means ``head_dim``.
         rope_kinds: distinct rotary embeddings in use (Gemma-3: local and global).
@@ -117,6 +122,8 @@ class TransformersModelling:
     qk_norm: bool = False
     sandwich_norms: bool = False
     fused_projections: bool = False
+    residual_dropout: bool = False
+    experts_first: bool = False
     rotary_cat: bool = False
     rotary_dim: int | None = None
     rope_kinds: int = 1
@@ -337,7 +344,13 @@ def _linear(spec: _Linear, layer: int | None, hint: str) -> list[Tensor]:
 
 def _mlp(arch: Architecture, prefix: str, layer: int, width: int | None = None) -> list[Tensor]:
     h, f, b = arch.hidden, width or arch.ffn, arch.bias
-    if arch.gated_mlp:
+    if arch.gated_mlp and arch.modelling is not None and arch.modelling.fused_projections:
+        # Phi-3's gate_up_proj: the gate's rows, then the up projection's, in one linear
+        specs = [
+            _Linear(f"{prefix}.gate_up", 2 * f, h, b, True),
+            _Linear(f"{prefix}.down", h, f, b, False),
+        ]
+    elif arch.gated_mlp:
         specs = [
             _Linear(f"{prefix}.gate", f, h, b, True),
             _Linear(f"{prefix}.up", f, h, b, True),
@@ -419,15 +432,21 @@ def _block(arch: Architecture, i: int, experts: int) -> list[tuple[Tensor, bool]
     out = _norm(arch, f"{p}.ln1", h, i, "layer")
     if m is not None and m.latent_attention is not None:
         out += _latent_attention(arch, p, i)
-    else:
+    elif m is None or m.fused_projections:
         out += _linear(
             _Linear(f"{p}.attn.qkv", arch.q_dim + 2 * arch.kv_dim, h, arch.has_qkv_bias, True),
             i,
             "layer",
         )
-        if m is not None and m.qk_norm:
-            out += _norm(arch, f"{p}.attn.q_norm", arch.d_head, i, "layer")
-            out += _norm(arch, f"{p}.attn.k_norm", arch.d_head, i, "layer")
+    else:
+        # transformers' q_proj, k_proj and v_proj, three linears (each its own ZeRO-3 fetch),
+        # in the order the attention runs them: a head norm right after its projection
+        for name, rows in (("q", arch.q_dim), ("k", arch.kv_dim), ("v", arch.kv_dim)):
+            spec = _Linear(f"{p}.attn.{name}", rows, h, arch.has_qkv_bias, True)
+            out += _linear(spec, i, "layer")
+            if m.qk_norm and name != "v":
+                out += _norm(arch, f"{p}.attn.{name}_norm", arch.d_head, i, "layer")
+    if m is None or m.latent_attention is None:
         out_bias = arch.bias if m is None or m.out_bias is None else m.out_bias
         out += _linear(_Linear(f"{p}.attn.proj", h, arch.q_dim, out_bias, False), i, "layer")
     if m is not None and m.sandwich_norms:
@@ -439,10 +458,11 @@ def _block(arch: Architecture, i: int, experts: int) -> list[tuple[Tensor, bool]
         tagged += [(t, False) for t in _mlp(arch, f"{p}.mlp", i, width)]
     else:
         router = Tensor(f"{p}.router.weight", (arch.num_experts, h), i, False, "layer")
-        tagged.append((router, False))
         if m is not None and m.fused_experts:
-            tagged += [(t, False) for t in _fused_experts(arch, f"{p}.experts", i)]
+            fused = [(t, False) for t in _fused_experts(arch, f"{p}.experts", i)]
+            tagged += [*fused, (router, False)] if m.experts_first else [(router, False), *fused]
         else:
+            tagged.append((router, False))
             for e in range(experts):
                 tagged += [(t, True) for t in _mlp(arch, f"{p}.experts.{e}", i)]
         if m is not None and m.shared_expert_ffn:

@@ -186,6 +186,8 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
         qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
         sandwich_norms=model_type in ("gemma2", "gemma3_text"),
         fused_projections=model_type == "phi3",
+        residual_dropout=model_type == "phi3",
+        experts_first=model_type == "qwen3_moe",
         rotary_cat=model_type == "phi3",
         rotary_dim=int(head_dim * fraction) if fraction != 1.0 else None,
         rope_kinds=rope_kinds,
@@ -294,6 +296,7 @@ def _deepseek_v3(cfg: Mapping[str, Any]) -> Architecture:
     modelling = TransformersModelling(
         family="deepseek_v3",
         fused_experts=True,  # DeepseekV3NaiveMoe: experts.gate_up_proj / down_proj (3-D)
+        experts_first=True,  # DeepseekV3MoE registers experts, then gate, then shared_experts
         latent_attention=mla,
         rotary_dim=mla.qk_rope_head_dim,
         shared_expert_ffn=moe_ffn * shared,

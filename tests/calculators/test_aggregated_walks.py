@@ -28,7 +28,7 @@ from calculators.engines.deepspeed.allocator import (
     stage0_unsplit_bytes,
 )
 from calculators.engines.deepspeed.buckets import fallback_buckets, ipg_walk, partition_share
-from calculators.engines.deepspeed.config import Knobs
+from calculators.engines.deepspeed.config import Knobs, model_steps
 from calculators.engines.deepspeed.stage3 import (
     Stage3Trace,
     _Run,
@@ -269,6 +269,8 @@ def _same_walks(
     runs = architecture_params(arch)
     assert isinstance(runs, ParamList)
     listed = tuple(runs.tensors)  # the same tensors, walked one by one
+    # transformers' parameterless modules, as the engine reads them from the architecture
+    knobs = replace(knobs, steps=model_steps(arch))
     numels = [p.numel for p in listed]
     assert list(param_numels(runs)) == numels
     assert tally(param_numels(runs)) == Counter(numels)
@@ -278,6 +280,8 @@ def _same_walks(
         knobs.max_live_parameters,
         knobs.prefetch_bucket_size,
         knobs.max_reuse_distance,
+        frozenset(),
+        knobs.steps,
     )
     trace = _stage3_trace(runs, *trace_knobs)
     assert trace == _stage3_trace(listed, *trace_knobs) == reference_trace(listed, *trace_knobs)

@@ -11,12 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calculators.architecture import Architecture
+from calculators.engines.deepspeed.config import ModelSteps
 from calculators.engines.deepspeed.stage3 import (
     Stage3Trace,
     _is_leaf,
     _module,
     _stage3_trace,
     fetch_order,
+    module_tree,
 )
 from calculators.parameters import ParamTensor, architecture_params
 
@@ -29,11 +31,13 @@ def reference_trace(
     prefetch: int,
     reuse: int,
     leaves: frozenset[int] = frozenset(),
+    steps: ModelSteps | None = None,
 ) -> Stage3Trace:
     """The coordinator walked one queue entry at a time (the simulation as first written); a
     release walks the trace module by module as ``__params_to_release`` does, reading each
     module's own parameters, or every parameter below it when the released module is a leaf
-    (the MoE blocks of ``leaves``)."""
+    (the MoE blocks of ``leaves``). ``steps``: transformers' parameterless modules, and a tied
+    head holding the embedding's weight (a parameter with two uses each way)."""
     numel = [p.numel for p in params]
     persistent, total = [], 0
     for n in numel:
@@ -43,7 +47,9 @@ def reference_trace(
     owned: dict[str, list[int]] = {}
     for i, p in enumerate(params):
         owned.setdefault(_module(p, leaves), []).append(i)
-    forward, backward = fetch_order(params, leaves)
+    if steps is not None and steps.tied_head and "embed" in owned:
+        owned["head"] = owned["embed"]
+    forward, backward = fetch_order(params, leaves, steps)
     trace = forward + backward
     n_forward = len(forward)
     early_end = n_forward + next(
@@ -53,12 +59,12 @@ def reference_trace(
     now = [0]
     empty: list[int] = []
     at_step = [owned.get(m, empty) for m in trace]
-    below = {
-        m: {
-            i for o, mine in owned.items() if o == m or o.startswith(m + ".") or not m for i in mine
-        }
-        for m in forward
-    }
+    children = module_tree(params, leaves, steps)
+
+    def nested(m: str) -> set[int]:
+        return set(owned.get(m, ())).union(*(nested(k) for k in children[m]))
+
+    below = {m: nested(m) for m in forward}
     owner = {i: m for m, mine in owned.items() for i in mine}
 
     def keeps(i: int, after: int) -> bool:

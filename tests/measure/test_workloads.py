@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -97,7 +99,9 @@ def test_named_parameters_match_calculator_tensors(arch: Architecture) -> None:
 
 @pytest.mark.parametrize("name", ["gpt2", "llama3-8b", "mixtral-8x7b", "bloom-176b"])
 def test_presets_build_with_their_published_layout(name: str) -> None:
-    arch = PRESETS[name].architecture
+    # the canonical decoder of the preset's shape (a preset that names a transformers family
+    # is measured with transformers' modelling code, whose list splits the qkv projection)
+    arch = replace(PRESETS[name].architecture, modelling=None)
     module = gpt_workload(arch, 1, 8).build(torch.device("meta"))
     got = [(n, tuple(p.shape)) for n, p in module.named_parameters()]
     assert got == [(t.name, t.shape) for t in tensors(arch)]

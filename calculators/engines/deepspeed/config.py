@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from calculators.architecture import Architecture, PositionEmbedding
 from calculators.config_resolution import (
     CONFIG,
     Decided,
@@ -38,6 +39,44 @@ DEFAULT_LEAF_CLASSES = (
 )
 """zero/leaf_module_config.py DEFAULT_LEAF_MODULE_CLASSES: ZeRO-3 fetches these MoE blocks
 whole unless the config's ``leaf_module.classes`` says otherwise."""
+
+
+@dataclass(frozen=True)
+class ModelSteps:
+    """The modules transformers' modelling code runs that own none of the listed parameters,
+    each a step of the trace all the same (a pre-forward hook fetches nothing, then prefetches):
+    ``XForCausalLM`` holds ``model`` (the embedding, the rotary embedding, the layers, the final
+    norm) and ``lm_head``; the model calls ``rotary_emb`` after the embedding, once per kind of
+    rotary embedding (Gemma-3: one per layer type), in forward only (its output needs no
+    gradient, so no backward hook fires); each gated MLP calls ``act_fn`` after ``gate_proj``
+    (Phi-3: after the fused ``gate_up_proj``); a tied ``lm_head`` is a step that holds the
+    embedding's parameter, already counted with the embedding. Step counts matter: every
+    step prefetches, so they decide how far ahead of the walk the prefetcher is when a
+    parameter is released.
+
+    The experts of transformers' MoE blocks call ``act_fn`` once (``grouped_mm``, the default
+    experts implementation), and Phi-3's layers pass each sublayer's output through a dropout
+    module.
+
+    Attributes:
+        rotary: rotary embedding calls after the token embedding.
+        tied_head: ``lm_head`` shares the embedding's weight (no parameter of its own listed).
+        residual_dropout: a dropout step after each layer's attention and after its MLP.
+    """
+
+    rotary: int
+    tied_head: bool
+    residual_dropout: bool = False
+
+
+def model_steps(arch: Architecture | None) -> ModelSteps | None:
+    """The parameterless steps of ``arch``'s transformers modelling code (``None``: the
+    canonical module, whose every module owns a listed parameter or contains one)."""
+    if arch is None or arch.modelling is None:
+        return None
+    m = arch.modelling
+    rotary = m.rope_kinds if arch.position_embedding is PositionEmbedding.ROPE else 0
+    return ModelSteps(rotary, arch.tied_embeddings, m.residual_dropout)
 
 
 @dataclass(frozen=True)
@@ -76,6 +115,8 @@ class Knobs:
     leaf_suffixes: tuple[str, ...] = ()
     # the layers whose MoE block those name, once the architecture is known (stage3.leaf_layers)
     leaves: frozenset[int] = frozenset()
+    # the modelling code's modules that own no listed parameter (stage3.model_steps), the same
+    steps: ModelSteps | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def overlap(self, stage: Stage) -> bool:

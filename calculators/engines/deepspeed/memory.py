@@ -35,7 +35,13 @@ from dataclasses import replace
 from functools import cached_property
 
 from calculators.conventions import OffloadDevice, Optimizer, Precision, Stage
-from calculators.engines.deepspeed.config import Knobs, param_list, parse_config, with_offload
+from calculators.engines.deepspeed.config import (
+    Knobs,
+    model_steps,
+    param_list,
+    parse_config,
+    with_offload,
+)
 from calculators.engines.deepspeed.layouts import (
     Moment,
     ParamFacts,
@@ -122,7 +128,8 @@ class Shared:
     @cached_property
     def knobs(self) -> Knobs:
         knobs = with_offload(self.setup, parse_config(self.setup.engine_config))
-        return replace(knobs, leaves=leaf_layers(self.setup.architecture, knobs))
+        arch = self.setup.architecture
+        return replace(knobs, leaves=leaf_layers(arch, knobs), steps=model_steps(arch))
 
     @cached_property
     def params(self) -> tuple[Sequence[ParamTensor], bool]:

@@ -20,7 +20,7 @@ from calculators.collector import collector_paused
 from calculators.conventions import HALF_BYTES
 from calculators.engines.deepspeed.allocator import block
 from calculators.engines.deepspeed.buckets import ipg_buckets, ipg_ranges
-from calculators.engines.deepspeed.config import Knobs
+from calculators.engines.deepspeed.config import Knobs, ModelSteps
 from calculators.parameters import ParamList, ParamTensor, param_numels, tally
 
 
@@ -76,6 +76,8 @@ MOE_BLOCK_CLASSES = {
 
 _MOE_PARTS = frozenset({"router", "experts", "shared_expert", "shared_expert_gate"})
 """The modules of an MoE block in the canonical names (``blocks.<i>.<part>``)."""
+_MOE_RUN = ("router", "experts", "shared_expert", "shared_expert_gate")
+_QWEN2_MOE_RUN = ("shared_expert", "router", "experts", "shared_expert_gate")
 
 
 def leaf_layers(arch: Architecture | None, knobs: Knobs) -> frozenset[int]:
@@ -118,15 +120,62 @@ def _is_leaf(module: str, leaves: frozenset[int]) -> bool:
     return layer.isdigit() and int(layer) in leaves
 
 
+_ROTARY = "rotary_emb."
+"""The rotary embeddings' steps (``rotary_emb.<k>``): forward only."""
+
+
+def _in_backward(module: str) -> bool:
+    return not module.startswith(_ROTARY)
+
+
+def _with_steps(children: dict[str, list[str]], steps: ModelSteps) -> None:
+    """``children`` with transformers' parameterless modules added (:class:`ModelSteps`)."""
+    for node, kids in list(children.items()):
+        gate = f"{node}.gate" if f"{node}.up" in kids else f"{node}.gate_up"
+        if gate in kids:
+            act = f"{node}.act_fn"
+            kids.insert(kids.index(gate) + 1, act)
+            children[act] = []
+        elif node.endswith(".experts") and not kids:  # experts as two 3-D parameters
+            kids.append(f"{node}.act_fn")
+            children[f"{node}.act_fn"] = []
+        parts = [k for k in kids if k.rsplit(".", 1)[-1] in _MOE_PARTS]
+        if parts and node.startswith("blocks."):  # the MoE block, not a leaf here
+            block = f"{node}.mlp"
+            kids[kids.index(parts[0]) : kids.index(parts[-1]) + 1] = [block]
+            # run order: the router, the experts, the shared expert; Qwen2-MoE runs its shared
+            # expert first and its gate last
+            order = _QWEN2_MOE_RUN if f"{node}.shared_expert_gate" in parts else _MOE_RUN
+            children[block] = sorted(parts, key=lambda k: order.index(k.rsplit(".", 1)[-1]))
+        if steps.residual_dropout and f"{node}.attn" in kids and f"{node}.mlp" in kids:
+            for part in ("attn", "mlp"):
+                dropout = f"{node}.{part}_dropout"
+                kids.insert(kids.index(f"{node}.{part}") + 1, dropout)
+                children[dropout] = []
+    top = children[""]
+    inner = [k for k in top if k != "head"]
+    rotary = [f"{_ROTARY}{k}" for k in range(steps.rotary)]
+    at = inner.index("embed") + 1 if "embed" in inner else 0
+    inner[at:at] = rotary
+    head = ["head"] if "head" in top or steps.tied_head else []
+    for k in rotary + head:
+        children.setdefault(k, [])
+    children["model"] = inner
+    children[""] = ["model", *head]
+
+
 def module_tree(
-    params: Sequence[ParamTensor], leaves: frozenset[int] = frozenset()
+    params: Sequence[ParamTensor],
+    leaves: frozenset[int] = frozenset(),
+    steps: ModelSteps | None = None,
 ) -> dict[str, list[str]]:
     """Each module's child modules in registration order, the root ``""`` first.
 
     Every module whose ``forward`` runs is a step of the trace (parameter_offload.py
     pre-forward hook), the root and containers included (they own no parameters);
     ``ModuleList``s are never called, so an indexed module's parent is the module above the
-    list. The MoE blocks of ``leaves`` are leaf modules: one module, no children.
+    list. The MoE blocks of ``leaves`` are leaf modules: one module, no children. ``steps``:
+    transformers' modules that own no listed parameter (:class:`ModelSteps`).
     """
     children: dict[str, list[str]] = {"": []}
 
@@ -156,11 +205,15 @@ def module_tree(
             children[above].append(module)
         else:
             register(module)
+    if steps is not None:
+        _with_steps(children, steps)
     return children
 
 
 def fetch_order(
-    params: Sequence[ParamTensor], leaves: frozenset[int] = frozenset()
+    params: Sequence[ParamTensor],
+    leaves: frozenset[int] = frozenset(),
+    steps: ModelSteps | None = None,
 ) -> tuple[list[str], list[str]]:
     """Modules in the order DeepSpeed's hooks fetch them, forward then backward.
 
@@ -168,7 +221,7 @@ def fetch_order(
     from the hooks on each module's outputs, so a container comes before its children and
     children run in reverse.
     """
-    children = module_tree(params, leaves)
+    children = module_tree(params, leaves, steps)
     return _walk(children, False), _walk(children, True)
 
 
@@ -187,7 +240,7 @@ def _walk(children: dict[str, list[str]], reverse: bool) -> list[str]:
         out.append(node)
         kids = children[node]
         # pushed last-first, so the first to visit is on top
-        stack.extend(kids if reverse else reversed(kids))
+        stack.extend([k for k in kids if _in_backward(k)] if reverse else reversed(kids))
     return out
 
 
@@ -353,13 +406,16 @@ def _trace_by_names(
     numel: Sequence[int],
     persistent: Sequence[bool],
     leaves: frozenset[int],
+    steps: ModelSteps | None = None,
 ) -> tuple[list[_Item], list[_Item], int]:
     """Forward and backward fetches of a list of named tensors, and the backward steps before
     the first block's."""
     owned: dict[str, list[int]] = {}
     for i, p in enumerate(params):
         owned.setdefault(_module(p, leaves), []).append(i)
-    children = module_tree(params, leaves)
+    if steps is not None and steps.tied_head and "embed" in owned:
+        owned["head"] = owned["embed"]  # lm_head holds the embedding's weight
+    children = module_tree(params, leaves, steps)
     forward, backward = _walk(children, False), _walk(children, True)
     # each module's fetch, the same forward and backward; its elements below it first
     total: dict[str, int] = {}
@@ -383,6 +439,7 @@ def _trace_by_template(
     persistent: Sequence[bool],
     by_size: bool,
     leaves: frozenset[int],
+    steps: ModelSteps | None = None,
 ) -> tuple[list[_Item], list[_Item], int]:
     """Forward and backward fetches of an architecture's tensors, from its template (and the
     backward steps before the first block's): the
@@ -392,10 +449,12 @@ def _trace_by_template(
     tensors' persistence is alike are taken together. ``leaves`` holds every block of a kind or
     none of them."""
     template = params.template
-    children = module_tree(template.tensors, leaves)
+    children = module_tree(template.tensors, leaves, steps)
     owned: dict[str, list[int]] = {}
     for t, p in enumerate(template.tensors):
         owned.setdefault(_module(p, leaves), []).append(t)
+    if steps is not None and steps.tied_head and "embed" in owned:
+        owned["head"] = owned["embed"]  # lm_head holds the embedding's weight
     block_roots = {f"blocks.{k.start}": n for n, k in enumerate(template.kinds)}
     expert_roots = {
         n: f"blocks.{k.start}.experts.0" for n, k in enumerate(template.kinds) if k.expert
@@ -438,7 +497,7 @@ def _trace_by_template(
         total = sum(numel[i] for i in mine)
         out: list[_Item] = []
         kids = children[node]
-        for kid in reversed(kids) if reverse else kids:
+        for kid in [k for k in reversed(kids) if _in_backward(k)] if reverse else kids:
             if kid in block_roots:
                 k = block_roots[kid]
                 stride = template.block_length(template.kinds[k])
@@ -464,8 +523,9 @@ def stage3_trace(params: Sequence[ParamTensor], knobs: Knobs) -> Stage3Trace:
 
 def _trace_args(
     params: Sequence[ParamTensor], knobs: Knobs
-) -> tuple[Sequence[ParamTensor], int, int, int, int, int, frozenset[int]]:
-    """``_stage3_trace``'s arguments: the list as a cache key and the knobs it reads."""
+) -> tuple[Sequence[ParamTensor], int, int, int, int, int, frozenset[int], ModelSteps | None]:
+    """``_stage3_trace``'s arguments: the list as a cache key, the knobs it reads and the
+    modelling code's parameterless steps."""
     leaves = knobs.leaves
     key = _key(params)
     if leaves and isinstance(params, ParamList):
@@ -480,6 +540,7 @@ def _trace_args(
         knobs.prefetch_bucket_size,
         knobs.max_reuse_distance,
         leaves,
+        knobs.steps,
     )
 
 
@@ -522,6 +583,7 @@ def _stage3_trace(
     prefetch: int,
     reuse: int,
     leaves: frozenset[int] = frozenset(),
+    modelled: ModelSteps | None = None,
 ) -> Stage3Trace:
     """Simulate the parameter coordinator for one steady-state forward and backward.
 
@@ -558,9 +620,11 @@ def _stage3_trace(
         none = (0,) * len(persistent)
         return Stage3Trace(flags, flags, 0, 0, none, none, 0, 0)
     if isinstance(params, ParamList):
-        forward, backward, outside = _trace_by_template(params, numel, persistent, by_size, leaves)
+        forward, backward, outside = _trace_by_template(
+            params, numel, persistent, by_size, leaves, modelled
+        )
     else:
-        forward, backward, outside = _trace_by_names(params, numel, persistent, leaves)
+        forward, backward, outside = _trace_by_names(params, numel, persistent, leaves, modelled)
     items = forward + backward
     n_forward = sum(_span(s)[0] for s in forward)
     early_end = n_forward + outside  # the backward steps before the first block's
@@ -581,6 +645,10 @@ def _stage3_trace(
     use_f, use_b, after_f, before_b = [0] * n, [0] * n, [0] * n, [0] * n
     # a leaf module's parameters with the nested elements read in forward up to and with it
     leaf_reads: list[tuple[tuple[int, ...], int]] = []
+    # every use of a parameter held by two modules (a tied head's): (step, elements traversed
+    # before it, and after it); only the tied embedding is, so the others are dropped below
+    shared: dict[int, list[tuple[int, int, int]]] = {}
+    tied = modelled is not None and modelled.tied_head
     step = entry = elements = nested = 0
     for s in items:
         starts.append((step, entry, elements))
@@ -629,11 +697,14 @@ def _stage3_trace(
                     movable_step.append(step)
                     uses[i] = step
                     distances[i] = elements + (0 if back else s.elements)
+                    if tied:
+                        shared.setdefault(i, []).append((step, elements, elements + s.elements))
         spanned = _span(s)
         step += spanned[0]
         entry += spanned[1]
         elements += spanned[2]
     n_queue = entry
+    shared = {i: u for i, u in shared.items() if len(u) > 2}
     # elements a release walk reads between a parameter's forward and backward use: its own
     # module's walk counts modules' own parameters; a leaf's, every module's nested ones up to
     # the root's backward step
@@ -737,6 +808,8 @@ def _stage3_trace(
         strictly fewer than it)."""
         if persistent[i] or recent[i] > after:
             return False
+        if i in shared:
+            return _next_use_beyond(shared[i], after, reuse)
         return after > use_b[i] or gap[i] >= reuse
 
     def fetch(first: int, entry: int, mine: tuple[int, ...], entries: int) -> None:
@@ -1003,7 +1076,7 @@ def _stage3_trace(
             # ``released`` inlined: the last recorded use is final
             held = available[i]
             last = recent[i]
-            for use in (use_f[i], use_b[i]):
+            for use in [u for u, *_ in shared[i]] if i in shared else (use_f[i], use_b[i]):
                 if use < first:
                     continue
                 if not held:
@@ -1014,7 +1087,10 @@ def _stage3_trace(
                     gathered_at[phase].add(use)
                     if n_forward <= use < early_end:
                         early.append((use > n_forward, i))
-                if last <= use + 1 and (use == use_b[i] or gap[i] >= reuse):
+                if i in shared:
+                    if last <= use + 1 and _next_use_beyond(shared[i], use + 1, reuse):
+                        held = False
+                elif last <= use + 1 and (use == use_b[i] or gap[i] >= reuse):
                     held = False
                 if use < n_forward:
                     kept[i] = held
@@ -1036,6 +1112,15 @@ def _stage3_trace(
 
 
 _NEVER = -(10**18)  # no use recorded yet
+
+
+def _next_use_beyond(uses: list[tuple[int, int, int]], after: int, reuse: int) -> bool:
+    """Whether a parameter with these uses (step, elements before it, after it) is released
+    after its use at ``after - 1``: it has no later use, or the release walk from ``after``
+    reads at least the reuse distance in elements before the module of the next one."""
+    here = next(end for step, _, end in uses if step == after - 1)
+    later = [before for step, before, _ in uses if step >= after]
+    return not later or later[0] - here >= reuse
 
 
 def _span(s: _Item) -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ from calculators.engines.deepspeed.buckets import (
     fallback_buckets,
     ipg_buckets,
 )
-from calculators.engines.deepspeed.config import Knobs, param_list, parse_config
+from calculators.engines.deepspeed.config import Knobs, model_steps, param_list, parse_config
 from calculators.engines.deepspeed.stage3 import Stage3Plan, leaf_layers, stage3_plan
 from calculators.errors import InputError
 from calculators.model_states import ceil_div
@@ -382,7 +382,9 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
             "paper or torch (HSDP) for shard groups",
         )
     knobs = deepspeed_knobs(t.engine_config, setup.zeropp)
-    knobs = replace(knobs, leaves=leaf_layers(t.architecture, knobs))
+    knobs = replace(
+        knobs, leaves=leaf_layers(t.architecture, knobs), steps=model_steps(t.architecture)
+    )
     extra_notes: tuple[str, ...] = (
         ("ZeRO++ (qwZ/hpZ/qgZ) acts on stage 3 only; ignored here",)
         if (knobs.qwz or knobs.qgz or knobs.hpz > 1) and stage < Stage.PARAMETERS

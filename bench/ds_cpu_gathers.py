@@ -1,0 +1,170 @@
+"""DeepSpeed stage 3 run on this machine's CPU, its all-gathers beside the simulated coordinator's.
+
+DeepSpeed's parameter coordinator decides what is gathered, prefetched and released from the
+module trace alone; the device does not enter into it. So a Hugging Face family built with
+transformers' own modelling code and trained one rank on the CPU (gloo) gathers exactly what
+each rank gathers on GPUs, and a case's gathers can be read here in seconds: the sizes of
+``measure.hf_families`` ("tiny" trains in seconds; "medium", ~0.9B, takes a couple of minutes
+and ~17 GB), the knobs a JSON object of ``zero_optimization`` keys. Each case runs in a fresh
+process; the last of three steps is read (the trace is recorded in the second).
+
+    pip install deepspeed==0.19.8 transformers   # DS_BUILD_OPS=0: no kernels are built
+    python3 -m bench.ds_cpu_gathers --families qwen3,mistral --size medium
+    python3 -m bench.ds_cpu_gathers --knobs '{"stage3_param_persistence_threshold": 0}'
+
+Prints, per case, forward and backward all-gather calls and elements, DeepSpeed's and the
+simulation's (``calculators.engines.deepspeed.stage3``), and the parameters gathered more than
+once in forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Runs in a fresh process: one rank of DeepSpeed stage 3 on the CPU, every all-gather logged.
+_RUN = r"""
+import collections, json, os, sys
+import torch
+import deepspeed
+from deepspeed.runtime.zero import partitioned_param_coordinator as ppc
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+from transformers import AutoConfig, AutoModelForCausalLM
+from measure.hf_families import family_config
+
+family, size, zero = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+body = family_config(family, size)
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(
+    AutoConfig.for_model(**body), attn_implementation="sdpa", dtype=torch.float32
+)
+names = {id(p): n for n, p in model.named_parameters()}
+log = []
+gather = ppc.PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_
+
+def logged(self, params, forward, quantize=False):
+    new = [p for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+    if new:
+        log.append((forward, [names[id(p)] for p in new], sum(p.ds_numel for p in new)))
+    return gather(self, params, forward, quantize)
+
+ppc.PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_ = logged
+config = {
+    "train_micro_batch_size_per_gpu": 1,
+    "zero_optimization": {"stage": 3, **zero},
+    "zero_force_ds_cpu_optimizer": False,
+    "zero_allow_untested_optimizer": True,
+    "steps_per_print": 10**9,
+}
+deepspeed.init_distributed(dist_backend="gloo")
+engine, *_ = deepspeed.initialize(
+    model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), config=config
+)
+x = torch.randint(3, body["vocab_size"], (1, 16))
+for _ in range(3):
+    log.clear()
+    loss = engine(input_ids=x, labels=x).loss
+    forward = list(log)
+    log.clear()
+    engine.backward(loss)
+    backward = list(log)
+    engine.step()
+out = {}
+for phase, calls in (("forward", forward), ("backward", backward)):
+    twice = collections.Counter(n for _, ns, _ in calls for n in ns)
+    out[phase] = {
+        "calls": len(calls),
+        "elements": sum(e for *_, e in calls),
+        "again": sorted(n for n, c in twice.items() if c > 1),
+    }
+print("RESULT " + json.dumps(out))
+"""
+
+
+def deepspeed_gathers(family: str, size: str, zero: dict[str, Any]) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "DS_ACCELERATOR": "cpu",
+        "DS_BUILD_OPS": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": os.environ.get("MASTER_PORT", "29511"),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN, family, size, json.dumps(zero)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"{family} {zero}: no result\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return result
+
+
+def simulated_gathers(family: str, size: str, zero: dict[str, Any]) -> dict[str, Any]:
+    from calculators.engines.deepspeed.config import model_steps, parse_config
+    from calculators.engines.deepspeed.stage3 import leaf_layers, stage3_trace
+    from calculators.hf_config import architecture_from_hf_config
+    from calculators.parameters import architecture_params
+    from measure.hf_families import family_config
+
+    arch = architecture_from_hf_config(family_config(family, size))
+    knobs = parse_config({"zero_optimization": {"stage": 3, **zero}})
+    knobs = replace(knobs, leaves=leaf_layers(arch, knobs), steps=model_steps(arch))
+    params = architecture_params(arch)
+    t = stage3_trace(params, knobs)
+    names = [p.name for p in params]
+    return {
+        "forward": {
+            "calls": t.forward_calls,
+            "elements": t.forward_gathered,
+            "again": sorted(names[i] for i, c in enumerate(t.forward_gathers) if c > 1),
+        },
+        "backward": {"calls": t.backward_calls, "elements": t.backward_gathered},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", default="llama,qwen3,gemma2,gemma3_text,mistral")
+    parser.add_argument("--size", default="tiny", help="a measure.hf_families size")
+    parser.add_argument(
+        "--knobs",
+        action="append",
+        help="zero_optimization keys as JSON (repeatable; default: DeepSpeed's defaults)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the cases here")
+    args = parser.parse_args()
+    cases = []
+    print("family | knobs | DeepSpeed fwd calls/elements, bwd | simulated | same")
+    for family in args.families.split(","):
+        for raw in args.knobs or ["{}"]:
+            zero = json.loads(raw)
+            ds = deepspeed_gathers(family, args.size, zero)
+            sim = simulated_gathers(family, args.size, zero)
+            key = [(p["calls"], p["elements"]) for p in (ds["forward"], ds["backward"])]
+            mine = [(p["calls"], p["elements"]) for p in (sim["forward"], sim["backward"])]
+            cases.append({"family": family, "knobs": zero, "deepspeed": ds, "simulated": sim})
+            print(f"{family} | {raw} | {key} | {mine} | {'yes' if key == mine else 'NO'}")
+            print(f"    gathered again in forward: {ds['forward']['again']}")
+    if args.json:
+        args.json.write_text(json.dumps({"size": args.size, "cases": cases}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
