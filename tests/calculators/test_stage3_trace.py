@@ -95,6 +95,7 @@ def reference_trace(
     gathers = [[0] * len(params), [0] * len(params)]
     calls = [0, 0]
     kept = available
+    flat = 0
 
     def gather(i: int, phase: int) -> int:
         nonlocal n_available
@@ -134,6 +135,7 @@ def reference_trace(
         budget = min(max_live - n_available, prefetch)
         requested = 0
         batch = 0
+        uses_gathered = []
         while head < len(queue) and requested < budget:
             i, use = queue[head]
             head += 1
@@ -141,8 +143,12 @@ def reference_trace(
             if not available[i]:
                 batch += gather(i, phase)
                 requested += numel[i]
+                uses_gathered.append((i, use))
         if batch:  # the prefetched set: one __all_gather_params call (:484)
             calls[phase] += 1
+            # one flat buffer, alive into backward beside the parts waited on in forward
+            if phase == 0 and any(use >= n_forward for _, use in uses_gathered):
+                flat += sum(numel[i] for i, use in uses_gathered if use < n_forward)
         after = step + 1
         for i in [i for i in mine if released(i, after)]:
             if available[i]:
@@ -196,6 +202,7 @@ def reference_trace(
         calls[1],
         tuple(sorted(i for later, i in early if not later)),
         tuple(sorted(i for _, i in early)),
+        flat,
     )
 
 

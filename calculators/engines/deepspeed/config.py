@@ -115,7 +115,8 @@ class Knobs:
     leaf_suffixes: tuple[str, ...] = ()
     # the layers whose MoE block those name, once the architecture is known (stage3.leaf_layers)
     leaves: frozenset[int] = frozenset()
-    # the modelling code's modules that own no listed parameter (stage3.model_steps), the same
+    # the modelling code's modules that own no listed parameter, once the architecture is
+    # known (model_steps)
     steps: ModelSteps | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 

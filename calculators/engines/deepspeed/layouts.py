@@ -146,12 +146,14 @@ class ParamFacts:
         later = gathered_numels(numels, trace, held, later=True)
         counts = tally(persistent)
         persistent_bytes = sum(count * block(HALF_BYTES * n) for n, count in counts.items())
+        # forward prefetches' flat buffers held into backward beside their parts' copies
+        flat = HALF_BYTES * trace.flat_extra
         kept = Stage3Kept(
             trace,
             counts,
             persistent_bytes,
-            blocks(HALF_BYTES, gathered),
-            blocks(HALF_BYTES, later),
+            blocks(HALF_BYTES, gathered) + flat,
+            blocks(HALF_BYTES, later) + flat,
         )
         self._kept = (knobs, exact, views, kept)
         return kept

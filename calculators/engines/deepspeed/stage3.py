@@ -43,6 +43,12 @@ class Stage3Trace:
             loss's backward runs.
         early_backward: those gathered by the backward steps before the first block's (the
             root's, the head's, the final norm's), alive with everything forward saved.
+        flat_extra: elements of forward prefetches' flat buffers alive at the end of forward
+            beside the copies made from them: a prefetch of several parameters gathers into one
+            flat buffer, and each parameter's wait copies its part out
+            (partition_parameters.py ``AllGatherCoalescedHandle.wait``: ``torch.cat``); the
+            buffer lives until the last of them is waited on, so where one is gathered for its
+            backward use, the parts of those used in forward are held twice into backward.
     """
 
     persistent: tuple[bool, ...]
@@ -55,6 +61,7 @@ class Stage3Trace:
     backward_calls: int = 0
     root_backward: tuple[int, ...] = ()
     early_backward: tuple[int, ...] = ()
+    flat_extra: int = 0
 
 
 # --- ZeRO-3 leaf modules -----------------------------------------------------------------------
@@ -732,6 +739,7 @@ def _stage3_trace(
     # Since the copy began: whether a prefetch found room, and the fewest live elements a
     # prefetch found no room at.
     prefetched, crowded = [False], [_NEVER]
+    flat = [0]  # Stage3Trace.flat_extra
 
     def room() -> int:
         """The prefetch budget: ``min(max_live - available, prefetch_bucket_size)``."""
@@ -779,6 +787,7 @@ def _stage3_trace(
         # ``gather`` written out: a prefetch may pop most of the queue (``note`` is called
         # at most ``journal_room`` times a copy)
         counts = gathers[phase]
+        waited, pending = 0, False  # elements used in forward; one gathered for backward
         for k in range(first, len(movable)):
             i = movable_param[k]
             if journal is not None and i not in journal:
@@ -795,12 +804,18 @@ def _stage3_trace(
                 batch = 1
                 if early_step is not None:
                     early.append((early_step, i))
+                if use < n_forward:
+                    waited += size
+                else:
+                    pending = True
                 requested += size
                 if requested >= budget:
                     head = movable[k] + 1
                     break
         if batch:
             calls[phase] += 1
+            if pending and not phase:
+                flat[0] += waited
 
     def released(i: int, after: int) -> bool:
         """Released after a use at ``after - 1``: the walk from ``after`` keeps i if its next
@@ -1004,7 +1019,7 @@ def _stage3_trace(
         room_per_copy = sum(len(b.params or ()) for b in r.body) + widest
         while c < r.copies:
             at, en = first0 + c * r.steps, entry0 + c * r.entries
-            head0, held, before = head, n_available, (gathered[:], calls[:])
+            head0, held, before = head, n_available, (gathered[:], calls[:], flat[0])
             journal, prefetched[0], crowded[0] = {}, False, _NEVER
             journal_room = room_per_copy
             for b in r.body:
@@ -1043,6 +1058,7 @@ def _stage3_trace(
                     for phase in (0, 1):
                         gathered[phase] += k * (gathered[phase] - before[0][phase])
                         calls[phase] += k * (calls[phase] - before[1][phase])
+                    flat[0] += k * (flat[0] - before[2])
                     head += k * (head - head0)
                     n_available += k * grows
                     c += k
@@ -1108,6 +1124,7 @@ def _stage3_trace(
         calls[1],
         tuple(sorted(i for later, i in early if not later)),
         tuple(sorted(i for _, i in early)),
+        flat[0],
     )
 
 
