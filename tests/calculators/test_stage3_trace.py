@@ -146,9 +146,12 @@ def reference_trace(
                 uses_gathered.append((i, use))
         if batch:  # the prefetched set: one __all_gather_params call (:484)
             calls[phase] += 1
-            # one flat buffer, alive into backward beside the parts waited on in forward
-            if phase == 0 and any(use >= n_forward for _, use in uses_gathered):
-                flat += sum(numel[i] for i, use in uses_gathered if use < n_forward)
+            # one flat buffer: the first fetch copies every part out, and the buffer stays
+            # until the last is fetched
+            if any(use < n_forward for _, use in uses_gathered) and any(
+                use >= n_forward for _, use in uses_gathered
+            ):
+                flat += sum(numel[i] for i, _ in uses_gathered)
         after = step + 1
         for i in [i for i in mine if released(i, after)]:
             if available[i]:

@@ -45,10 +45,12 @@ class Stage3Trace:
             root's, the head's, the final norm's), alive with everything forward saved.
         flat_extra: elements of forward prefetches' flat buffers alive at the end of forward
             beside the copies made from them: a prefetch of several parameters gathers into one
-            flat buffer, and each parameter's wait copies its part out
-            (partition_parameters.py ``AllGatherCoalescedHandle.wait``: ``torch.cat``); the
-            buffer lives until the last of them is waited on, so where one is gathered for its
-            backward use, the parts of those used in forward are held twice into backward.
+            flat buffer; the first of them to be fetched waits on the whole handle, which copies
+            every part out (partition_parameters.py ``AllGatherCoalescedHandle.wait``:
+            ``torch.cat``), and the handle, with its buffer, stays in the in-flight registry
+            until the last of them is fetched. A prefetch that gathers some parameters for
+            forward uses and one for its backward use holds its whole buffer twice into
+            backward.
     """
 
     persistent: tuple[bool, ...]
@@ -787,7 +789,7 @@ def _stage3_trace(
         # ``gather`` written out: a prefetch may pop most of the queue (``note`` is called
         # at most ``journal_room`` times a copy)
         counts = gathers[phase]
-        waited, pending = 0, False  # elements used in forward; one gathered for backward
+        waited = pending = False  # one of the batch fetched in forward, one only in backward
         for k in range(first, len(movable)):
             i = movable_param[k]
             if journal is not None and i not in journal:
@@ -805,7 +807,7 @@ def _stage3_trace(
                 if early_step is not None:
                     early.append((early_step, i))
                 if use < n_forward:
-                    waited += size
+                    waited = True
                 else:
                     pending = True
                 requested += size
@@ -814,8 +816,8 @@ def _stage3_trace(
                     break
         if batch:
             calls[phase] += 1
-            if pending and not phase:
-                flat[0] += waited
+            if waited and pending:
+                flat[0] += requested
 
     def released(i: int, after: int) -> bool:
         """Released after a use at ``after - 1``: the walk from ``after`` keeps i if its next
