@@ -24,18 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-
-def _frames(block: dict[str, Any], depth: int) -> list[str]:
-    out = []
-    for f in block.get("frames") or []:
-        name = f.get("filename", "")
-        if name.endswith(".py"):
-            out.append(
-                f"{Path(name).parent.name}/{Path(name).name}:{f.get('line')}:{f.get('name')}"
-            )
-        if len(out) >= depth:
-            break
-    return out
+from bench.gpu.forward_snapshot import _frames  # noqa: E402
 
 
 def run(family: str, size: str, tied: bool, depth: int, min_mib: float) -> dict[str, Any]:
