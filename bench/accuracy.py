@@ -64,6 +64,8 @@ class Run:
         stage: ZeRO stage.
         dp: data-parallel degree.
         errors: (predicted − measured) / measured per metric that both sides have.
+        allocator_share: the caching allocator's blocks the prediction replays beyond the
+            tensors' requests (FSDP2's shards and states), over the measured resident.
     """
 
     source: str
@@ -73,6 +75,7 @@ class Run:
     stage: int
     dp: int
     errors: Mapping[str, float]
+    allocator_share: float = 0.0
 
 
 # --- readers ------------------------------------------------------------------------------------
@@ -93,11 +96,18 @@ PEAK_CASES: dict[str, tuple[Architecture, int, int]] = {
 GPT = "GPT (measure.workloads)"
 
 
+ALLOCATOR_BLOCKS = ("allocator_shard_blocks", "allocator_state_blocks")
+ALLOCATOR_SHARE = "allocator share"  # carried out of _memory_errors, not a metric
+
+
 def _memory_errors(
     setup: TrainingSetup, stage: Stage, measured: Mapping[str, Any]
 ) -> dict[str, float]:
     predicted = predicted_memory(estimate(setup, [stage]).stages[0])
     out = {}
+    if measured.get("resident"):
+        blocks = sum(predicted["components"].get(k, 0) for k in ALLOCATOR_BLOCKS)
+        out[ALLOCATOR_SHARE] = blocks / measured["resident"]
     for metric, key in (
         (PEAK, "peak"),
         (RESIDENT, "resident"),
@@ -123,6 +133,7 @@ def _validate_run(
 ) -> Run:
     stage = Stage(run["stage"])
     errors = _memory_errors(setup, stage, run["measured"])
+    share = errors.pop(ALLOCATOR_SHARE, 0.0)
     sent = run.get("communication", {}).get("measured_sent_bytes_per_rank", 0)
     errors.update(_sent_error(setup, stage, sent))
     return Run(
@@ -133,6 +144,7 @@ def _validate_run(
         run["stage"],
         run["world_size"],
         errors,
+        share,
     )
 
 
@@ -306,7 +318,16 @@ def hf_runs(path: Path) -> list[Run]:
             # sizes other than the small configs get their own rows, named by parameter count
             shown = r.family if data["size"] == "small" else f"{r.family} {size_label}"
             out.append(
-                Run(r.source, r.label, f"{engine} {version}", shown, r.stage, r.dp, r.errors)
+                Run(
+                    r.source,
+                    r.label,
+                    f"{engine} {version}",
+                    shown,
+                    r.stage,
+                    r.dp,
+                    r.errors,
+                    r.allocator_share,
+                )
             )
             patched = patched or (
                 engine == "deepspeed"

@@ -86,6 +86,8 @@ class TransformersModelling:
         fused_projections: one ``qkv_proj`` and one ``gate_up_proj`` linear (Phi-3).
         residual_dropout: each layer's attention and MLP outputs pass an ``nn.Dropout`` module
             (Phi-3's ``resid_attn_dropout`` and ``resid_mlp_dropout``).
+        out_proj_first: the attention registers ``o_proj`` before ``qkv_proj`` (Phi-3), so the
+            model allocates them in that order when it is built.
         experts_first: the MoE block registers its experts before its router (Qwen3-MoE,
             DeepSeek-V3), so ``named_parameters`` lists them first; it still runs the router
             first.
@@ -123,6 +125,7 @@ class TransformersModelling:
     sandwich_norms: bool = False
     fused_projections: bool = False
     residual_dropout: bool = False
+    out_proj_first: bool = False
     experts_first: bool = False
     rotary_cat: bool = False
     rotary_dim: int | None = None

@@ -187,6 +187,7 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
         sandwich_norms=model_type in ("gemma2", "gemma3_text"),
         fused_projections=model_type == "phi3",
         residual_dropout=model_type == "phi3",
+        out_proj_first=model_type == "phi3",
         experts_first=model_type == "qwen3_moe",
         rotary_cat=model_type == "phi3",
         rotary_dim=int(head_dim * fraction) if fraction != 1.0 else None,

@@ -47,7 +47,11 @@ def predicted_memory(est: StageEstimate) -> dict[str, Any]:
     return {
         "resident": est.resident,
         "model_state_resident": states,
-        "model_state_requested": states,
+        # what the tensors ask for: less the blocks the allocator hands FSDP2's shards and
+        # states beyond it
+        "model_state_requested": states
+        - est.components.get("allocator_shard_blocks", 0)
+        - est.components.get("allocator_state_blocks", 0),
         "peak": est.peak,
         "parameters": est.device.parameters,
         "gradients": est.device.gradients,

@@ -81,6 +81,8 @@ class RunSettings:
             config["compute_capability_major"] = self.compute_capability_major
         if self.device_type != "cuda":
             config["cublas_workspace_bytes"] = 0  # no cuBLAS on the CPU
+            if engine is Engine.TORCH:
+                config["caching_allocator"] = False  # storages counted as they are asked
         if self.tensors is not None:
             config["tensors"] = [[n, list(shape), g] for n, shape, g in self.tensors]
         return config

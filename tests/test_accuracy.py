@@ -136,12 +136,14 @@ def test_hf_requests_are_rebuilt_as_the_gpu_run_built_them() -> None:
         for run, gpu in zip(runs, stored, strict=True):
             tolerance = 0.002 if run.stage == 1 and run.dp > 1 else 1e-9
             for metric in ("resident",):
+                # the GPU's prediction had no replay of the caching allocator's blocks
+                replayed = run.allocator_share
                 if run.engine.startswith("deepspeed") and (run.family in fused or run.stage == 0):
                     # predicted on the GPU from per-expert matrices and one fused qkv
                     # projection; transformers registers two 3-D expert tensors per layer and
                     # q, k and v apart, which today's list follows: DeepSpeed's stage-0 buckets
                     # and allocations split the tensors elsewhere
                     tolerance = 0.002
-                assert run.errors[metric] == pytest.approx(
+                assert run.errors[metric] - replayed == pytest.approx(
                     gpu["relative_error"][metric], abs=tolerance
                 ), (path.name, run.label, metric)

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu.forward_snapshot import _frames  # noqa: E402
+from bench.gpu.forward_snapshot import live_blocks  # noqa: E402
 
 
 def run(family: str, size: str, tied: bool, depth: int, min_mib: float) -> dict[str, Any]:
@@ -63,25 +63,15 @@ def run(family: str, size: str, tied: bool, depth: int, min_mib: float) -> dict[
     after = torch.cuda.memory_allocated()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    history: dict[int, dict[str, Any]] = {}
-    for trace in snap.get("device_traces", [[]])[0]:
-        if trace.get("action") == "alloc":
-            history[trace["addr"]] = trace
-    blocks = []
-    for seg in snap["segments"]:
-        for b in seg["blocks"]:
-            if b["state"] != "active_allocated" or b["size"] < min_mib * 2**20:
-                continue
-            addr = seg["address"] + sum(x["size"] for x in seg["blocks"][: seg["blocks"].index(b)])
-            trace = history.get(addr)
-            blocks.append(
-                {
-                    "size": b["size"],
-                    "requested": b.get("requested_size"),
-                    "in_forward": trace is not None,
-                    "frames": _frames(trace or {}, depth),
-                }
-            )
+    blocks = [
+        {
+            "size": b["size"],
+            "requested": b["requested"],
+            "in_forward": b["recorded"],
+            "frames": b["frames"],
+        }
+        for b in live_blocks(depth, int(min_mib * 2**20), snap)
+    ]
     blocks.sort(key=lambda b: -b["size"])
     engine.backward(loss)
     engine.step()

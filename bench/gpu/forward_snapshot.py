@@ -47,8 +47,13 @@ def _frames(block: dict[str, Any], depth: int) -> list[str]:
     return out
 
 
-def live_blocks(depth: int) -> list[dict[str, Any]]:
-    snap = torch.cuda.memory._snapshot()
+def live_blocks(
+    depth: int, min_size: int = 0, snap: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Every allocated block of at least ``min_size`` bytes in ``snap`` (default: a snapshot
+    taken now), with the frames that allocated it; ``recorded``: its allocation is in the
+    recorded history (it was allocated while the history was on)."""
+    snap = torch.cuda.memory._snapshot() if snap is None else snap
     history: dict[int, dict[str, Any]] = {}
     for trace in snap.get("device_traces", [[]])[0]:
         if trace.get("action") == "alloc":
@@ -57,12 +62,13 @@ def live_blocks(depth: int) -> list[dict[str, Any]]:
     for seg in snap["segments"]:
         addr = seg["address"]
         for b in seg["blocks"]:
-            if b["state"] == "active_allocated":
+            if b["state"] == "active_allocated" and b["size"] >= min_size:
                 t = b if b.get("frames") else history.get(addr, {})
                 out.append(
                     {
                         "size": b["size"],
                         "requested": b.get("requested_size", b["size"]),
+                        "recorded": addr in history,
                         "frames": _frames(t, depth),
                     }
                 )

@@ -18,12 +18,10 @@ from hypothesis import strategies as st
 
 from calculators.architecture import Architecture, Norm, PositionEmbedding
 from calculators.batch import Batch, Checkpointing
+from calculators.caching_allocator import BLOCK, K_SMALL_SIZE, block
 from calculators.conventions import Precision, Stage
 from calculators.engines.deepspeed import layouts, stage3
 from calculators.engines.deepspeed.allocator import (
-    BLOCK,
-    K_SMALL_SIZE,
-    block,
     replay_mallocs,
     stage0_unsplit_bytes,
 )

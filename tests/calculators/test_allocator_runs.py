@@ -8,10 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from calculators.caching_allocator import K_MIN_LARGE_ALLOC, K_SMALL_SIZE
 from calculators.engines.deepspeed import allocator
 from calculators.engines.deepspeed.allocator import (
-    K_MIN_LARGE_ALLOC,
-    K_SMALL_SIZE,
     _replay,
     _SizePool,
     replay_mallocs,

@@ -7,10 +7,10 @@ import pytest
 from bench.accuracy import PEAK, RESIDENT, RESULTS, SENT, deepspeed_runs
 from calculators.architecture import Architecture, count_params
 from calculators.batch import Batch
+from calculators.caching_allocator import block
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines import engine_model
 from calculators.engines.deepspeed import MODEL
-from calculators.engines.deepspeed.allocator import block
 from calculators.engines.deepspeed.config import param_list, parse_config
 from calculators.engines.deepspeed.stage3 import stage3_trace
 from calculators.errors import InputError
@@ -340,7 +340,7 @@ def test_stage0_allocator_replay() -> None:
 
 
 def test_caching_allocator_split_rules() -> None:
-    from calculators.engines.deepspeed.allocator import CachingAllocator
+    from calculators.caching_allocator import CachingAllocator
 
     alloc = CachingAllocator()
     mib = 1024 * 1024

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from calculators.caching_allocator import block
 from calculators.conventions import (
     GradientConvention,
     OffloadDevice,
@@ -23,7 +24,7 @@ from calculators.conventions import (
     Stage,
 )
 from calculators.engines.deepspeed import layouts
-from calculators.engines.deepspeed.allocator import block, blocks
+from calculators.engines.deepspeed.allocator import blocks
 from calculators.engines.deepspeed.config import Knobs
 from calculators.errors import InputError
 from calculators.memory import with_dp

@@ -19,7 +19,8 @@ from calculators.architecture import (
     tensor_counts,
     tensors,
 )
-from calculators.engines.deepspeed.allocator import block, blocks
+from calculators.caching_allocator import block
+from calculators.engines.deepspeed.allocator import blocks
 from calculators.hf_config import architecture_from_hf_config
 from calculators.parameters import (
     ROOT_GROUP,

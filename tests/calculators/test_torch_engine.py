@@ -87,7 +87,15 @@ def test_fsdp2_resident_is_padded_shards(stage: Stage) -> None:
     n = 64
     shard = sum(-(-t.shape[0] // n) * math.prod(t.shape[1:]) for t in tensors(GPT))
     est = MODEL.estimate(_setup(n), stage)
-    assert est.resident == (4 + 8) * shard
+    # beside the blocks the caching allocator hands the shards and the two Adam states beyond
+    # their requests: here every shard is under 1 MiB, so the small pool rounds each up to
+    # 512 bytes and no more
+    shards = [4 * -(-t.shape[0] // n) * math.prod(t.shape[1:]) for t in tensors(GPT)]
+    assert max(shards) <= 1024 * 1024
+    rounding = sum(-(-b // 512) * 512 - b for b in shards)
+    assert est.components["allocator_shard_blocks"] == rounding
+    assert est.components["allocator_state_blocks"] == 2 * rounding
+    assert est.resident == (4 + 8) * shard + 3 * rounding
     assert est.device.gradients == 4 * shard
     assert shard * n >= PSI
 
@@ -257,3 +265,30 @@ def test_fsdp2_reduces_the_root_last_with_its_unsharded_gradients_alive(stage: S
         "peak_candidate_root_reduction"
         not in estimate(setup, [Stage.OPTIMIZER]).stages[0].components
     )
+
+
+def test_without_the_caching_allocator_the_tensors_count_as_they_ask() -> None:
+    # engine_config.caching_allocator false (the measure runner on the CPU): no replayed blocks
+    wide = Architecture(layers=4, hidden=1024, heads=8, vocab_size=32000, max_seq_len=64)
+
+    def setup(**config: object) -> TrainingSetup:
+        return TrainingSetup(
+            params=sum(t.numel for t in tensors(wide)),
+            dp=2,
+            precision=Precision.MIXED_BF16,
+            optimizer=Optimizer.ADAM,
+            engine=Engine.TORCH,
+            architecture=wide,
+            engine_config=config,
+        )
+
+    cached = MODEL.estimate(setup(), Stage.PARAMETERS)
+    plain = MODEL.estimate(setup(caching_allocator=False), Stage.PARAMETERS)
+    c = cached.components
+    blocks = c["allocator_shard_blocks"] + c["allocator_state_blocks"]
+    assert blocks > 0
+    assert "allocator_shard_blocks" not in plain.components
+    assert plain.resident == cached.resident - blocks
+    with pytest.raises(InputError) as err:
+        MODEL.estimate(setup(caching_allocator="no"), Stage.PARAMETERS)
+    assert err.value.field == "engine_config.caching_allocator"

@@ -112,6 +112,7 @@ def _predicted(world: int, stage: Stage) -> tuple[int, int, str]:
             "holds_outputs": True,
             "fsdp_root_reshard_after_forward": root_reshards_after_forward(),
             "cublas_workspace_bytes": 0,
+            "caching_allocator": False,
         },
     )
     est = estimate(setup, stage)

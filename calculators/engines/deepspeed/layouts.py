@@ -13,8 +13,9 @@ from functools import cached_property
 from itertools import accumulate, compress
 
 from calculators.activations import INDEX_BYTES, ActivationBreakdown, Regime, activations
+from calculators.caching_allocator import block
 from calculators.conventions import FP32_BYTES, HALF_BYTES, Stage
-from calculators.engines.deepspeed.allocator import block, blocks, stage0_unsplit_bytes
+from calculators.engines.deepspeed.allocator import blocks, stage0_unsplit_bytes
 from calculators.engines.deepspeed.buckets import (
     MEMORY_OPT_ALLREDUCE_SIZE,
     fallback_buckets,

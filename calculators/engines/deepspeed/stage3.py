@@ -16,9 +16,9 @@ from operator import add, ge, gt, sub
 from typing import Any
 
 from calculators.architecture import Architecture, dense_layers
+from calculators.caching_allocator import block
 from calculators.collector import collector_paused
 from calculators.conventions import HALF_BYTES
-from calculators.engines.deepspeed.allocator import block
 from calculators.engines.deepspeed.buckets import ipg_buckets, ipg_ranges
 from calculators.engines.deepspeed.config import Knobs, ModelSteps
 from calculators.parameters import ParamList, ParamTensor, param_numels, tally

@@ -36,6 +36,7 @@ ENGINE_KEYS = (
     "compute_capability_major",
     "tensors",
     "fsdp_root_reshard_after_forward",
+    "caching_allocator",
 )
 # accelerate fsdp_config keys that change nothing in the step modelled here (checkpoint format,
 # how weights are loaded, FSDP1-only prefetch and flattening switches).

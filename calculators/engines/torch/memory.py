@@ -40,6 +40,13 @@ from calculators.conventions import (
     Precision,
     Stage,
 )
+from calculators.engines.torch.allocator import (
+    MAX_REPLAYED_TENSORS,
+    Build,
+    Excess,
+    block_excess,
+    rounding_only,
+)
 from calculators.engines.torch.peak import FsdpBackward, StepMemory, step_memory
 from calculators.errors import InputError
 from calculators.estimates import StageEstimate
@@ -239,6 +246,12 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
             "gradients are freed by zero_grad(set_to_none=True)"
             + ("" if share.exact else "; padding ignored: no tensor shapes given"),
         ]
+        excess, excess_note = _allocator_blocks(setup, d, n_states)
+        if excess is not None:
+            components["allocator_shard_blocks"] = excess.shards
+            components["allocator_state_blocks"] = excess.states
+            resident += excess.shards + excess.states
+            notes.append(excess_note)
         short = _short_dim0(setup)
         if short is not None:
             notes.append(short)
@@ -289,6 +302,44 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
         peak=base + memory.above_states,
         components=components,
         notes=tuple(notes),
+    )
+
+
+def _allocator_blocks(setup: TrainingSetup, d: Dtypes, n_states: int) -> tuple[Excess | None, str]:
+    """The bytes the caching allocator hands the shards and the optimizer states beyond their
+    requests, and a note (``calculators.engines.torch.allocator``); ``None`` without the
+    tensors."""
+    ts = param_tensors(setup)
+    cached = (setup.engine_config or {}).get("caching_allocator", True)
+    if not isinstance(cached, bool):
+        raise InputError("engine_config.caching_allocator", "must be true or false")
+    if ts is None or not cached:  # false: memory counted as the tensors ask (the CPU)
+        return None, ""
+    arch = setup.architecture
+    modelling = arch.modelling if arch is not None else None
+    tied = modelling is not None and arch is not None and arch.tied_embeddings
+    build = Build(
+        element=d.parameter,
+        cast=d.parameter != FP32_BYTES,
+        tied_head=(arch.vocab_size, arch.hidden) if tied and arch is not None else None,
+        out_proj_first=modelling is not None and modelling.out_proj_first,
+        states=n_states,
+    )
+    excess = block_excess(ts, setup.dp, build)
+    if excess is None:
+        rounded = rounding_only(ts, setup.dp, d.parameter)
+        return Excess(rounded, n_states * rounded), (
+            "allocator_shard_blocks, allocator_state_blocks: the 512-byte rounding only: the "
+            f"model has more than {MAX_REPLAYED_TENSORS:,} parameter tensors, so the cached "
+            "blocks handed out whole (up to 1 MiB more each) are not replayed"
+        )
+    return excess, (
+        "allocator_shard_blocks, allocator_state_blocks: what the caching allocator hands the "
+        "shards and the optimizer states beyond their requests (512-byte rounding and cached "
+        "blocks up to 1 MiB larger handed out whole), replayed for the model built on the "
+        "device in fp32, sharded unit by unit, then its states created at the first step; the "
+        "blocks forward and backward leave cached are not replayed, and a model built on the "
+        "meta device and materialised after fully_shard is handed less"
     )
 
 
