@@ -15,8 +15,10 @@ that builds on the GPU before ``fully_shard`` does:
 From the second unit on, the shards are carved from the blocks the earlier units freed; where a
 cached block is at most 1 MiB larger than a shard it is handed out whole
 (``calculators.caching_allocator``) and ``memory_allocated`` counts all of it, from then on, in
-every figure. A model built on the meta device and materialised after ``fully_shard`` takes
-its shards from fresh segments instead and is handed less.
+every figure. Other ways of building hand out other blocks and are not replayed: accelerate's
+``fsdp2_prepare_model`` lets ``fully_shard`` move a model loaded on the CPU unit by unit, or with
+``fsdp_cpu_ram_efficient_loading`` shards the model on the meta device and then loads each
+parameter's shard.
 
 4. The first optimizer step creates each parameter's states in turn (``torch.optim.adam``
    ``_init_group``: ``zeros_like`` of the local shard, ``exp_avg`` then ``exp_avg_sq``), cut

@@ -338,8 +338,9 @@ def _allocator_blocks(setup: TrainingSetup, d: Dtypes, n_states: int) -> tuple[E
         "shards and the optimizer states beyond their requests (512-byte rounding and cached "
         "blocks up to 1 MiB larger handed out whole), replayed for the model built on the "
         "device in fp32, sharded unit by unit, then its states created at the first step; the "
-        "blocks forward and backward leave cached are not replayed, and a model built on the "
-        "meta device and materialised after fully_shard is handed less"
+        "blocks forward and backward leave cached are not replayed, nor other ways of building: "
+        "accelerate moves a model loaded on the CPU unit by unit, or with "
+        "fsdp_cpu_ram_efficient_loading fills the shards of a model sharded on the meta device"
     )
 
 
