@@ -97,17 +97,17 @@ GPT = "GPT (measure.workloads)"
 
 
 ALLOCATOR_BLOCKS = ("allocator_shard_blocks", "allocator_state_blocks")
-ALLOCATOR_SHARE = "allocator share"  # carried out of _memory_errors, not a metric
 
 
 def _memory_errors(
     setup: TrainingSetup, stage: Stage, measured: Mapping[str, Any]
-) -> dict[str, float]:
+) -> tuple[dict[str, float], float]:
+    """Each memory metric's error, and the replayed allocator blocks over the measured
+    resident (``Run.allocator_share``)."""
     predicted = predicted_memory(estimate(setup, [stage]).stages[0])
+    blocks = sum(predicted["components"].get(k, 0) for k in ALLOCATOR_BLOCKS)
+    share = blocks / measured["resident"] if measured.get("resident") else 0.0
     out = {}
-    if measured.get("resident"):
-        blocks = sum(predicted["components"].get(k, 0) for k in ALLOCATOR_BLOCKS)
-        out[ALLOCATOR_SHARE] = blocks / measured["resident"]
     for metric, key in (
         (PEAK, "peak"),
         (RESIDENT, "resident"),
@@ -117,7 +117,7 @@ def _memory_errors(
         error = relative_error(predicted.get(key), measured.get(key))
         if error is not None:
             out[metric] = error
-    return out
+    return out, share
 
 
 def _sent_error(setup: TrainingSetup, stage: Stage, measured: int) -> dict[str, float]:
@@ -132,8 +132,7 @@ def _validate_run(
     path: Path, case: str, run: Mapping[str, Any], setup: TrainingSetup, family: str
 ) -> Run:
     stage = Stage(run["stage"])
-    errors = _memory_errors(setup, stage, run["measured"])
-    share = errors.pop(ALLOCATOR_SHARE, 0.0)
+    errors, share = _memory_errors(setup, stage, run["measured"])
     sent = run.get("communication", {}).get("measured_sent_bytes_per_rank", 0)
     errors.update(_sent_error(setup, stage, sent))
     return Run(

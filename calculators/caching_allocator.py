@@ -29,6 +29,9 @@ K_ROUND_LARGE = 2 * 1024 * 1024
 
 
 class Block:
+    """A block of one segment: its address (segment, offset), its size and pool, whether it is
+    free, and its neighbours in the segment (free neighbours merge)."""
+
     __slots__ = ("free", "key", "next", "prev", "size", "small")
 
     def __init__(self, key: tuple[int, int], size: int, small: bool) -> None:

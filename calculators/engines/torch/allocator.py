@@ -1,4 +1,4 @@
-"""The blocks the caching allocator hands FSDP2's sharded parameters.
+"""The blocks the caching allocator hands FSDP2's sharded parameters and optimizer states.
 
 The model is built on the device in fp32, then sharded, as ``measure/`` runs it and as a script
 that builds on the GPU before ``fully_shard`` does:
@@ -10,7 +10,13 @@ that builds on the GPU before ``fully_shard`` does:
    copy and frees its fp32 tensor in turn;
 3. ``fully_shard`` on each block, then on the root, allocates each parameter's padded shard
    (``_fsdp_param.py`` ``_init_sharded_param``: ``param_data.new_zeros(padded_sharded_size)``),
-   and the unit's unsharded parameters are freed when the call returns.
+   and the unit's unsharded parameters are freed when the call returns;
+4. the first optimizer step creates each parameter's states in turn (``torch.optim.adam``
+   ``_init_group``: ``zeros_like`` of the local shard, ``exp_avg`` then ``exp_avg_sq``), cut
+   here from the blocks the build left free and from new segments. By then forward and
+   backward have left their own blocks in the cache, which the replay does not know: a state
+   that one of them fits better is handed less than replayed, one that fits a block at most
+   1 MiB too big more.
 
 From the second unit on, the shards are carved from the blocks the earlier units freed; where a
 cached block is at most 1 MiB larger than a shard it is handed out whole
@@ -19,13 +25,6 @@ every figure. Other ways of building hand out other blocks and are not replayed:
 ``fsdp2_prepare_model`` lets ``fully_shard`` move a model loaded on the CPU unit by unit, or with
 ``fsdp_cpu_ram_efficient_loading`` shards the model on the meta device and then loads each
 parameter's shard.
-
-4. The first optimizer step creates each parameter's states in turn (``torch.optim.adam``
-   ``_init_group``: ``zeros_like`` of the local shard, ``exp_avg`` then ``exp_avg_sq``), cut
-   here from the blocks the build left free and from new segments. By then forward and
-   backward have left their own blocks in the cache, which the replay does not know: a state
-   that one of them fits better is handed less than replayed, one that fits a block at most
-   1 MiB too big more.
 """
 
 from __future__ import annotations
