@@ -32,6 +32,7 @@ from bench.validate_deepspeed import OPS, predict
 from calculators.architecture import Architecture, count_params
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
+from calculators.engines.torch.allocator import BLOCK_COMPONENTS
 from calculators.hf_config import architecture_from_hf_config
 from calculators.memory import estimate
 from calculators.model_states import Offload, TrainingSetup
@@ -96,16 +97,13 @@ PEAK_CASES: dict[str, tuple[Architecture, int, int]] = {
 GPT = "GPT (measure.workloads)"
 
 
-ALLOCATOR_BLOCKS = ("allocator_shard_blocks", "allocator_state_blocks")
-
-
 def _memory_errors(
     setup: TrainingSetup, stage: Stage, measured: Mapping[str, Any]
 ) -> tuple[dict[str, float], float]:
     """Each memory metric's error, and the replayed allocator blocks over the measured
     resident (``Run.allocator_share``)."""
     predicted = predicted_memory(estimate(setup, [stage]).stages[0])
-    blocks = sum(predicted["components"].get(k, 0) for k in ALLOCATOR_BLOCKS)
+    blocks = sum(predicted["components"].get(k, 0) for k in BLOCK_COMPONENTS)
     share = blocks / measured["resident"] if measured.get("resident") else 0.0
     out = {}
     for metric, key in (

@@ -19,6 +19,7 @@ from typing import Any
 
 from bench.accuracy import spec_setup
 from calculators.conventions import Stage
+from calculators.engines.torch.allocator import SHARD_BLOCKS, STATE_BLOCKS
 from calculators.memory import estimate
 from measure.compare import predicted_memory
 
@@ -44,8 +45,8 @@ def row(name: str, result: dict[str, Any], run: dict[str, Any]) -> str:
     setup, _ = spec_setup(spec, run["world_size"], None)
     p = predicted_memory(estimate(setup, [Stage(run["stage"])]).stages[0])
     m = run["measured"]
-    shards = p["components"]["allocator_shard_blocks"]
-    states = p["components"]["allocator_state_blocks"]
+    shards = p["components"][SHARD_BLOCKS]
+    states = p["components"][STATE_BLOCKS]
     requested = p["components"]["sharded_params"]
     at_init = m["after_init"] - m["baseline"] - requested
     states_measured = m["model_state_resident"] - m["model_state_requested"] - at_init

@@ -6,6 +6,7 @@ from typing import Any
 
 from calculators import communication as comm
 from calculators.conventions import Engine, Stage
+from calculators.engines.torch.allocator import BLOCK_COMPONENTS
 from calculators.estimates import StageEstimate
 from calculators.memory import estimate
 from calculators.model_states import TrainingSetup
@@ -49,9 +50,7 @@ def predicted_memory(est: StageEstimate) -> dict[str, Any]:
         "model_state_resident": states,
         # what the tensors ask for: less the blocks the allocator hands FSDP2's shards and
         # states beyond it
-        "model_state_requested": states
-        - est.components.get("allocator_shard_blocks", 0)
-        - est.components.get("allocator_state_blocks", 0),
+        "model_state_requested": states - sum(est.components.get(k, 0) for k in BLOCK_COMPONENTS),
         "peak": est.peak,
         "parameters": est.device.parameters,
         "gradients": est.device.gradients,

@@ -37,6 +37,12 @@ from functools import lru_cache
 from calculators.caching_allocator import K_SMALL_SIZE, Block, CachingAllocator, block
 from calculators.parameters import ROOT_GROUP, ParamTensor, shape_counts
 
+SHARD_BLOCKS = "allocator_shard_blocks"
+STATE_BLOCKS = "allocator_state_blocks"
+BLOCK_COMPONENTS = (SHARD_BLOCKS, STATE_BLOCKS)
+"""The estimate components holding ``Excess.shards`` and ``Excess.states``: bytes the allocator
+hands out beyond what the tensors ask for."""
+
 MAX_REPLAYED_TENSORS = 8_000
 """Above this many parameter tensors (a MoE with every expert its own tensors) the replay is not
 run: its cost grows with them (about 0.2 s at this many), and the figures say so in a note."""

@@ -42,6 +42,8 @@ from calculators.conventions import (
 )
 from calculators.engines.torch.allocator import (
     MAX_REPLAYED_TENSORS,
+    SHARD_BLOCKS,
+    STATE_BLOCKS,
     Build,
     Excess,
     block_excess,
@@ -248,8 +250,8 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
         ]
         excess, excess_note = _allocator_blocks(setup, d, n_states)
         if excess is not None:
-            components["allocator_shard_blocks"] = excess.shards
-            components["allocator_state_blocks"] = excess.states
+            components[SHARD_BLOCKS] = excess.shards
+            components[STATE_BLOCKS] = excess.states
             resident += excess.shards + excess.states
             notes.append(excess_note)
         short = _short_dim0(setup)
