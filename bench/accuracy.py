@@ -43,6 +43,7 @@ from measure.engines.deepspeed_config import deepspeed_config
 from measure.hf_families import family_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parents[1]
 README = Path(__file__).resolve().parents[1] / "README.md"
 BEGIN, END = "<!-- accuracy table: python -m bench.accuracy --markdown -->", "<!-- end -->"
 
@@ -251,7 +252,12 @@ def _hf_engine_config(
         offload = {"optimizer": setup.offload.optimizer.value, "params": setup.offload.params.value}
         config.update(
             deepspeed_config(
-                stage, setup.precision, setup.batch.micro_batch_size, 1, offload, given or {}
+                stage,
+                setup.precision,
+                setup.batch.micro_batch_size,
+                setup.batch.grad_accumulation_steps,
+                offload,
+                given or {},
             )
         )
         if linear_patched and stage is not Stage.PARAMETERS:
@@ -330,6 +336,57 @@ def hf_runs(path: Path) -> list[Run]:
                 engine == "deepspeed"
                 and stage is Stage.PARAMETERS
                 and given.get("zero_optimization", {}).get("memory_efficient_linear", True)
+            )
+    return out
+
+
+def real_model_runs(path: Path) -> list[Run]:
+    """``bench/gpu/real_models_round.sh``: ``[{"name", "args", "result"}]``, each job's
+    ``python -m measure`` arguments beside what it printed. The request is rebuilt from those
+    arguments (the model's ``config.json`` and the DeepSpeed config they name, read from
+    ``bench/``), each job one process (no earlier engine patched ``F.linear``); the family is
+    the config's file name."""
+    from unittest import mock
+
+    from measure.__main__ import parse_args
+    from measure.spec import parse_spec
+
+    out = []
+    for entry in json.loads(path.read_text()):
+        result = entry["result"]
+        if result is None:
+            continue
+        args = [str(ROOT / a) if a.startswith("bench/") else a for a in entry["args"]]
+        body = parse_args(args)
+        body["device"] = "cuda"
+        # the request as the run checked it: the config's "auto" values resolved as the
+        # Trainer resolves them (DeepSpeed need not be installed to predict its runs)
+        with mock.patch("measure.spec.deepspeed_available", return_value=True):
+            checked = parse_spec(body)
+        body["precision"] = checked.precision.value
+        family = Path(args[args.index("--hf-config") + 1]).stem
+        major = next(
+            v for k, v in CAPABILITY.items() if result["environment"]["device_name"].startswith(k)
+        )
+        engine = body.get("engine", "torch")
+        version = result["environment"][engine if engine == "deepspeed" else "torch"]
+        for run in result["runs"]:
+            stage = Stage(run["stage"])
+            bare, _ = spec_setup(body, run["world_size"], None)
+            config = _hf_engine_config(bare, stage, False, major, checked.engine_config)
+            setup, _ = spec_setup(body, run["world_size"], config)
+            r = _validate_run(path, entry["name"], run, setup, family)
+            out.append(
+                Run(
+                    r.source,
+                    r.label,
+                    f"{engine} {version}",
+                    family,
+                    r.stage,
+                    r.dp,
+                    r.errors,
+                    r.allocator_share,
+                )
             )
     return out
 
@@ -415,6 +472,15 @@ SOURCES = (
         "2 × 1,024 tokens (some also 1 × 2,048), mixed bf16, ± full checkpointing, "
         "H100/H200 (NCCL)",
         "bash bench/gpu/hf_round.sh",
+    ),
+    Source(
+        "real_models/*.json",
+        real_model_runs,
+        "real models' config.json (bench/hf_configs), transformers 5.17, micro-batch × tokens "
+        "2 × 1,024, 1 × 2,048, 4 × 512 or 1 × 4,096, some with 2 or 4 micro-steps, mixed "
+        'bf16, ± full checkpointing, transformers Trainer\'s ds_config ("auto" values) for '
+        "DeepSpeed, H200 (NCCL)",
+        "bash bench/gpu/real_models_round.sh (SET=1, SET=2)",
     ),
     Source(
         "hf_simulated_*.json",

@@ -66,7 +66,7 @@ def _spec(case: dict[str, Any], args: argparse.Namespace, run: dict[str, Any]) -
         return parse_spec(body)
 
 
-def _settings(run: dict[str, Any], tensors: Any) -> RunSettings:
+def stored_settings(run: dict[str, Any], tensors: Any) -> RunSettings:
     """The process facts the stored prediction was made with."""
     pred = run["predicted"]
     comps = pred["components"]
@@ -105,7 +105,9 @@ def recheck(path: Path, clean: bool) -> list[dict[str, Any]]:
             workload = build_workload(ms)
             stage = Stage(run["stage"])
             tensors = tuple(workload.tensors)
-            setup = training_setup(ms, workload, run["world_size"], _settings(run, tensors), stage)
+            setup = training_setup(
+                ms, workload, run["world_size"], stored_settings(run, tensors), stage
+            )
             after = predicted_memory(estimate(setup, [stage]).stages[0])
             before = run["predicted"]
             meas = dict(run["measured"])

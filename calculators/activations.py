@@ -73,8 +73,10 @@ class ActivationBreakdown:
             the fp32 copies of DeepSeek's router weights its code makes from 16-bit ones).
         cache: bytes of the key/value cache transformers' models fill during a training forward
             (``use_cache``), held by the model output for as long as the loop keeps it.
-        cache_only: the part of ``cache`` that nothing saved for backward shares (alive at the
-            end of forward while the output is).
+        cache_only: the part of ``cache`` that nothing saved for backward shares: alive while
+            the model's forward computes the loss from ``labels``, gone once the loop has taken
+            the loss from the output and dropped the rest (transformers' Trainer:
+            ``compute_loss`` returns ``outputs["loss"]``), so not part of ``end_of_forward``.
     """
 
     per_layer: LayerActivations
@@ -91,7 +93,8 @@ class ActivationBreakdown:
 
     @property
     def end_of_forward(self) -> int:
-        """Everything alive when forward and the loss are done."""
+        """Everything alive when forward and the loss are done and the loop holds only the
+        logits and the loss (the key/value cache died with the rest of the model output)."""
         return (
             self.layers
             + self.embedding
@@ -99,7 +102,6 @@ class ActivationBreakdown:
             + self.logits
             + self.loss
             + self.autocast_weights
-            + self.cache_only
         )
 
 

@@ -24,9 +24,13 @@ What differs from the canonical decoder (``calculators/activations.py``):
   autocast the rotated q and k are fp32 (bf16 × fp32 promotes) and SDPA saves bf16 copies.
 - SDPA with no mask dispatches to flash attention with ``enable_gqa`` (no ``repeat_kv``):
   q, k, v, the output and an fp32 logsumexp ``(b, heads, s)``. In fp32 the memory-efficient
-  kernel runs instead (logsumexp padded to 32 rows); it has no GQA, so k/v are expanded.
+  kernel runs instead (logsumexp padded to 32 rows) where every head has its own key/value
+  head; with grouped-query heads it takes no ``enable_gqa``, so SDPA's math path runs: k/v
+  expanded, scaled copies of q and k and the fp32 softmax probabilities ``(b, heads, s, s)``.
   With ``use_cache`` (the config default when not checkpointing) k and v are the
-  ``DynamicCache``'s concatenated copies: same bytes, and the cache outlives backward.
+  ``DynamicCache``'s concatenated copies: same bytes. The cache lives as long as the model
+  output, which the loop drops once it has the loss, so what SDPA does not also save (the
+  fp32 copies under autocast) counts only while the model computes its loss.
 - Phi-3 rotates with ``torch.cat`` (partial rotary), so the attention output is laid out
   (b, heads, s, d) and ``transpose(1, 2).contiguous()`` copies it for ``o_proj``.
 - Loss from ``labels`` (``loss/loss_utils.py`` ``ForCausalLMLoss``): ``logits.float()``
@@ -186,22 +190,34 @@ def layer_terms(
         attention += _norm_internal(arch, t * arch.heads, arch.d_head, d.lin)
         attention += _norm_internal(arch, t * arch.n_kv_heads, arch.d_head, d.lin)
     sdpa = HALF_BYTES if regime != "fp32" else FP32_BYTES
-    efficient = regime == "fp32" or masked
-    gqa_expanded = efficient and arch.n_kv_heads != arch.heads
+    grouped = arch.n_kv_heads != arch.heads
+    # fp32 with no mask: transformers asks SDPA for grouped-query heads (enable_gqa), which
+    # the memory-efficient kernel does not take (sdp_utils.cpp
+    # check_batch_size_and_num_heads_dense<false>) and flash and cuDNN run no fp32, so SDPA
+    # falls back to its math path (_scaled_dot_product_attention_math)
+    math = regime == "fp32" and not masked and grouped
+    efficient = (regime == "fp32" or masked) and not math
+    gqa_expanded = (efficient or math) and grouped
     k_width = q if gqa_expanded else kv
     attention += sdpa * t * q + 2 * sdpa * t * k_width  # q, k, v as SDPA saves them
     if _m(arch).fused_projections and not use_cache and not gqa_expanded:
         # v is a view of the fused qkv output: the whole output stays alive
         attention += d.lin * t * (q + kv)
     attention += sdpa * t * q  # output (o_proj's input)
-    if _m(arch).rotary_cat and not efficient:
+    if math:
+        # the math path saves a scaled copy of q, of the expanded k (counted above as q, k)
+        # and the softmax probabilities; its (b, heads, s, d) output is copied for o_proj
+        # (transpose(1, 2).contiguous(), the output above) and saved by nothing
+        attention += FP32_BYTES * b * arch.heads * s * s
+    elif _m(arch).rotary_cat and not efficient:
         # flash's output follows q's layout (empty_like); the memory-efficient kernel always
         # writes (b, s, heads, d), so only flash needs the copy
         attention += sdpa * t * q  # transpose(1, 2).contiguous() copy for o_proj
     if masked:
         aligned = -(-s // MASK_ALIGNMENT) * MASK_ALIGNMENT
         attention += sdpa * b * s * aligned  # the float bias made from the boolean mask
-    attention += _logsumexp(arch, batch, efficient)
+    if not math:  # the math path keeps no logsumexp
+        attention += _logsumexp(arch, batch, efficient)
     return LayerTerms(norms, linear_inputs, attention, mlp)
 
 

@@ -18,8 +18,11 @@ What the trace substitutes for the GPU, and why:
   torch 2.11 picks cuDNN attention instead, it saves the same bytes); with heads of different
   widths (flash wants q, k and v equally wide: DeepSeek's 192-wide q/k and 128-wide v),
   ``aten::_scaled_dot_product_cudnn_attention``, which ``torch._fused_sdp_choice`` picks there
-  on an H100 and whose output follows q's layout; in fp32 or with a mask,
-  ``aten::_scaled_dot_product_efficient_attention``.
+  on an H100 and whose output follows q's layout; with a mask, or in fp32 where every head
+  has its own key/value head, ``aten::_scaled_dot_product_efficient_attention``; in fp32 with
+  grouped-query heads and no mask, ``aten::_scaled_dot_product_attention_math`` (the
+  memory-efficient kernel takes no ``enable_gqa``; the math path expands k/v itself and saves
+  the softmax probabilities).
   Their autograd formulas (``derivatives.yaml``) decide what is saved, exactly as on the GPU.
   Under autocast the q/k/v are cast to bf16 first (SDPA is on CUDA autocast's lower-precision
   list).
@@ -162,11 +165,22 @@ def _gpu_sdpa(
             )[0]
             return cudnn
         if enable_gqa and key.shape[1] != query.shape[1]:
-            # the memory-efficient kernel has no GQA: torch expands k/v (math fallback's
-            # repeat_interleave) before it
-            rep = query.shape[1] // key.shape[1]
-            key = key.repeat_interleave(rep, dim=1)
-            value = value.repeat_interleave(rep, dim=1)
+            # the memory-efficient kernel takes no grouped-query heads
+            # (sdp_utils.cpp check_batch_size_and_num_heads_dense<false>), flash and cuDNN no
+            # fp32: SDPA falls back to its math path, which expands k/v itself
+            # (repeat_interleave) and saves the attention probabilities
+            math: torch.Tensor = torch.ops.aten._scaled_dot_product_attention_math(
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                None,
+                scale=scale,
+                enable_gqa=True,
+            )[0]
+            return math
         bias = attn_mask
         if bias is not None:
             # sdpa's convert_boolean_attn_mask makes a float bias in q's dtype, and the
@@ -378,7 +392,7 @@ def compare_table(hf_config: Mapping[str, Any], micro_batch_size: int, seq_len: 
             r = trace(hf_config, micro_batch_size, seq_len, regime, full)
             # the same moment on both sides: saved tensors + autocast weight copies + the
             # cache no saved tensor shares + the logits
-            predicted = hf.end_of_forward
+            predicted = hf.end_of_forward + hf.cache_only
             traced = r.activations + r.autocast_weights + r.cache_only + r.logits
             rows.append(
                 f"| {regime} | {'full' if full else 'none'} | {gpt.end_of_forward / mib:,.1f} "
@@ -432,7 +446,8 @@ def gpu_check(
     policy = Checkpointing.FULL if full else Checkpointing.NONE
     arch = architecture_from_hf_config(hf_config)
     acts = activations(arch, Batch(micro_batch_size, seq_len, policy), Regime(regime))
-    predicted = acts.end_of_forward + acts.logits + FP32_LOSS_BYTES
+    # ``out`` holds the logits (in ``end_of_forward``), the loss and the key/value cache
+    predicted = acts.end_of_forward + acts.cache_only + FP32_LOSS_BYTES
     del out
     return {"measured": measured, "predicted": predicted}
 

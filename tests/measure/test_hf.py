@@ -116,3 +116,30 @@ def test_bad_hf_requests_name_the_field(change: dict[str, Any], field: str) -> N
     with pytest.raises(InputError) as err:
         parse_spec(_body("llama", **change))
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral"])  # full attention; sliding windows
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_key_value_cache_dies_with_the_model_output(family: str, autocast: bool) -> None:
+    """A training forward without checkpointing fills transformers' ``DynamicCache``
+    (``use_cache`` on by default), held only by the model output: once the loop has taken the
+    loss and dropped the output (as ``measure``'s loop and the Trainer's ``compute_loss`` do),
+    the cache's tensors autograd did not also save are freed, which is why the calculators count
+    them only while the model computes its loss (``ActivationBreakdown.cache_only``)."""
+    import weakref
+
+    body = family_config(family)
+    model = build_hf(hf_config(body), torch.device("cpu"), checkpointing=False)
+    x = torch.randint(3, int(body["vocab_size"]), (2, 128))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = model(input_ids=x, labels=x)
+    cache = out.past_key_values
+    tensors = [weakref.ref(t) for layer in cache.layers for t in (layer.keys, layer.values)]
+    assert tensors and all(t() is not None for t in tensors)  # filled while the output lives
+    held = weakref.ref(cache)
+    loss = out.loss
+    del out, cache
+    assert held() is None  # no reference cycle keeps it for the garbage collector
+    if autocast:  # SDPA saved bf16 casts: the fp32 cache copies go with the cache
+        assert all(t() is None for t in tensors)
+    loss.backward()

@@ -335,9 +335,22 @@ def forward_moments(
             },
         ),
     }
+    assert shape.acts is not None  # shape.known
+    cache = shape.acts.cache_only
+    if cache:
+        # inside the model's forward, computing the loss from ``labels``: its key/value cache
+        # (dropped with the output once the loop has the loss) and the fp32 copy of the logits
+        # that log_softmax reads
+        out["loss_forward"] = Moment(
+            shape.end_of_forward,
+            {
+                "kv_cache": cache,
+                "loss_transient": shape.acts.loss_transient,
+                "gathered_parameters": gathered,
+            },
+        )
     if shape.final_norm_backward:
         out["final_norm_backward"] = Moment(base + shape.final_norm_backward, after)
-    assert shape.acts is not None  # shape.known
     recompute = shape.acts.recompute
     if recompute:
         # activation checkpointing: the last block's forward runs again at the start of

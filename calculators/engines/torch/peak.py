@@ -220,14 +220,15 @@ def step_memory(
     """
     acts = activations(arch, batch, regime)
     # logits + the loss scalar; a transformers model's key/value cache dies with its output
-    # object, which the loop (like transformers' Trainer) does not keep
+    # object, which the loop (like transformers' Trainer) does not keep: it is alive only while
+    # the model computes the loss from ``labels`` (``loss_forward``)
     held = acts.logits + FP32_BYTES if holds_outputs(config) else 0
     loss_grads = 2 * FP32_BYTES * batch.tokens * arch.vocab_size
     end_of_forward = unsharded_after_forward + acts.end_of_forward
     # the loop rebinds ``logits, loss`` only when the model returns, so the last step's outputs
     # are alive through every moment of this step's forward
     moments = {
-        "loss_forward": end_of_forward + acts.loss_transient + last_gather + held,
+        "loss_forward": end_of_forward + acts.cache_only + acts.loss_transient + last_gather + held,
         "loss_backward": end_of_forward + loss_grads + accumulated_gradients + gathered_for_loss,
         "optimizer_step": held + step_gradients + optimizer_temporary,
     }

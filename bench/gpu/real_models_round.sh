@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Real Hugging Face models (bench/hf_configs: Qwen2.5-0.5B, SmolLM2-360M, Qwen3-0.6B,
+# TinyLlama-1.1B) trained as users train them: DeepSpeed with transformers' Trainer configs
+# (bench/ds_configs, "auto" wherever the Trainer fills a value) and torch DDP /
+# ZeroRedundancyOptimizer, at batch shapes and checkpointing other than the family tables', on a
+# 4-GPU host: two Nd-2 lanes side by side (GPUs 0,1 and 2,3), then Nd 4 on all four while time
+# is left. Each job is one `python -m measure` process; its arguments are kept beside its result.
+# SET=2 adds Gemma-2-2B (sliding windows the sequence reaches, soft-capping, a 256k vocabulary),
+# FSDP2 with checkpointing, gradient accumulation and a 4,096-token sequence.
+#
+#   bash bench/gpu/real_models_round.sh        # SET=1
+#   SET=2 bash bench/gpu/real_models_round.sh
+#   python3 bench/real_models_report.py bench/results/real_models/*.json
+set -u
+out=${OUT:-$PWD/real-models-results}/real_models
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export DS_ACCELERATOR=cuda DS_BUILD_OPS=0 TORCH_EXTENSIONS_DIR=/tmp/tx
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+budget=${BUDGET_S:-520}
+start=$SECONDS
+
+# NAME GPUS ND PORT CONFIG ENGINE(ds2|ds3|torch:STAGES) MICRO SEQ CHECKPOINTING [ACCUMULATION]
+job() {
+    local name=$1 gpus=$2 nd=$3 port=$4 config=$5 engine=$6 micro=$7 seq=$8 ckpt=$9
+    local accumulation=${10:-1}
+    if ((SECONDS - start > budget)); then
+        echo "$name: skipped (budget)" >>"$out/status.txt"
+        return
+    fi
+    local args=(--hf-config "bench/hf_configs/$config.json" --dp "$nd" --mode distributed
+        --micro-batch-size "$micro" --seq-len "$seq" --activation-checkpointing "$ckpt"
+        --grad-accumulation-steps "$accumulation" --warmup-steps 2 --steps 2 --no-host-probe)
+    case $engine in
+    ds2 | ds3) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}.json") ;;
+    torch:*) args+=(--engine torch --stages "${engine#torch:}") ;;
+    esac
+    printf '%s\n' "${args[@]}" >"$out/$name.args"
+    CUDA_VISIBLE_DEVICES=$gpus timeout "${JOB_TIMEOUT_S:-170}" python3 -m torch.distributed.run \
+        --nproc-per-node "$nd" --master-port "$port" -m measure "${args[@]}" \
+        >"$out/$name.json" 2>"$out/$name.log"
+    echo "$name: exit $? after $((SECONDS - start)) s" >>"$out/status.txt"
+}
+
+if [[ ${SET:-1} == 1 ]]; then
+    lane_a() {
+        job qwen2.5-0.5b_ds2_b2s1024_none 0,1 2 29801 qwen2.5-0.5b ds2 2 1024 none
+        job qwen2.5-0.5b_ds3_b2s1024_none 0,1 2 29802 qwen2.5-0.5b ds3 2 1024 none
+        job smollm2-360m_ds2_b4s512_full 0,1 2 29803 smollm2-360m ds2 4 512 full
+        job tinyllama-1.1b_ds3_b1s2048_full 0,1 2 29804 tinyllama-1.1b ds3 1 2048 full
+        job qwen3-0.6b_torch01_b4s512_none 0,1 2 29805 qwen3-0.6b torch:0,1 4 512 none
+        job smollm2-360m_ds3_b4s512_none 0,1 2 29806 smollm2-360m ds3 4 512 none
+        job smollm2-360m_torch01_b2s1024_full 0,1 2 29807 smollm2-360m torch:0,1 2 1024 full
+    }
+
+    lane_b() {
+        job qwen3-0.6b_ds2_b1s2048_none 2,3 2 29811 qwen3-0.6b ds2 1 2048 none
+        job qwen3-0.6b_ds3_b2s1024_full 2,3 2 29812 qwen3-0.6b ds3 2 1024 full
+        job tinyllama-1.1b_ds2_b1s2048_none 2,3 2 29813 tinyllama-1.1b ds2 1 2048 none
+        job qwen2.5-0.5b_torch01_b2s1024_none 2,3 2 29814 qwen2.5-0.5b torch:0,1 2 1024 none
+        job qwen2.5-0.5b_ds3_b4s512_full 2,3 2 29815 qwen2.5-0.5b ds3 4 512 full
+        job tinyllama-1.1b_torch01_b1s2048_full 2,3 2 29816 tinyllama-1.1b torch:0,1 1 2048 full
+    }
+
+    lane_a &
+    lane_b &
+    wait
+    job qwen3-0.6b_ds3_nd4_b2s1024_none 0,1,2,3 4 29821 qwen3-0.6b ds3 2 1024 none
+    job tinyllama-1.1b_ds2_nd4_b2s1024_none 0,1,2,3 4 29822 tinyllama-1.1b ds2 2 1024 none
+else
+    lane_a() {
+        job gemma-2-2b_torch3_b1s4096_none 0,1 2 29831 gemma-2-2b torch:3 1 4096 none
+        job qwen2.5-0.5b_ds2_b2s1024_none_ga4 0,1 2 29832 qwen2.5-0.5b ds2 2 1024 none 4
+        job smollm2-360m_torch23_b4s512_none_ga2 0,1 2 29833 smollm2-360m torch:2,3 4 512 none 2
+        job qwen2.5-0.5b_torch0_b1s4096_none 0,1 2 29834 qwen2.5-0.5b torch:0 1 4096 none
+    }
+    lane_b() {
+        job gemma-2-2b_ds3_b1s4096_full 2,3 2 29841 gemma-2-2b ds3 1 4096 full
+        job tinyllama-1.1b_torch23_b1s4096_full 2,3 2 29842 tinyllama-1.1b torch:2,3 1 4096 full
+        job qwen3-0.6b_ds3_b2s1024_none_ga2 2,3 2 29843 qwen3-0.6b ds3 2 1024 none 2
+    }
+    lane_a &
+    lane_b &
+    wait
+fi
+
+# one file back: every job's arguments and JSON in a list, the logs packed apart
+python3 - "$out" "${SET:-1}" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+runs = []
+for f in sorted(out.glob("*.args")):
+    text = f.with_suffix(".json").read_text().strip() if f.with_suffix(".json").exists() else ""
+    try:
+        result = json.loads(text) if text else None
+    except ValueError:
+        result = None
+    runs.append({"name": f.stem, "args": f.read_text().split("\n")[:-1], "result": result})
+(out.parent / f"real_models{sys.argv[2]}.json").write_text(json.dumps(runs, indent=1))
+PY
+tar -C "$out/.." -czf "$out/../real_models${SET:-1}_logs.tar.gz" real_models
+cat "$out/status.txt"
