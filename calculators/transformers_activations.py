@@ -197,7 +197,7 @@ def layer_terms(
     # falls back to its math path (_scaled_dot_product_attention_math)
     math = regime == "fp32" and not masked and grouped
     efficient = (regime == "fp32" or masked) and not math
-    gqa_expanded = (efficient or math) and grouped
+    gqa_expanded = (efficient or math) and grouped and not _mqa_views(arch, regime, masked)
     k_width = q if gqa_expanded else kv
     attention += sdpa * t * q + 2 * sdpa * t * k_width  # q, k, v as SDPA saves them
     if _m(arch).fused_projections and not use_cache and not gqa_expanded:
@@ -219,6 +219,14 @@ def layer_terms(
     if not math:  # the math path keeps no logsumexp
         attention += _logsumexp(arch, batch, efficient)
     return LayerTerms(norms, linear_inputs, attention, mlp)
+
+
+def _mqa_views(arch: Architecture, regime: str, masked: bool) -> bool:
+    """Whether a masked layer's ``repeat_kv`` hands SDPA views rather than copies: with one
+    key/value head, ``expand`` then ``reshape`` merges a size-1 dim with a stride-0 one, which
+    needs no copy, so SDPA saves views of the cache's own k and v (under autocast its bf16
+    casts of them are full-size copies instead)."""
+    return masked and arch.n_kv_heads == 1 and regime != "autocast"
 
 
 def _logsumexp(arch: Architecture, batch: Batch, efficient: bool) -> int:
@@ -503,9 +511,13 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     rotary = 2 * d.res * s * (m.rotary_dim or arch.d_head) * m.rope_kinds
     embedding = INDEX_BYTES * t + rotary
     if checkpointed:
-        # each checkpointed call keeps its hidden_states argument; position_ids ride along
+        # each checkpointed call keeps its hidden_states argument; position_ids ride along,
+        # and so does the boolean sliding-window mask every windowed layer shares (one
+        # (1, 1, s, s) storage, expanded over the batch)
         layers = arch.layers * d.res * t * h
         embedding += INDEX_BYTES * s
+        if masked:
+            embedding += BOOL_BYTES * s * s
         recompute_total = max(
             _total(layer_terms(arch, batch, regime, False, masked=windowed, dense=kind))
             for kind, _ in kinds
@@ -560,10 +572,12 @@ def _cache(arch: Architecture, t: int, d: Dtypes, regime: str, masked: int) -> t
     per_layer_cache = 2 * d.res * t * arch.kv_dim
     cache = arch.layers * per_layer_cache
     expanded = arch.n_kv_heads != arch.heads  # SDPA saves repeat_kv copies instead
+    # a windowed layer with one key/value head saves views of its cache (``_mqa_views``)
+    viewed = masked * per_layer_cache if _mqa_views(arch, regime, bool(masked)) else 0
     if d.autocast or (regime == "fp32" and expanded):
-        return cache, cache
+        return cache, cache - viewed
     if expanded:
-        return cache, masked * per_layer_cache
+        return cache, masked * per_layer_cache - viewed
     return cache, 0
 
 

@@ -6,7 +6,8 @@
 # 4-GPU host: two Nd-2 lanes side by side (GPUs 0,1 and 2,3), then Nd 4 on all four while time
 # is left. Each job is one `python -m measure` process; its arguments are kept beside its result.
 # SET=2 adds Gemma-2-2B (sliding windows the sequence reaches, soft-capping, a 256k vocabulary),
-# FSDP2 with checkpointing, gradient accumulation and a 4,096-token sequence.
+# FSDP2 with checkpointing, gradient accumulation and a 4,096-token sequence; SET=3 Gemma-3-1B
+# (one key/value head, 512-token windows over 22 of its 26 layers).
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -67,6 +68,18 @@ if [[ ${SET:-1} == 1 ]]; then
     wait
     job qwen3-0.6b_ds3_nd4_b2s1024_none 0,1,2,3 4 29821 qwen3-0.6b ds3 2 1024 none
     job tinyllama-1.1b_ds2_nd4_b2s1024_none 0,1,2,3 4 29822 tinyllama-1.1b ds2 2 1024 none
+elif [[ ${SET:-1} == 3 ]]; then
+    lane_a() {
+        job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none
+        job gemma-3-1b_ds2_b2s1024_none 0,1 2 29852 gemma-3-1b ds2 2 1024 none
+    }
+    lane_b() {
+        job gemma-3-1b_ds3_b1s2048_full 2,3 2 29861 gemma-3-1b ds3 1 2048 full
+        job gemma-3-1b_torch01_b1s2048_none 2,3 2 29862 gemma-3-1b torch:0,1 1 2048 none
+    }
+    lane_a &
+    lane_b &
+    wait
 else
     lane_a() {
         job gemma-2-2b_torch3_b1s4096_none 0,1 2 29831 gemma-2-2b torch:3 1 4096 none
