@@ -7,6 +7,7 @@ it) with the predicted components beside it::
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=$PWD python3 bench/gpu/forward_snapshot.py \\
         --family qwen3 --stages 0,2,3 --out /tmp/snap
+    (or --hf-config bench/hf_configs/gemma-3-1b.json --micro-batch-size 1 --seq-len 2048)
 
 ``--device cpu`` checks the script on a CPU (no allocator history; block lists stay empty).
 """
@@ -83,6 +84,9 @@ def main() -> int:
     ap.add_argument("--checkpointing", default="none")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--size", default="small")
+    ap.add_argument("--hf-config", help="a config.json to build instead of --family at --size")
+    ap.add_argument("--micro-batch-size", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/snap"))
     a = ap.parse_args()
@@ -97,8 +101,13 @@ def main() -> int:
         torch.cuda.set_device(device)
     for stage_n in (int(s) for s in a.stages.split(",")):
         stage = Stage(stage_n)
+        if a.hf_config:
+            config = json.loads(Path(a.hf_config).read_text())
+            name = Path(a.hf_config).stem
+        else:
+            config, name = family_config(a.family, a.size), a.family
         body = {
-            "model": {"hf_config": family_config(a.family, a.size)},
+            "model": {"hf_config": config},
             "dp": 1,
             "stages": [stage_n],
             "precision": "mixed_bf16",
@@ -106,8 +115,8 @@ def main() -> int:
             "engine": "torch",
             "device": a.device,
             "batch": {
-                "micro_batch_size": 2,
-                "seq_len": 1024 if cuda else 32,
+                "micro_batch_size": a.micro_batch_size,
+                "seq_len": a.seq_len if cuda else 32,
                 "activation_checkpointing": a.checkpointing,
             },
         }
@@ -146,7 +155,7 @@ def main() -> int:
             by_site[key] += b["size"]
             count[key] += 1
         record = {
-            "family": a.family,
+            "family": name,
             "stage": stage_n,
             "checkpointing": a.checkpointing,
             "allocated_before_forward": before,
@@ -156,7 +165,7 @@ def main() -> int:
             ],
             "blocks": blocks,
         }
-        path = out / f"snapshot_{a.family}_stage{stage_n}_{a.checkpointing}.json"
+        path = out / f"snapshot_{name}_stage{stage_n}_{a.checkpointing}.json"
         path.write_text(json.dumps(record, indent=1))
         print(path, before, after, len(blocks))
         del logits, loss, engine, model
