@@ -480,7 +480,7 @@ SOURCES = (
         "2 × 1,024, 1 × 2,048, 4 × 512 or 1 × 4,096, some with 2 or 4 micro-steps, mixed "
         'bf16, ± full checkpointing, transformers Trainer\'s ds_config ("auto" values) for '
         "DeepSpeed, H200 (NCCL)",
-        "bash bench/gpu/real_models_round.sh (SET=1, SET=2)",
+        "bash bench/gpu/real_models_round.sh (SET=1, 2 and 3)",
     ),
     Source(
         "hf_simulated_*.json",
