@@ -11,6 +11,12 @@ process; the last of three steps is read (the trace is recorded in the second).
     pip install deepspeed==0.19.8 transformers   # DS_BUILD_OPS=0: no kernels are built
     python3 -m bench.ds_cpu_gathers --families qwen3,mistral --size medium
     python3 -m bench.ds_cpu_gathers --knobs '{"stage3_param_persistence_threshold": 0}'
+    python3 -m bench.ds_cpu_gathers --hf-config bench/hf_configs/qwen2.5-0.5b.json \\
+        --checkpointing full --knobs '{"reduce_bucket_size": 802816,
+        "stage3_prefetch_bucket_size": 722534, "stage3_param_persistence_threshold": 8960}'
+
+(the last with the values transformers' Trainer gives the "auto" knobs of
+``bench/ds_configs/trainer_auto_zero3.json`` for that model: hidden², 0.9 hidden², 10 hidden)
 
 Prints, per case, forward and backward all-gather calls and elements, DeepSpeed's and the
 simulation's (``calculators.engines.deepspeed.stage3``), and the parameters gathered more than
@@ -41,11 +47,15 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from measure.hf_families import family_config
 
 family, size, zero = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-body = family_config(family, size)
+checkpointing = sys.argv[4] == "full"
+body = json.loads(family) if family.startswith("{") else family_config(family, size)
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_config(
     AutoConfig.for_model(**body), attn_implementation="sdpa", dtype=torch.float32
 )
+if checkpointing:
+    model.gradient_checkpointing_enable()
+model.train()
 names = {id(p): n for n, p in model.named_parameters()}
 log = []
 gather = ppc.PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_
@@ -89,7 +99,10 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def deepspeed_gathers(family: str, size: str, zero: dict[str, Any]) -> dict[str, Any]:
+def deepspeed_gathers(
+    family: str, size: str, zero: dict[str, Any], checkpointing: str = "none"
+) -> dict[str, Any]:
+    """``family``: a ``measure.hf_families`` name, or a ``config.json`` body as JSON."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -102,7 +115,7 @@ def deepspeed_gathers(family: str, size: str, zero: dict[str, Any]) -> dict[str,
         "WORLD_SIZE": "1",
     }
     done = subprocess.run(
-        [sys.executable, "-c", _RUN, family, size, json.dumps(zero)],
+        [sys.executable, "-c", _RUN, family, size, json.dumps(zero), checkpointing],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -117,13 +130,17 @@ def deepspeed_gathers(family: str, size: str, zero: dict[str, Any]) -> dict[str,
 
 
 def simulated_gathers(family: str, size: str, zero: dict[str, Any]) -> dict[str, Any]:
+    """The simulated coordinator's gathers (its module trace has no recomputation: with
+    checkpointing DeepSpeed also gathers what it released after forward for the recomputed
+    layers)."""
     from calculators.engines.deepspeed.config import model_steps, parse_config
     from calculators.engines.deepspeed.stage3 import leaf_layers, stage3_trace
     from calculators.hf_config import architecture_from_hf_config
     from calculators.parameters import architecture_params
     from measure.hf_families import family_config
 
-    arch = architecture_from_hf_config(family_config(family, size))
+    body = json.loads(family) if family.startswith("{") else family_config(family, size)
+    arch = architecture_from_hf_config(body)
     knobs = parse_config({"zero_optimization": {"stage": 3, **zero}})
     knobs = replace(knobs, leaves=leaf_layers(arch, knobs), steps=model_steps(arch))
     params = architecture_params(arch)
@@ -149,18 +166,26 @@ def main() -> None:
         help="zero_optimization keys as JSON (repeatable; default: DeepSpeed's defaults)",
     )
     parser.add_argument("--json", type=Path, help="also write the cases here")
+    parser.add_argument("--hf-config", type=Path, help="a config.json instead of --families")
+    parser.add_argument(
+        "--checkpointing", choices=["none", "full"], default="none", help="transformers' own"
+    )
     args = parser.parse_args()
     cases = []
     print("family | knobs | DeepSpeed fwd calls/elements, bwd | simulated | same")
-    for family in args.families.split(","):
+    families = args.families.split(",")
+    if args.hf_config:
+        families = [json.dumps(json.loads(args.hf_config.read_text()))]
+    for family in families:
         for raw in args.knobs or ["{}"]:
             zero = json.loads(raw)
-            ds = deepspeed_gathers(family, args.size, zero)
+            ds = deepspeed_gathers(family, args.size, zero, args.checkpointing)
             sim = simulated_gathers(family, args.size, zero)
             key = [(p["calls"], p["elements"]) for p in (ds["forward"], ds["backward"])]
             mine = [(p["calls"], p["elements"]) for p in (sim["forward"], sim["backward"])]
             cases.append({"family": family, "knobs": zero, "deepspeed": ds, "simulated": sim})
-            print(f"{family} | {raw} | {key} | {mine} | {'yes' if key == mine else 'NO'}")
+            name = args.hf_config.stem if args.hf_config else family
+            print(f"{name} | {raw} | {key} | {mine} | {'yes' if key == mine else 'NO'}")
             print(f"    gathered again in forward: {ds['forward']['again']}")
     if args.json:
         args.json.write_text(json.dumps({"size": args.size, "cases": cases}, indent=1) + "\n")
