@@ -129,10 +129,11 @@ def deepspeed_gathers(
     return result
 
 
-def simulated_gathers(family: str, size: str, zero: dict[str, Any]) -> dict[str, Any]:
-    """The simulated coordinator's gathers (its module trace has no recomputation: with
-    checkpointing DeepSpeed also gathers what it released after forward for the recomputed
-    layers)."""
+def simulated_gathers(
+    family: str, size: str, zero: dict[str, Any], checkpointing: str = "none"
+) -> dict[str, Any]:
+    """The simulated coordinator's gathers (with ``checkpointing`` "full", every layer's
+    forward run again in backward)."""
     from calculators.engines.deepspeed.config import model_steps, parse_config
     from calculators.engines.deepspeed.stage3 import leaf_layers, stage3_trace
     from calculators.hf_config import architecture_from_hf_config
@@ -142,7 +143,12 @@ def simulated_gathers(family: str, size: str, zero: dict[str, Any]) -> dict[str,
     body = json.loads(family) if family.startswith("{") else family_config(family, size)
     arch = architecture_from_hf_config(body)
     knobs = parse_config({"zero_optimization": {"stage": 3, **zero}})
-    knobs = replace(knobs, leaves=leaf_layers(arch, knobs), steps=model_steps(arch))
+    knobs = replace(
+        knobs,
+        leaves=leaf_layers(arch, knobs),
+        steps=model_steps(arch),
+        recompute=checkpointing == "full",
+    )
     params = architecture_params(arch)
     t = stage3_trace(params, knobs)
     names = [p.name for p in params]
@@ -180,10 +186,13 @@ def main() -> None:
         for raw in args.knobs or ["{}"]:
             zero = json.loads(raw)
             ds = deepspeed_gathers(family, args.size, zero, args.checkpointing)
-            sim = simulated_gathers(family, args.size, zero)
+            sim = simulated_gathers(family, args.size, zero, args.checkpointing)
             key = [(p["calls"], p["elements"]) for p in (ds["forward"], ds["backward"])]
             mine = [(p["calls"], p["elements"]) for p in (sim["forward"], sim["backward"])]
-            cases.append({"family": family, "knobs": zero, "deepspeed": ds, "simulated": sim})
+            case = {"family": family, "knobs": zero, "deepspeed": ds, "simulated": sim}
+            if args.checkpointing != "none":
+                case["checkpointing"] = args.checkpointing
+            cases.append(case)
             name = args.hf_config.stem if args.hf_config else family
             print(f"{name} | {raw} | {key} | {mine} | {'yes' if key == mine else 'NO'}")
             print(f"    gathered again in forward: {ds['forward']['again']}")

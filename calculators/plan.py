@@ -557,7 +557,7 @@ class _Evaluator:
         self.topology = Topology(
             nodes=setup.nodes, gpus_per_node=setup.gpus_per_node, dp=setup.gpus
         )
-        self._comm: dict[tuple[Stage, OffloadChoice, int | None], _CommProfile] = {}
+        self._comm: dict[tuple[Stage, OffloadChoice, int | None, bool], _CommProfile] = {}
         self.communication_evaluations = 0
         self.tensors = tensor_count(setup.architecture)
         # K: optimizer-state bytes per parameter (fp32 master included), as the memory model has it
@@ -603,6 +603,7 @@ class _Evaluator:
             grad_accumulation_steps=micro_steps,
             grad_sync=GradSync.PER_MICRO_STEP if fsdp2 else self.setup.grad_sync,
             shard_group_size=c.shard_group_size,
+            activation_checkpointing=c.activation_checkpointing,
         )
         self.communication_evaluations += 1
         return estimate_communication(comm_setup, [c.stage]).stages[0]
@@ -610,8 +611,15 @@ class _Evaluator:
     def communication(self, c: Config) -> _CommProfile:
         """Per-micro-step and per-step parts of ``c``'s communication, from the model's answers
         at one and two micro-steps (every call costs the same at any count, so each figure is
-        ``repeated · micro_steps + once``); shared by every micro-batch and checkpointing."""
-        key = (c.stage, c.offload, c.shard_group_size)
+        ``repeated · micro_steps + once``); shared by every micro-batch, and by every
+        checkpointing policy but DeepSpeed's full recomputation (stage 3 fetches each layer
+        again for it)."""
+        recompute = (
+            self.setup.engine is Engine.DEEPSPEED
+            and c.stage is Stage.PARAMETERS
+            and c.activation_checkpointing is Checkpointing.FULL
+        )
+        key = (c.stage, c.offload, c.shard_group_size, recompute)
         found = self._comm.get(key)
         if found is None:
             one, two = self.stage_communication(c, 1), self.stage_communication(c, 2)

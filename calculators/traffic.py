@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 
+from calculators.batch import Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES, Precision, Stage
 from calculators.errors import InputError
 from calculators.model_states import TrainingSetup, ceil_div
@@ -151,6 +152,9 @@ class CommunicationSetup:
         shard_group_size: HSDP / MiCS shard group (None: shard over all of dp).
         zeropp: ZeRO++ options.
         reshard_after_forward: FSDP2 stage-3 setting (torch); applied to every FSDP group.
+        activation_checkpointing: recomputation policy; under ``full`` DeepSpeed stage 3
+            fetches every layer's parameters again for its recomputation (``training.batch``'s
+            policy when that is given).
     """
 
     training: TrainingSetup
@@ -160,6 +164,7 @@ class CommunicationSetup:
     grad_sync: GradSync = GradSync.PER_STEP
     shard_group_size: int | None = None
     zeropp: ZeroPlusPlus = field(default_factory=ZeroPlusPlus)
+    activation_checkpointing: Checkpointing = Checkpointing.NONE
 
     def __post_init__(self) -> None:
         if self.grad_accumulation_steps < 1:
@@ -169,6 +174,15 @@ class CommunicationSetup:
             raise InputError("shard_group_size", f"must divide dp = {self.training.dp}")
         if self.zeropp.hpz < 1 or self.training.dp % self.zeropp.hpz:
             raise InputError("zeropp.hpz", f"must divide dp = {self.training.dp}")
+
+    @property
+    def recomputes_layers(self) -> bool:
+        """Every layer's forward runs again in backward (full activation checkpointing)."""
+        batch = self.training.batch
+        full = Checkpointing.FULL
+        return self.activation_checkpointing is full or (
+            batch is not None and batch.activation_checkpointing is full
+        )
 
 
 @dataclass(frozen=True)

@@ -243,6 +243,7 @@ def communication_question(req: CommunicationRequest) -> CommunicationQuestion:
         grad_sync=req.grad_sync,
         shard_group_size=req.shard_group_size,
         zeropp=ZeroPlusPlus(qwz=req.zeropp.qwz, hpz=req.zeropp.hpz, qgz=req.zeropp.qgz),
+        activation_checkpointing=req.activation_checkpointing,
     )
     stages = decided.stages if decided else tuple(Stage(s) for s in req.stages)
     return CommunicationQuestion(setup, stages, decided)

@@ -194,6 +194,7 @@ def comm(
     engine: Engine = None,
     engine_config: EngineConfig = None,
     grad_accumulation_steps: GradAccum = None,
+    recomputation: Checkpointing = None,
     offload_optimizer: OffloadOpt = None,
     offload_params: OffloadParams = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes.")] = None,

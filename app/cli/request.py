@@ -123,6 +123,7 @@ FIELDS: Mapping[str, BodyField] = {
     "grad_accum": BodyField("--grad-accum", ("batch", "grad_accumulation_steps")),
     # /v1/communication takes accumulation steps beside the model, not in a batch
     "grad_accumulation_steps": BodyField("--grad-accum", ("grad_accumulation_steps",)),
+    "recomputation": BodyField("--checkpointing", ("activation_checkpointing",)),
     "device_memory": BodyField("--device-memory", ("device_memory",), parse_size),
     "max_dp": BodyField("--max-dp", ("max_dp",)),
     "nodes": BodyField("--nodes", ("nodes",)),

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt
 from app.schemas.common import Degree, StrictModel
 from app.schemas.memory import ResolvedConfig, TrainingIn
 from app.schemas.model import ModelSpec
+from calculators.batch import Checkpointing
 from calculators.conventions import Engine
 from calculators.interconnects import DEFAULT_HOST_LINK, DEFAULT_INTER_NODE, DEFAULT_INTRA_NODE
 from calculators.topology import Algorithm, Link, Op
@@ -58,6 +59,12 @@ class CommunicationRequest(TrainingIn):
         "FSDP2 set_requires_gradient_sync(False)); per_micro_step: after every micro-batch. "
         "Stage 3 gathers and (paper, deepspeed) reduce-scatters on every micro-step regardless; "
         "DeepSpeed decides by itself (stage 2 every micro-step, stages 0/1 once).",
+    )
+    activation_checkpointing: Checkpointing = Field(
+        Checkpointing.NONE,
+        description="none, full or selective recomputation. Under full (transformers' "
+        "gradient checkpointing) DeepSpeed stage 3 fetches every layer's parameters again for "
+        "its recomputation, and gathers again what it released after forward.",
     )
     nodes: Annotated[
         Degree | None, Field(description="Hosts; nodes × gpus_per_node = dp × tp × pp.")

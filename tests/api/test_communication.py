@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 PSI = {"params": 1_000_000_000}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def post(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
@@ -157,3 +160,35 @@ def test_nan_bandwidth_is_a_422_not_a_500(client: TestClient) -> None:
     raw = '{"model": {"params": 1000}, "dp": 8, "interconnect": {"bandwidth": NaN}}'
     r = client.post("/v1/communication", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 422
+
+
+def test_deepspeed_recomputation_gathers_again_through_http(client: TestClient) -> None:
+    # Qwen2.5-0.5B under the Trainer's "auto" stage-3 knobs: with every layer recomputed the
+    # reuse walk of forward's first layers reaches past 1e9 elements, so they are released and
+    # gathered again for their recomputation, as DeepSpeed did on the CPU and on the GPUs
+    # (bench/results/ds_cpu_gathers_real_checkpointing.json): 608,878,592 elements, not
+    # 493,961,216
+    hf = json.loads((ROOT / "bench" / "hf_configs" / "qwen2.5-0.5b.json").read_text())
+    zero = {
+        "stage": 3,
+        "reduce_bucket_size": 802816,
+        "stage3_prefetch_bucket_size": 722534,
+        "stage3_param_persistence_threshold": 8960,
+    }
+    base = {
+        "model": {"hf_config": hf},
+        "dp": 2,
+        "engine": "deepspeed",
+        "precision": "mixed_bf16",
+        "engine_config": {"zero_optimization": zero, "bf16": {"enabled": True}},
+    }
+    gathered = {}
+    for policy in ("none", "full"):
+        (s3,) = post(client, {**base, "activation_checkpointing": policy})["stages"]
+        (forward,) = [c for c in s3["collectives"] if c["phase"] == "forward"]
+        gathered[policy] = (forward["op"], forward["calls"], forward["payload_bytes"])
+    # 16-bit copies of every gathered parameter (sizes even: no padding at Nd 2)
+    assert gathered == {
+        "none": ("all_gather", 121, 2 * 493_961_216),
+        "full": ("all_gather", 160, 2 * 608_878_592),
+    }

@@ -61,8 +61,10 @@ def test_evaluates_exactly_the_search_space(engine: Engine) -> None:
     offloads = 4 if engine is Engine.TORCH else 1 + 2 + 2 + 3
     assert p.evaluated == micro * ckpt * offloads  # type: ignore[attr-defined]
     assert len(p.candidates) + len(p.rejected) == p.evaluated  # type: ignore[attr-defined]
-    # communication is asked twice (1 and 2 micro-steps) per stage and offload, at most
-    assert p.communication_evaluations <= 2 * offloads  # type: ignore[attr-defined]
+    # communication is asked twice (1 and 2 micro-steps) per stage and offload, at most, and
+    # DeepSpeed's stage 3 (3 offloads) twice more under full recomputation, which gathers again
+    recomputed = 0 if engine is Engine.TORCH else 2 * 3
+    assert p.communication_evaluations <= 2 * offloads + recomputed  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("engine", [Engine.TORCH, Engine.DEEPSPEED])

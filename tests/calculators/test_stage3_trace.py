@@ -18,6 +18,7 @@ from calculators.engines.deepspeed.stage3 import (
     _module,
     _stage3_trace,
     fetch_order,
+    held_steps,
     module_tree,
 )
 from calculators.parameters import ParamTensor, architecture_params
@@ -32,6 +33,7 @@ def reference_trace(
     reuse: int,
     leaves: frozenset[int] = frozenset(),
     steps: ModelSteps | None = None,
+    recompute: bool = False,
 ) -> Stage3Trace:
     """The coordinator walked one queue entry at a time (the simulation as first written); a
     release walks the trace module by module as ``__params_to_release`` does, reading each
@@ -49,9 +51,11 @@ def reference_trace(
         owned.setdefault(_module(p, leaves), []).append(i)
     if steps is not None and steps.tied_head and "embed" in owned:
         owned["head"] = owned["embed"]
-    forward, backward = fetch_order(params, leaves, steps)
+    forward, backward = fetch_order(params, leaves, steps, recompute)
     trace = forward + backward
     n_forward = len(forward)
+    # fetches whose release waits for their block's recomputation
+    holding = {n_forward + k for k in held_steps(backward)} if recompute else set()
     early_end = n_forward + next(
         (k for k, m in enumerate(backward) if m.startswith("blocks.")), len(backward)
     )
@@ -113,7 +117,7 @@ def reference_trace(
         """Released after a use at ``after - 1``: the walk from ``after`` keeps i if its next
         use comes before the elements traversed reach the distance (checked before each module:
         strictly fewer than it)."""
-        if persistent[i] or recent[i] > after:
+        if persistent[i] or recent[i] > after or after - 1 in holding:
             return False
         return not keeps(i, after)
 
@@ -187,7 +191,7 @@ def reference_trace(
                     gathered_at[phase].add(use)
                     if n_forward <= use < early_end:
                         early.append((use > n_forward, i))
-                if free and last <= use + 1 and not keeps(i, use + 1):
+                if free and last <= use + 1 and use not in holding and not keeps(i, use + 1):
                     held = False
                 if use < n_forward:
                     kept[i] = held

@@ -118,6 +118,9 @@ class Knobs:
     # the modelling code's modules that own no listed parameter, once the architecture is
     # known (model_steps)
     steps: ModelSteps | None = None
+    # every decoder layer runs its forward again in backward (full activation checkpointing:
+    # transformers' gradient checkpointing), once the batch is known
+    recompute: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def overlap(self, stage: Stage) -> bool:

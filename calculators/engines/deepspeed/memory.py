@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import cached_property
 
+from calculators.batch import Checkpointing
 from calculators.conventions import OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.deepspeed.config import (
     Knobs,
@@ -129,7 +130,13 @@ class Shared:
     def knobs(self) -> Knobs:
         knobs = with_offload(self.setup, parse_config(self.setup.engine_config))
         arch = self.setup.architecture
-        return replace(knobs, leaves=leaf_layers(arch, knobs), steps=model_steps(arch))
+        batch = self.setup.batch
+        return replace(
+            knobs,
+            leaves=leaf_layers(arch, knobs),
+            steps=model_steps(arch),
+            recompute=batch is not None and batch.activation_checkpointing is Checkpointing.FULL,
+        )
 
     @cached_property
     def params(self) -> tuple[Sequence[ParamTensor], bool]:

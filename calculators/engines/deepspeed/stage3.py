@@ -9,7 +9,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import accumulate, compress
 from operator import add, ge, gt, sub
@@ -223,15 +223,18 @@ def fetch_order(
     params: Sequence[ParamTensor],
     leaves: frozenset[int] = frozenset(),
     steps: ModelSteps | None = None,
+    recompute: bool = False,
 ) -> tuple[list[str], list[str]]:
     """Modules in the order DeepSpeed's hooks fetch them, forward then backward.
 
     Every module whose ``forward`` runs is fetched (``module_tree``). Backward fetches come
     from the hooks on each module's outputs, so a container comes before its children and
-    children run in reverse.
+    children run in reverse. ``recompute``: each block runs its forward again in backward
+    (:func:`_recomputed`).
     """
     children = module_tree(params, leaves, steps)
-    return _walk(children, False), _walk(children, True)
+    owners = {_module(p, leaves) for p in params}
+    return _walk(children, False), _walk(children, True, owners if recompute else None)
 
 
 def _before_blocks(backward: list[str]) -> int:
@@ -240,17 +243,99 @@ def _before_blocks(backward: list[str]) -> int:
     return next((k for k, m in enumerate(backward) if m.startswith("blocks.")), len(backward))
 
 
-def _walk(children: dict[str, list[str]], reverse: bool) -> list[str]:
-    """The modules from the root, each before its children (last first when ``reverse``)."""
+def _walk(
+    children: dict[str, list[str]],
+    reverse: bool,
+    recompute: set[str] | None = None,
+    root: str = "",
+) -> list[str]:
+    """The modules from ``root``, each before its children (last first when ``reverse``).
+    ``recompute``: the modules that own parameters, when each block runs its forward again in
+    backward (:func:`_recomputed`)."""
     out: list[str] = []
-    stack = [""]
+    stack = [root]
     while stack:
         node = stack.pop()
+        if reverse and recompute is not None and _is_block(node):
+            path, later = _trigger_path(children, node, recompute)
+            out += path + _walk(children, False, root=node)
+            stack.extend(reversed(later))
+            continue
         out.append(node)
         kids = children[node]
         # pushed last-first, so the first to visit is on top
         stack.extend([k for k in kids if _in_backward(k)] if reverse else reversed(kids))
     return out
+
+
+# --- recomputation ------------------------------------------------------------------------------
+# Under transformers' gradient checkpointing (``GradientCheckpointingLayer``:
+# torch.utils.checkpoint, non-reentrant) each decoder layer's forward runs again in backward,
+# through ``__call__``, so DeepSpeed's pre-forward hooks fetch the layer and every module in it
+# once more (partitioned_param_coordinator.py ``record_module`` traces those steps with the
+# rest). The recomputation starts when backward first reads what the layer saved: the backward
+# hooks on the layer's output and on the output of its last child, of that child's last child
+# and so on fire first, down to the first module that saved something (a parameterless leaf, a
+# dropout at p = 0, saves nothing and is passed), then the layer's forward runs whole, then
+# backward goes on with the modules not yet fetched. An MoE block's experts end the descent:
+# the block combining their outputs saves what it routed. Read off DeepSpeed's own trace of
+# transformers' layers on the CPU (``bench/ds_cpu_gathers.py --checkpointing full --order``).
+
+
+def held_steps(backward: Sequence[str]) -> set[int]:
+    """The backward fetches (positions in ``backward``, a recomputed trace) made before their
+    block's recomputation: from a block's first step to its second. Their modules' backward
+    runs the recomputation, and their release waits for its end (parameter_offload.py: the
+    release is the post-backward hook's, ``ds_active_sub_modules`` holds the module until
+    then), so none is released before the recomputation fetches it again."""
+    held: set[int] = set()
+    block = None
+    for k, m in enumerate(backward):
+        if _is_block(m):
+            block = m if block != m else None  # its second step: the recomputation's
+        if block is not None:
+            held.add(k)
+    return held
+
+
+def _holding(s: _Steps) -> _Steps:
+    """``s`` as a fetch before its block's recomputation (:func:`held_steps`)."""
+    return replace(s, held=True) if s.params is not None else s
+
+
+def _is_block(module: str) -> bool:
+    """Whether ``module`` is a decoder layer (``blocks.<i>``)."""
+    above, _, index = module.rpartition(".")
+    return above == "blocks" and index.isdigit()
+
+
+def _is_expert(module: str) -> bool:
+    """Whether ``module`` is one expert of an MoE block (``blocks.<i>.experts.<j>``)."""
+    above, _, index = module.rpartition(".")
+    return index.isdigit() and above.endswith(".experts")
+
+
+def _trigger_path(
+    children: dict[str, list[str]], node: str, owners: set[str]
+) -> tuple[list[str], list[str]]:
+    """A recomputed module's backward steps before its forward runs again (``node``, its last
+    child, that child's last child, ... down to the first that saved something), and the
+    subtrees whose backward steps come after it, in order."""
+    path, later = [node], []
+    kids = [k for k in reversed(children[node]) if _in_backward(k)]
+    while kids:
+        k = kids[0]
+        if _is_expert(k):
+            break
+        kids.pop(0)
+        if not children[k] and k not in owners:  # parameterless: saved nothing
+            path.append(k)
+            continue
+        below, below_later = _trigger_path(children, k, owners)
+        path += below
+        later = below_later
+        break
+    return path, later + kids
 
 
 # --- the trace, run-length coded ---------------------------------------------------------------
@@ -266,7 +351,8 @@ def _walk(children: dict[str, list[str]], reverse: bool) -> list[str]:
 class _Steps:
     """``steps`` consecutive module fetches with ``entries`` parameter uses of ``elements``
     elements in all; ``params``: the one fetch's parameters when it owns one that is not
-    persistent."""
+    persistent; ``held``: a backward fetch before its block's recomputation, whose release
+    waits for the module's backward, which runs the recomputation (:func:`held_steps`)."""
 
     steps: int
     entries: int
@@ -274,6 +360,7 @@ class _Steps:
     params: tuple[int, ...] | None = None
     nested: int = 0
     leaf: bool = False
+    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -342,7 +429,13 @@ def _shifted(s: _Steps, shift: int) -> _Steps:
     if not shift or s.params is None:
         return s
     return _Steps(
-        s.steps, s.entries, s.elements, tuple(i + shift for i in s.params), s.nested, s.leaf
+        s.steps,
+        s.entries,
+        s.elements,
+        tuple(i + shift for i in s.params),
+        s.nested,
+        s.leaf,
+        s.held,
     )
 
 
@@ -416,16 +509,18 @@ def _trace_by_names(
     persistent: Sequence[bool],
     leaves: frozenset[int],
     steps: ModelSteps | None = None,
+    recompute: bool = False,
 ) -> tuple[list[_Item], list[_Item], int]:
     """Forward and backward fetches of a list of named tensors, and the backward steps before
     the first block's."""
     owned: dict[str, list[int]] = {}
     for i, p in enumerate(params):
         owned.setdefault(_module(p, leaves), []).append(i)
+    owners = set(owned) if recompute else None
     if steps is not None and steps.tied_head and "embed" in owned:
         owned["head"] = owned["embed"]  # lm_head holds the embedding's weight
     children = module_tree(params, leaves, steps)
-    forward, backward = _walk(children, False), _walk(children, True)
+    forward, backward = _walk(children, False), _walk(children, True, owners)
     # each module's fetch, the same forward and backward; its elements below it first
     total: dict[str, int] = {}
     step: dict[str, _Steps] = {}
@@ -435,9 +530,10 @@ def _trace_by_names(
         kids = children[node]
         total[node] = own + sum(total[k] for k in kids) if kids else own
         step[node] = _fetch(mine, numel, persistent, total[node], _is_leaf(node, leaves))
+    held = held_steps(backward) if recompute else set()
     return (
         _joined([step[m] for m in forward]),
-        _joined([step[m] for m in backward]),
+        _joined([_holding(step[m]) if k in held else step[m] for k, m in enumerate(backward)]),
         _before_blocks(backward),
     )
 
@@ -449,6 +545,7 @@ def _trace_by_template(
     by_size: bool,
     leaves: frozenset[int],
     steps: ModelSteps | None = None,
+    recompute: bool = False,
 ) -> tuple[list[_Item], list[_Item], int]:
     """Forward and backward fetches of an architecture's tensors, from its template (and the
     backward steps before the first block's): the
@@ -462,6 +559,7 @@ def _trace_by_template(
     owned: dict[str, list[int]] = {}
     for t, p in enumerate(template.tensors):
         owned.setdefault(_module(p, leaves), []).append(t)
+    owners = set(owned)
     if steps is not None and steps.tied_head and "embed" in owned:
         owned["head"] = owned["embed"]  # lm_head holds the embedding's weight
     block_roots = {f"blocks.{k.start}": n for n, k in enumerate(template.kinds)}
@@ -493,8 +591,9 @@ def _trace_by_template(
         node: str, reverse: bool, kind: int, shift: int, stride: int, copies: int
     ) -> tuple[list[_Item], int]:
         parts, total = [], 0
+        walk = recomputed if reverse and recompute and _is_block(node) else subtree
         for first, count in alike(node, kind, shift, stride, copies):
-            copy, size = subtree(node, reverse, kind, shift + stride * first)
+            copy, size = walk(node, reverse, kind, shift + stride * first)
             parts.append(_repeated(copy, count, stride, reverse))
             total += size * count
         return _joined([s for part in (parts[::-1] if reverse else parts) for s in part]), total
@@ -507,22 +606,46 @@ def _trace_by_template(
         out: list[_Item] = []
         kids = children[node]
         for kid in [k for k in reversed(kids) if _in_backward(k)] if reverse else kids:
-            if kid in block_roots:
-                k = block_roots[kid]
-                stride = template.block_length(template.kinds[k])
-                part, size = copies_of(kid, reverse, k, shift, stride, template.kinds[k].blocks)
-            elif kind is not None and kid == expert_roots.get(kind):
-                stride = template.kinds[kind].expert
-                part, size = copies_of(kid, reverse, kind, shift, stride, template.experts)
-            else:
-                part, size = subtree(kid, reverse, kind, shift)
+            part, size = below(kid, reverse, kind, shift)
             out += part
             total += size
         own = _fetch(mine, numel, persistent, total, _is_leaf(node, leaves))
         return _joined([own, *out]), total
 
+    def below(kid: str, reverse: bool, kind: int | None, shift: int) -> tuple[list[_Item], int]:
+        """The fetches of ``kid``'s subtree, its copies taken together where it is the first
+        block of its kind or the first expert."""
+        if kid in block_roots:
+            k = block_roots[kid]
+            stride = template.block_length(template.kinds[k])
+            return copies_of(kid, reverse, k, shift, stride, template.kinds[k].blocks)
+        if kind is not None and kid == expert_roots.get(kind):
+            stride = template.kinds[kind].expert
+            return copies_of(kid, reverse, kind, shift, stride, template.experts)
+        return subtree(kid, reverse, kind, shift)
+
+    def recomputed(
+        node: str, _reverse: bool, kind: int | None, shift: int
+    ) -> tuple[list[_Item], int]:
+        """A block's backward fetches with its forward run again (``_trigger_path``)."""
+        forward, total = subtree(node, False, kind, shift)
+        path, later = _trigger_path(children, node, owners)
+        out: list[_Item] = []
+        for m in path:  # each module's own fetch
+            mine = tuple(template.index(t, kind) + shift for t in owned.get(m, ()))
+            nested = subtree(m, False, kind, shift)[1]
+            out.append(_holding(_fetch(mine, numel, persistent, nested, _is_leaf(m, leaves))))
+        out += forward
+        for m in later:
+            out += below(m, True, kind, shift)[0]
+        return _joined(out), total
+
     backward = subtree("", True, None, 0)[0]
-    return subtree("", False, None, 0)[0], backward, _before_blocks(_walk(children, True))
+    return (
+        subtree("", False, None, 0)[0],
+        backward,
+        _before_blocks(_walk(children, True, owners if recompute else None)),
+    )
 
 
 def stage3_trace(params: Sequence[ParamTensor], knobs: Knobs) -> Stage3Trace:
@@ -532,9 +655,9 @@ def stage3_trace(params: Sequence[ParamTensor], knobs: Knobs) -> Stage3Trace:
 
 def _trace_args(
     params: Sequence[ParamTensor], knobs: Knobs
-) -> tuple[Sequence[ParamTensor], int, int, int, int, int, frozenset[int], ModelSteps | None]:
-    """``_stage3_trace``'s arguments: the list as a cache key, the knobs it reads and the
-    modelling code's parameterless steps."""
+) -> tuple[Sequence[ParamTensor], int, int, int, int, int, frozenset[int], ModelSteps | None, bool]:
+    """``_stage3_trace``'s arguments: the list as a cache key, the knobs it reads, the
+    modelling code's parameterless steps and whether the blocks are recomputed."""
     leaves = knobs.leaves
     key = _key(params)
     if leaves and isinstance(params, ParamList):
@@ -550,6 +673,7 @@ def _trace_args(
         knobs.max_reuse_distance,
         leaves,
         knobs.steps,
+        knobs.recompute,
     )
 
 
@@ -593,6 +717,7 @@ def _stage3_trace(
     reuse: int,
     leaves: frozenset[int] = frozenset(),
     modelled: ModelSteps | None = None,
+    recompute: bool = False,
 ) -> Stage3Trace:
     """Simulate the parameter coordinator for one steady-state forward and backward.
 
@@ -609,6 +734,10 @@ def _stage3_trace(
       module's walk reads each later module's parameters recursively, so its own reappear at
       the first backward step (the root): they are kept when forward after it reads fewer
       elements than the distance, counting a parameter once per module above it.
+    - ``recompute``: each block runs its forward again in backward (:func:`_trigger_path`), so
+      its parameters have three uses: forward, then two in backward (the recomputation's and
+      the backward's, or for the modules fetched before the recomputation starts, those two
+      the other way round).
 
     The prefetcher outruns the forward (it skips what is gathered), reaches the backward half of
     the queue a few modules in and records every backward use, so on models that fit
@@ -630,10 +759,12 @@ def _stage3_trace(
         return Stage3Trace(flags, flags, 0, 0, none, none, 0, 0)
     if isinstance(params, ParamList):
         forward, backward, outside = _trace_by_template(
-            params, numel, persistent, by_size, leaves, modelled
+            params, numel, persistent, by_size, leaves, modelled, recompute
         )
     else:
-        forward, backward, outside = _trace_by_names(params, numel, persistent, leaves, modelled)
+        forward, backward, outside = _trace_by_names(
+            params, numel, persistent, leaves, modelled, recompute
+        )
     items = forward + backward
     n_forward = sum(_span(s)[0] for s in forward)
     early_end = n_forward + outside  # the backward steps before the first block's
@@ -641,17 +772,25 @@ def _stage3_trace(
     n_steps = n_forward + sum(_span(s)[0] for s in backward)
     # Where each item starts (step, queue entry, elements traversed before it); the queue
     # entries of the parameters that can be released, as three flat lists; and for each such
-    # parameter its two uses (every module is fetched once in forward, once in backward), the
-    # elements traversed before the step after its forward use and before its backward use (the
-    # reuse distance between them). A persistent parameter is always gathered and never
-    # released, so its entries only take room in the queue: the walks below step over them by
-    # position. A run's entries and uses are laid out copy by copy at once.
+    # parameter its uses (every module is fetched once in forward, once in backward, and with
+    # ``recompute`` a block's once more in backward: the first backward use is then the middle
+    # one ``use_m``, else ``use_m`` is ``use_b``), the elements traversed before each backward
+    # use and after each other use (the reuse distances between them). A persistent parameter is
+    # always gathered and never released, so its entries only take room in the queue: the walks
+    # below step over them by position. A run's entries and uses are laid out copy by copy at
+    # once.
     n = len(numel)
     starts: list[tuple[int, int, int]] = []
     movable: list[int] = []  # queue positions
     movable_param: list[int] = []
     movable_step: list[int] = []
     use_f, use_b, after_f, before_b = [0] * n, [0] * n, [0] * n, [0] * n
+    # the middle uses, while there may be some: each backward use moves the one before to them
+    after_b = [0] * n
+    use_m, before_m, after_m = ([0] * n, [0] * n, [0] * n) if recompute else (use_b, before_b, [])
+    # the middle use is a fetch whose release waits for the recomputation (``_Steps.held``)
+    holding = [False] * n if recompute else []
+    middle = ((use_b, use_m), (before_b, before_m), (after_b, after_m)) if recompute else ()
     # a leaf module's parameters with the nested elements read in forward up to and with it
     leaf_reads: list[tuple[tuple[int, ...], int]] = []
     # every use of a parameter held by two modules (a tied head's): (step, elements traversed
@@ -678,23 +817,33 @@ def _stage3_trace(
                 if s.leaf and s.params is not None:
                     leaf_reads.append((s.params, nested))
         uses, distances = (use_b, before_b) if back else (use_f, after_f)
+        moved = middle if back else ()
         if isinstance(s, _Run):
-            lanes: list[tuple[int, int, int, int]] = []  # entry, parameter, step, elements
+            # entry, parameter, step, elements before it and after it
+            lanes: list[tuple[int, int, int, int, int]] = []
             at = [0, 0, 0]
             for b in s.body:
                 for k, i in enumerate(b.params or ()):
                     if not persistent[i]:
-                        lanes.append((at[0] + k, i, at[1], at[2] + (0 if back else b.elements)))
+                        lanes.append((at[0] + k, i, at[1], at[2], at[2] + b.elements))
+                        if b.held:
+                            _set(holding, i, s.shift, 0, s.copies, [True] * s.copies)
                 at = [at[0] + b.entries, at[1] + b.steps, at[2] + b.elements]
             width, copies = len(lanes), s.copies
             size = width * copies
             positions, owners, steps = [0] * size, [0] * size, [0] * size
-            for j, (e, i, t, el) in enumerate(lanes):
+            for j, (e, i, t, el, el_after) in enumerate(lanes):
                 positions[j::width] = range(entry + e, entry + e + copies * s.entries, s.entries)
                 owners[j::width] = range(i, i + copies * s.shift, s.shift)
                 steps[j::width] = range(step + t, step + t + copies * s.steps, s.steps)
+                for source, target in moved:
+                    _set(target, i, s.shift, 0, copies, _lane(source, i, s.shift, 0, copies))
                 _fill(uses, i, s.shift, copies, step + t, s.steps)
-                _fill(distances, i, s.shift, copies, elements + el, s.elements)
+                _fill(
+                    distances, i, s.shift, copies, elements + (el if back else el_after), s.elements
+                )
+                if moved:
+                    _fill(after_b, i, s.shift, copies, elements + el_after, s.elements)
             movable += positions
             movable_param += owners
             movable_step += steps
@@ -704,8 +853,13 @@ def _stage3_trace(
                     movable.append(entry + k)
                     movable_param.append(i)
                     movable_step.append(step)
+                    for source, target in moved:
+                        target[i] = source[i]
                     uses[i] = step
                     distances[i] = elements + (0 if back else s.elements)
+                    after_b[i] = elements + s.elements
+                    if s.held:
+                        holding[i] = True
                     if tied:
                         shared.setdefault(i, []).append((step, elements, elements + s.elements))
         spanned = _span(s)
@@ -713,14 +867,22 @@ def _stage3_trace(
         entry += spanned[1]
         elements += spanned[2]
     n_queue = entry
-    shared = {i: u for i, u in shared.items() if len(u) > 2}
-    # elements a release walk reads between a parameter's forward and backward use: its own
+    # the tied embedding: two uses in forward
+    shared = {i: u for i, u in shared.items() if sum(t < n_forward for t, _, _ in u) > 1}
+    if recompute:
+        # a parameter with one backward use: its middle use is that one
+        for i in [i for i, m in enumerate(use_m) if not m]:
+            use_m[i], before_m[i], after_m[i] = use_b[i], before_b[i], after_b[i]
+    # elements a release walk reads between a parameter's forward use and its next use: its own
     # module's walk counts modules' own parameters; a leaf's, every module's nested ones up to
-    # the root's backward step
-    gap = list(map(sub, before_b, after_f))
+    # the root's backward step. ``gap_m``: between the middle use and the last.
+    gap: list[int] = list(map(sub, before_m, after_f))
+    gap_m: list[int] = list(map(sub, before_b, after_m)) if recompute else gap
     for mine, read in leaf_reads:
         for i in mine:
             gap[i] = nested - read
+    for i in compress(range(n), holding):
+        gap_m[i] = -1  # never released before the recomputation fetches it again
     item_entries = [e for _, e, _ in starts]
     head = 0
     available = list(persistent)
@@ -827,7 +989,9 @@ def _stage3_trace(
             return False
         if i in shared:
             return _next_use_beyond(shared[i], after, reuse)
-        return after > use_b[i] or gap[i] >= reuse
+        if after > use_b[i]:
+            return True
+        return (gap_m[i] if after > use_m[i] else gap[i]) >= reuse
 
     def fetch(first: int, entry: int, mine: tuple[int, ...], entries: int) -> None:
         """One module fetch owning a parameter that can be released."""
@@ -877,19 +1041,22 @@ def _stage3_trace(
         return first + j if j < s.steps else None
 
     def use_class(i: int, last: int) -> int:
-        """Which of i's uses ``last`` (a recorded use) is: none yet, forward, backward."""
-        return (last >= use_f[i]) + (last >= use_b[i])
+        """Which of i's uses ``last`` (a recorded use) is: none yet, forward, (with
+        ``recompute``) middle, backward."""
+        cls = (last >= use_f[i]) + (last >= use_b[i])
+        return cls + (last >= use_m[i]) if recompute else cls
 
     def states(x: int, dx: int, lo: int, hi: int) -> tuple[list[bool], list[int]]:
         """Gathered and last recorded use (as its class) of ``x + m·dx`` for m in [lo, hi)."""
         last = _lane(recent, x, dx, lo, hi)
-        return _lane(available, x, dx, lo, hi), list(
-            map(
-                add,
-                map(ge, last, _lane(use_f, x, dx, lo, hi)),
-                map(ge, last, _lane(use_b, x, dx, lo, hi)),
-            )
+        classes = map(
+            add,
+            map(ge, last, _lane(use_f, x, dx, lo, hi)),
+            map(ge, last, _lane(use_b, x, dx, lo, hi)),
         )
+        if recompute:
+            classes = map(add, classes, map(ge, last, _lane(use_m, x, dx, lo, hi)))
+        return _lane(available, x, dx, lo, hi), list(classes)
 
     def repeats(
         r: _Run,
@@ -914,7 +1081,9 @@ def _stage3_trace(
         limit = r.copies - c
         if first0 <= n_forward - 1 < first0 + r.copies * r.steps:
             limit = min(limit, (n_forward - 1 - first0) // r.steps - c)
-        own = [i + t * d for b in r.body for i in b.params or () if not persistent[i]]
+        # (a recomputed block fetches each of its modules twice in backward)
+        own = list(dict.fromkeys(i + t * d for b in r.body for i in b.params or ()))
+        own = [i for i in own if not persistent[i]]
         moved = head - head0
         window: list[int] = []
         shift = d
@@ -930,7 +1099,10 @@ def _stage3_trace(
             if head > end:
                 return 0, []
             limit = min(limit, (end - head) // moved)
-            popped = movable_param[bisect_left(movable, head0) : bisect_left(movable, head)]
+            # (a recomputed block's parameters are popped twice)
+            popped = dict.fromkeys(
+                movable_param[bisect_left(movable, head0) : bisect_left(movable, head)]
+            )
             mine = set(own)
             window = [x for x in popped if x not in mine]
             if ahead is not r:
@@ -940,7 +1112,10 @@ def _stage3_trace(
                 limit = min(limit, _apart(own, d, window, shift, limit))
         lanes = [(x, shift) for x in window] + [(x, d) for x in own]
         # how many copies keep the same decision (forward: the reuse distance to backward)
-        decide = [(x, gap[x] >= reuse) for x in own] if first0 < n_forward else []
+        # (backward, recomputed: from the recomputation's use to the backward's, which shrinks
+        # copy by copy where the copies are a block's experts)
+        distance = gap if first0 < n_forward else gap_m
+        decide = [(x, distance[x] >= reuse) for x in own] if first0 < n_forward or recompute else []
         # the parameters the pattern copy changed, on each lane: (copy, gathered, use class)
         # before it ran, found through their remainder modulo the lane's shift
         residues: dict[int, dict[int, list[int]]] = {}
@@ -962,7 +1137,7 @@ def _stage3_trace(
             hi = min(limit, k + size)
             bad = hi - k
             for x, keep in decide:
-                gaps = _lane(gap, x, d, k + 1, hi + 1)
+                gaps = _lane(distance, x, d, k + 1, hi + 1)
                 if (min(gaps) >= reuse) if keep else (max(gaps) < reuse):
                     continue
                 bad = min(bad, next(q for q, g in enumerate(gaps) if (g >= reuse) != keep))
@@ -1000,7 +1175,7 @@ def _stage3_trace(
         for x, dx in lanes:
             _set(available, x, dx, 1, k + 1, [available[x]] * k)
             cls = use_class(x, recent[x])
-            latest = (None, use_f, use_b)[cls]
+            latest = ((None, use_f, use_m, use_b) if recompute else (None, use_f, use_b))[cls]
             _set(
                 recent, x, dx, 1, k + 1, _lane(latest, x, dx, 1, k + 1) if latest else [_NEVER] * k
             )
@@ -1094,7 +1269,11 @@ def _stage3_trace(
             # ``released`` inlined: the last recorded use is final
             held = available[i]
             last = recent[i]
-            for use in [u for u, *_ in shared[i]] if i in shared else (use_f[i], use_b[i]):
+            for use in (
+                [u for u, *_ in shared[i]]
+                if i in shared
+                else dict.fromkeys((use_f[i], use_m[i], use_b[i]))
+            ):
                 if use < first:
                     continue
                 if not held:
@@ -1108,7 +1287,9 @@ def _stage3_trace(
                 if i in shared:
                     if last <= use + 1 and _next_use_beyond(shared[i], use + 1, reuse):
                         held = False
-                elif last <= use + 1 and (use == use_b[i] or gap[i] >= reuse):
+                elif last <= use + 1 and (
+                    use == use_b[i] or (gap_m[i] if use == use_m[i] else gap[i]) >= reuse
+                ):
                     held = False
                 if use < n_forward:
                     kept[i] = held

@@ -383,7 +383,10 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
         )
     knobs = deepspeed_knobs(t.engine_config, setup.zeropp)
     knobs = replace(
-        knobs, leaves=leaf_layers(t.architecture, knobs), steps=model_steps(t.architecture)
+        knobs,
+        leaves=leaf_layers(t.architecture, knobs),
+        steps=model_steps(t.architecture),
+        recompute=setup.recomputes_layers,
     )
     extra_notes: tuple[str, ...] = (
         ("ZeRO++ (qwZ/hpZ/qgZ) acts on stage 3 only; ignored here",)
