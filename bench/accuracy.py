@@ -340,12 +340,31 @@ def hf_runs(path: Path) -> list[Run]:
     return out
 
 
-def real_model_runs(path: Path) -> list[Run]:
+@dataclass(frozen=True)
+class RealModelRun:
+    """One run of ``bench/gpu/real_models_round.sh`` and the setup that predicts it.
+
+    Attributes:
+        name: the job's name.
+        family: the ``config.json``'s file name.
+        engine: ``torch`` or ``deepspeed`` with its version.
+        run: the run as ``python -m measure`` printed it.
+        setup: the request rebuilt from the job's arguments, as the calculators take it.
+    """
+
+    name: str
+    family: str
+    engine: str
+    run: Mapping[str, Any]
+    setup: TrainingSetup
+
+
+def real_model_setups(path: Path) -> list[RealModelRun]:
     """``bench/gpu/real_models_round.sh``: ``[{"name", "args", "result"}]``, each job's
     ``python -m measure`` arguments beside what it printed. The request is rebuilt from those
     arguments (the model's ``config.json`` and the DeepSpeed config they name, read from
     ``bench/``), each job one process (no earlier engine patched ``F.linear``); the family is
-    the config's file name."""
+    the config's file name. A job with no result is left out."""
     from unittest import mock
 
     from measure.__main__ import parse_args
@@ -375,19 +394,18 @@ def real_model_runs(path: Path) -> list[Run]:
             bare, _ = spec_setup(body, run["world_size"], None)
             config = _hf_engine_config(bare, stage, False, major, checked.engine_config)
             setup, _ = spec_setup(body, run["world_size"], config)
-            r = _validate_run(path, entry["name"], run, setup, family)
-            out.append(
-                Run(
-                    r.source,
-                    r.label,
-                    f"{engine} {version}",
-                    family,
-                    r.stage,
-                    r.dp,
-                    r.errors,
-                    r.allocator_share,
-                )
-            )
+            out.append(RealModelRun(entry["name"], family, f"{engine} {version}", run, setup))
+    return out
+
+
+def real_model_runs(path: Path) -> list[Run]:
+    """``real_model_setups``' runs, each predicted again."""
+    out = []
+    for m in real_model_setups(path):
+        r = _validate_run(path, m.name, dict(m.run), m.setup, m.family)
+        out.append(
+            Run(r.source, r.label, m.engine, m.family, r.stage, r.dp, r.errors, r.allocator_share)
+        )
     return out
 
 

@@ -1,9 +1,8 @@
 # ruff: noqa: T201 (a script: its report goes to stdout)
 """Real Hugging Face models as users train them, from ``bench/gpu/real_models_round.sh``'s
-results: each run's request rebuilt from the arguments the job ran with and predicted again
-with the current calculators (the run's own facts, such as the GPU generation and whether an
-earlier engine replaced ``F.linear``, read back from its stored prediction), beside what it
-measured::
+results: each run predicted again with the current calculators from the request its job's
+arguments make (``bench.accuracy.real_model_setups``, as the README's accuracy table predicts
+them), beside what it measured and the error its own prediction had when it ran::
 
     python3 bench/real_models_report.py bench/results/real_models/h200x4.json
 """
@@ -16,53 +15,40 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.hf_recheck import stored_settings  # noqa: E402
+from bench.accuracy import real_model_setups  # noqa: E402
 from calculators.conventions import Stage  # noqa: E402
 from calculators.memory import estimate  # noqa: E402
-from measure.__main__ import parse_args  # noqa: E402
 from measure.compare import predicted_memory, relative_error  # noqa: E402
-from measure.runner import training_setup  # noqa: E402
-from measure.spec import parse_spec  # noqa: E402
-from measure.workloads import build_workload  # noqa: E402
 
 MIB = 2**20
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def rows(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for entry in json.loads(path.read_text()):
-        result = entry["result"]
-        if result is None:
-            out.append({"name": entry["name"], "missing": True})
-            continue
-        # the job's paths are relative to the repository root
-        args = [str(ROOT / a) if a.startswith("bench/") else a for a in entry["args"]]
-        with mock.patch("measure.spec.deepspeed_available", return_value=True):
-            ms = parse_spec(parse_args(args))
-        workload = build_workload(ms)
-        tensors = tuple(workload.tensors)
-        for run in result["runs"]:
-            stage = Stage(run["stage"])
-            settings = stored_settings(run, tensors)
-            setup = training_setup(ms, workload, run["world_size"], settings, stage)
-            predicted = predicted_memory(estimate(setup, [stage]).stages[0])
-            measured = run["measured"]
-            row: dict[str, Any] = {
-                "name": entry["name"],
-                "engine": run["engine"],
-                "stage": run["stage"],
-                "nd": run["world_size"],
-            }
-            for key in ("resident", "peak"):
-                row[key] = measured.get(key), predicted.get(key)
-                row[f"{key}_error"] = relative_error(predicted.get(key), measured.get(key))
-                row[f"{key}_stored"] = run["relative_error"].get(key)
-            out.append(row)
+    # a job that printed no result (it failed or ran out of time) is listed as such
+    out: list[dict[str, Any]] = [
+        {"name": entry["name"], "missing": True}
+        for entry in json.loads(path.read_text())
+        if entry["result"] is None
+    ]
+    for m in real_model_setups(path):
+        run = m.run
+        stage = Stage(run["stage"])
+        predicted = predicted_memory(estimate(m.setup, [stage]).stages[0])
+        measured = run["measured"]
+        row: dict[str, Any] = {
+            "name": m.name,
+            "engine": run["engine"],
+            "stage": run["stage"],
+            "nd": run["world_size"],
+        }
+        for key in ("resident", "peak"):
+            row[key] = measured.get(key), predicted.get(key)
+            row[f"{key}_error"] = relative_error(predicted.get(key), measured.get(key))
+            row[f"{key}_stored"] = run["relative_error"].get(key)
+        out.append(row)
     return out
 
 
