@@ -19,7 +19,12 @@ from calculators.architecture import Architecture, count_params, dense_layers
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import Engine, Precision, Stage
 from calculators.engines.deepspeed import MODEL
-from calculators.engines.deepspeed.config import DEFAULT_LEAF_CLASSES, Knobs, parse_config
+from calculators.engines.deepspeed.config import (
+    DEFAULT_LEAF_CLASSES,
+    Knobs,
+    model_steps,
+    parse_config,
+)
 from calculators.engines.deepspeed.layouts import ParamFacts
 from calculators.engines.deepspeed.stage3 import (
     MOE_BLOCK_CLASSES,
@@ -31,7 +36,7 @@ from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import TrainingSetup
 from calculators.parameters import architecture_params
-from measure.hf_families import family_config
+from measure.hf_families import FAMILIES, family_config
 from tests.calculators.test_stage3_trace import reference_trace
 
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
@@ -44,9 +49,11 @@ def _arch(family: str, layers: int, size: str = "tiny") -> Architecture:
 
 
 @st.composite
-def leaf_cases(draw: st.DrawFn) -> tuple[Architecture, frozenset[int]]:
-    arch = _arch(draw(st.sampled_from(MOE)), draw(st.integers(1, 4)))
-    moe = range(dense_layers(arch), arch.layers)
+def leaf_cases(
+    draw: st.DrawFn, families: tuple[str, ...] = MOE
+) -> tuple[Architecture, frozenset[int]]:
+    arch = _arch(draw(st.sampled_from(families)), draw(st.integers(1, 4)))
+    moe = range(dense_layers(arch), arch.layers) if arch.num_experts > 1 else range(0)
     leaves = draw(st.sampled_from(["all", "none", "some"]))
     if leaves == "all":
         return arch, frozenset(moe)
@@ -55,13 +62,15 @@ def leaf_cases(draw: st.DrawFn) -> tuple[Architecture, frozenset[int]]:
     return arch, frozenset(draw(st.sets(st.sampled_from(list(moe)))) if moe else ())
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
 @given(
-    case=leaf_cases(),
+    case=st.one_of(leaf_cases(), leaf_cases(FAMILIES)),
     persistence=st.sampled_from([0, 200, 5_000, 100_000]),
     max_live=st.sampled_from([0, 5_000, 50_000, 10**9]),
     prefetch=st.sampled_from([0, 300, 20_000, 5 * 10**7]),
     reuse=st.sampled_from([0, 1_000, 30_000, 150_000, 10**9]),
+    modelled=st.booleans(),
+    recompute=st.booleans(),
 )
 def test_leaf_blocks_walk_as_the_coordinator_does(
     case: tuple[Architecture, frozenset[int]],
@@ -69,7 +78,12 @@ def test_leaf_blocks_walk_as_the_coordinator_does(
     max_live: int,
     prefetch: int,
     reuse: int,
+    modelled: bool,
+    recompute: bool,
 ) -> None:
+    # ``modelled``: with transformers' parameterless modules (rotary embedding, activations,
+    # a tied head's step); ``recompute``: every layer recomputed in backward (checkpointing),
+    # the fetches down to the first that saved something held until the recomputation
     arch, leaves = case
     params = architecture_params(arch)
     knobs = Knobs(
@@ -78,9 +92,13 @@ def test_leaf_blocks_walk_as_the_coordinator_does(
         prefetch_bucket_size=prefetch,
         max_reuse_distance=reuse,
         leaves=leaves,
+        steps=model_steps(arch) if modelled else None,
+        recompute=recompute,
     )
     listed = tuple(params)
-    walked = reference_trace(listed, persistence, 2**63 - 1, max_live, prefetch, reuse, leaves)
+    walked = reference_trace(
+        listed, persistence, 2**63 - 1, max_live, prefetch, reuse, leaves, knobs.steps, recompute
+    )
     assert stage3_trace(params, knobs) == walked
     assert stage3_trace(listed, knobs) == walked
     assert view_saved(params) == view_saved(listed)

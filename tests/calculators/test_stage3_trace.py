@@ -232,7 +232,7 @@ def architectures(draw: st.DrawFn) -> Architecture:
     )
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@settings(max_examples=700, deadline=None, derandomize=True, database=None)
 @given(
     arch=architectures(),
     persistence=st.sampled_from([0, 50, 200, 5_000, 100_000]),
@@ -240,6 +240,7 @@ def architectures(draw: st.DrawFn) -> Architecture:
     max_live=st.sampled_from([0, 100, 5_000, 50_000, 10**9]),
     prefetch=st.sampled_from([0, 1, 300, 20_000, 5 * 10**7]),
     reuse=st.sampled_from([0, 100, 10_000, 10**9]),
+    recompute=st.booleans(),
 )
 def test_trace_equals_the_entry_by_entry_walk(
     arch: Architecture,
@@ -248,7 +249,11 @@ def test_trace_equals_the_entry_by_entry_walk(
     max_live: int,
     prefetch: int,
     reuse: int,
+    recompute: bool,
 ) -> None:
+    # ``recompute``: every block's forward runs again in backward (full checkpointing)
     params = architecture_params(arch)
-    knobs = (persistence, model_persistence, max_live, prefetch, reuse)
-    assert _stage3_trace(params, *knobs) == reference_trace(params, *knobs)
+    knobs = (persistence, model_persistence, max_live, prefetch, reuse, frozenset(), None)
+    assert _stage3_trace(params, *knobs, recompute) == reference_trace(
+        tuple(params), *knobs, recompute
+    )
