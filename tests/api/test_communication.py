@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from measure.hf_families import family_config
+
 PSI = {"params": 1_000_000_000}
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,3 +194,28 @@ def test_deepspeed_recomputation_gathers_again_through_http(client: TestClient) 
         "none": ("all_gather", 121, 2 * 493_961_216),
         "full": ("all_gather", 160, 2 * 608_878_592),
     }
+
+
+RECOMPUTE_RUNS = json.loads((ROOT / "bench" / "results" / "recompute" / "h200x2.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(RECOMPUTE_RUNS))
+def test_deepspeed_recomputation_sends_what_the_gpus_sent(client: TestClient, name: str) -> None:
+    # bench/gpu/recompute_round.sh on 2 × H200: small family configs at stage 3 with a live cap
+    # below the model, with and without transformers' gradient checkpointing; each run's bytes
+    # sent per rank predicted again from its config (the few bytes apart: scalar all-reduces)
+    run = RECOMPUTE_RUNS[name]
+    family, policy = name.split("_")
+    (measured,) = run["result"]["runs"]
+    sent = measured["communication"]["measured_sent_bytes_per_rank"]
+    body = {
+        "model": {"hf_config": family_config(family, "small")},
+        "dp": measured["world_size"],
+        "engine": "deepspeed",
+        "precision": "mixed_bf16",
+        "stages": [3],
+        "engine_config": run["engine_config"],
+        "activation_checkpointing": policy,
+    }
+    (s3,) = post(client, body)["stages"]
+    assert abs(s3["sent_bytes_per_rank"] - sent) <= 16, (s3["sent_bytes_per_rank"], sent)
