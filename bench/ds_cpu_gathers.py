@@ -11,6 +11,7 @@ process; the last of three steps is read (the trace is recorded in the second).
     pip install deepspeed==0.19.8 transformers   # DS_BUILD_OPS=0: no kernels are built
     python3 -m bench.ds_cpu_gathers --families qwen3,mistral --size medium
     python3 -m bench.ds_cpu_gathers --knobs '{"stage3_param_persistence_threshold": 0}'
+    python3 -m bench.ds_cpu_gathers --families qwen2,phi3,mixtral --checkpointing full --order
     python3 -m bench.ds_cpu_gathers --hf-config bench/hf_configs/qwen2.5-0.5b.json \\
         --checkpointing full --knobs '{"reduce_bucket_size": 802816,
         "stage3_prefetch_bucket_size": 722534, "stage3_param_persistence_threshold": 8960}'
@@ -57,7 +58,16 @@ if checkpointing:
     model.gradient_checkpointing_enable()
 model.train()
 names = {id(p): n for n, p in model.named_parameters()}
+modules = {id(m): n for n, m in model.named_modules()}
 log = []
+steps = []  # the modules the coordinator's trace records, in order (the second step's)
+record = ppc.PartitionedParameterCoordinator.record_module
+
+def recorded(self, module):
+    steps.append(modules.get(id(module), "?"))
+    return record(self, module)
+
+ppc.PartitionedParameterCoordinator.record_module = recorded
 gather = ppc.PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_
 
 def logged(self, params, forward, quantize=False):
@@ -79,15 +89,20 @@ engine, *_ = deepspeed.initialize(
     model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), config=config
 )
 x = torch.randint(3, body["vocab_size"], (1, 16))
+order = {}
 for _ in range(3):
     log.clear()
+    steps.clear()
     loss = engine(input_ids=x, labels=x).loss
     forward = list(log)
     log.clear()
+    n = len(steps)
     engine.backward(loss)
     backward = list(log)
+    if steps:
+        order = {"forward": steps[:n], "backward": steps[n:]}
     engine.step()
-out = {}
+out = {"order": order}
 for phase, calls in (("forward", forward), ("backward", backward)):
     twice = collections.Counter(n for _, ns, _ in calls for n in ns)
     out[phase] = {
@@ -176,6 +191,11 @@ def main() -> None:
     parser.add_argument(
         "--checkpointing", choices=["none", "full"], default="none", help="transformers' own"
     )
+    parser.add_argument(
+        "--order",
+        action="store_true",
+        help="also print the backward steps of the last layer as DeepSpeed's trace holds them",
+    )
     args = parser.parse_args()
     cases = []
     print("family | knobs | DeepSpeed fwd calls/elements, bwd | simulated | same")
@@ -196,6 +216,12 @@ def main() -> None:
             name = args.hf_config.stem if args.hf_config else family
             print(f"{name} | {raw} | {key} | {mine} | {'yes' if key == mine else 'NO'}")
             print(f"    gathered again in forward: {ds['forward']['again']}")
+            if args.order:
+                backward = ds["order"].get("backward", [])
+                layers = [m for m in backward if m.startswith("model.layers.")]
+                last = layers[0] if layers else ""  # backward meets the last layer first
+                mine = [m for m in backward if m == last or m.startswith(last + ".")]
+                print(f"    backward steps of {last}: {mine}")
     if args.json:
         args.json.write_text(json.dumps({"size": args.size, "cases": cases}, indent=1) + "\n")
 

@@ -152,9 +152,9 @@ class CommunicationSetup:
         shard_group_size: HSDP / MiCS shard group (None: shard over all of dp).
         zeropp: ZeRO++ options.
         reshard_after_forward: FSDP2 stage-3 setting (torch); applied to every FSDP group.
-        activation_checkpointing: recomputation policy; under ``full`` DeepSpeed stage 3
-            fetches every layer's parameters again for its recomputation (``training.batch``'s
-            policy when that is given).
+        activation_checkpointing: recomputation policy; under ``full`` (here or in
+            ``training.batch``) DeepSpeed stage 3 fetches every layer's parameters again for
+            its recomputation.
     """
 
     training: TrainingSetup

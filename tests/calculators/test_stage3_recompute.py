@@ -37,7 +37,8 @@ def test_recomputed_copies_walk_as_the_tensors_do(
 
 def test_a_recomputed_layer_is_fetched_again_after_its_last_modules() -> None:
     # Qwen2's layer, as DeepSpeed 0.19.8 traced it on the CPU under transformers' gradient
-    # checkpointing: the layer, its MLP and down_proj (whose backward first reads what the
+    # checkpointing (python3 -m bench.ds_cpu_gathers --families qwen2 --checkpointing full
+    # --order): the layer, its MLP and down_proj (whose backward first reads what the
     # layer saved), the layer's whole forward again, then the rest of its backward
     body = family_config("qwen2", "tiny")
     body.update(num_hidden_layers=1)

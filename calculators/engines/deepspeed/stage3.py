@@ -279,7 +279,8 @@ def _walk(
 # dropout at p = 0, saves nothing and is passed), then the layer's forward runs whole, then
 # backward goes on with the modules not yet fetched. An MoE block's experts end the descent:
 # the block combining their outputs saves what it routed. Read off DeepSpeed's own trace of
-# transformers' layers on the CPU (``bench/ds_cpu_gathers.py --checkpointing full --order``).
+# transformers' layers on the CPU (``bench/ds_cpu_gathers.py --checkpointing full --order``
+# prints a layer's backward steps as ``record_module`` saw them), and checked by its gathers.
 
 
 def held_steps(backward: Sequence[str]) -> set[int]:
