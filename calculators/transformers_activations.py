@@ -511,11 +511,14 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     rotary = 2 * d.res * s * (m.rotary_dim or arch.d_head) * m.rope_kinds
     embedding = INDEX_BYTES * t + rotary
     if checkpointed:
-        # each checkpointed call keeps its hidden_states argument; position_ids ride along
-        # (so does a sliding-window mask, s x s bytes shared by the windowed layers, which is
-        # not counted: the backward moments would have to carry it too)
+        # each checkpointed call keeps its hidden_states argument; position_ids ride along,
+        # and so does the boolean sliding-window mask every windowed layer shares (one
+        # (1, 1, s, s) storage, expanded over the batch), alive until the first layer's
+        # backward is done (a bf16 CPU run frees it a few ops before the embedding's backward)
         layers = arch.layers * d.res * t * h
         embedding += INDEX_BYTES * s
+        if masked:
+            embedding += BOOL_BYTES * s * s
         recompute_total = max(
             _total(layer_terms(arch, batch, regime, False, masked=windowed, dense=kind))
             for kind, _ in kinds

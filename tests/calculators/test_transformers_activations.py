@@ -207,7 +207,18 @@ def test_canonical_architecture_keeps_its_figures() -> None:
 
 
 @pytest.mark.parametrize("regime", list(Regime))
-def test_windows_over_one_key_value_head_equal_the_trace(regime: Regime) -> None:
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_checkpointed_windows_keep_their_mask(family: str, regime: Regime) -> None:
+    # every checkpointed call keeps the boolean window mask it was given, until backward
+    cfg = {**_config(family), **WINDOWED[family]}
+    _check(cfg, Batch(2, 40, Checkpointing.FULL), regime)
+
+
+@pytest.mark.parametrize("checkpointing", [Checkpointing.NONE, Checkpointing.FULL])
+@pytest.mark.parametrize("regime", list(Regime))
+def test_windows_over_one_key_value_head_equal_the_trace(
+    regime: Regime, checkpointing: Checkpointing
+) -> None:
     # repeat_kv of one key/value head is a view: SDPA saves the cache's own k and v (Gemma 3 1B)
     cfg = {**_config("gemma3_text"), **WINDOWED["gemma3_text"], "num_key_value_heads": 1}
-    _check(cfg, Batch(2, 40), regime)
+    _check(cfg, Batch(2, 40, checkpointing), regime)

@@ -623,8 +623,10 @@ class Stage12:
             moments.update(
                 first_block_backward(shape, facts.params, accumulation, {"ipg_buckets": ipg})
             )
+            # the embedding's backward, the last: every gradient but its own made, and the
+            # gradient of its output alive while embedding_dense_backward writes its own
             moments["end_of_backward"] = Moment(
-                0,
+                shape.block_input,
                 {
                     "held_outputs": shape.held,
                     "gradients": facts.half_blocks,
