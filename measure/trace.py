@@ -228,6 +228,32 @@ def _gpu_behaviour() -> Iterator[None]:
         ) = saved
 
 
+def _static_rotary_frequencies(model: torch.nn.Module) -> None:
+    """Run each rotary embedding without its frequency update (``modeling_rope_utils``
+    ``dynamic_rope_update``), still under ``torch.no_grad()`` as its forward is decorated.
+
+    LongRoPE (Phi-3.5-mini, Phi-4-mini) and dynamic scaling pick their inverse frequencies
+    from ``torch.max(position_ids) + 1``, a branch on tensor data that a fake tensor cannot take.
+    Every choice is a buffer of the same shape (``rotary_dim / 2`` frequencies, fp32) and the
+    cos/sin it yields have the same shape and dtype, so what autograd saves does not depend on
+    it."""
+    for module in model.modules():
+        own = _rotary_forward(type(module).forward)
+        if own is not None:
+            module.forward = torch.no_grad()(functools.partial(own, module))
+
+
+def _rotary_forward(forward: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The function ``dynamic_rope_update`` wraps in ``forward``'s decorators, if any."""
+    f: Any = forward
+    while f is not None:
+        code = getattr(f, "__code__", None)
+        if code is not None and code.co_qualname.startswith("dynamic_rope_update."):
+            return cast(Callable[..., Any], f.__wrapped__)
+        f = getattr(f, "__wrapped__", None)
+    return None
+
+
 def _key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
@@ -276,6 +302,7 @@ def trace(
 
     with FakeTensorMode(), _gpu_behaviour():
         model = build_model(hf_config, param_dtype)
+        _static_rotary_frequencies(model)
         param_keys = {_key(p) for p in model.parameters()} | {_key(b) for b in model.buffers()}
         layers = _decoder_layers(model)
         for i, layer in enumerate(layers):

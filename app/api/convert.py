@@ -198,9 +198,17 @@ def _traced(req: MemoryRequest, arch: Architecture | None, batch: Batch | None) 
             "(or use analytical, derived from the same code)",
         )
     full = batch.activation_checkpointing is Checkpointing.FULL
-    traced = trace.traced_activations(
-        req.model.hf_config, batch.micro_batch_size, batch.seq_len, full
-    )
+    try:
+        traced = trace.traced_activations(
+            req.model.hf_config, batch.micro_batch_size, batch.seq_len, full
+        )
+    except Exception as exc:  # noqa: BLE001 (transformers' own code run on the body's config)
+        reason = (str(exc).splitlines() or [""])[0][:200]
+        raise InputError(
+            field,
+            f"transformers' modelling code could not be traced for this config "
+            f"({type(exc).__name__}: {reason}); use analytical, derived from the same code",
+        ) from exc
     return replace(arch, modelling=replace(arch.modelling, traced=traced))
 
 

@@ -61,3 +61,41 @@ def test_traced_needs_an_hf_config() -> None:
         r = client.post("/v1/memory", json=_body("traced", {"preset": "gpt2"}))
     assert r.status_code == 422
     assert r.json()["detail"][0]["field"] == "activation_model"
+
+
+def test_a_config_the_trace_cannot_run_gets_a_422(monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = pytest.importorskip("measure.trace", reason="needs torch", exc_type=ImportError)
+    pytest.importorskip("transformers", reason="traced mode needs transformers")
+
+    def fails(*_: Any, **__: Any) -> None:
+        raise RuntimeError("an op this config reaches has no fake-tensor rule\nsecond line")
+
+    monkeypatch.setattr(trace, "trace", fails)
+    with TestClient(app) as client:
+        r = client.post("/v1/memory", json=_body("traced"))
+    assert r.status_code == 422
+    (error,) = r.json()["detail"]
+    assert error["field"] == "activation_model"
+    assert "RuntimeError: an op this config reaches has no fake-tensor rule" in error["msg"]
+    assert "second line" not in error["msg"]
+
+
+def test_traced_takes_a_position_dependent_rotary_scaling() -> None:
+    """LongRoPE (Phi-3.5-mini, Phi-4-mini) picks its frequencies from the positions at run time."""
+    pytest.importorskip("transformers", reason="traced mode needs transformers")
+    pytest.importorskip("torch", reason="traced mode needs torch")
+    config = {
+        **CONFIG,
+        "model_type": "phi3",
+        "partial_rotary_factor": 0.5,
+        "pad_token_id": None,  # Phi-3's default (32000) lies outside this vocabulary
+        "original_max_position_embeddings": 16,
+        "rope_scaling": {"type": "longrope", "long_factor": [1.5] * 4, "short_factor": [1.0] * 4},
+    }
+    config.pop("head_dim")
+    with TestClient(app) as client:
+        analytical = client.post("/v1/memory", json=_body("analytical", {"hf_config": config}))
+        traced = client.post("/v1/memory", json=_body("traced", {"hf_config": config}))
+    assert analytical.status_code == traced.status_code == 200, traced.text
+    peaks = [[s["per_device"]["peak"] for s in r.json()["stages"]] for r in (analytical, traced)]
+    assert peaks[0] == peaks[1]

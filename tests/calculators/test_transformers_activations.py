@@ -179,6 +179,30 @@ def test_sliding_window_layers_equal_the_trace(family: str, regime: Regime) -> N
     _check(cfg, Batch(1, 12), regime)  # under the window: no mask
 
 
+# rotary scalings that choose their frequencies from the positions at run time (Phi-3.5-mini and
+# Phi-4-mini ship LongRoPE): the same saved tensors, traced without that data-dependent choice
+ROPE_SCALINGS: dict[str, dict[str, Any]] = {
+    "phi3 longrope": {
+        **CONFIGS["phi3"],
+        "original_max_position_embeddings": 64,
+        "rope_scaling": {"type": "longrope", "long_factor": [1.5] * 4, "short_factor": [1.0] * 4},
+    },
+    "llama dynamic": {
+        "model_type": "llama",
+        "rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
+    },
+}
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("variant", sorted(ROPE_SCALINGS))
+def test_position_dependent_rotary_scalings_equal_the_trace(variant: str, regime: Regime) -> None:
+    cfg = {**_BASE, **ROPE_SCALINGS[variant]}
+    assert count_params(architecture_from_hf_config(cfg)) == trace_module.count_parameters(cfg)
+    _check(cfg, Batch(2, 96), regime)  # beyond the original 64 positions: the long factors
+    _check(cfg, Batch(1, 40, Checkpointing.FULL), regime)
+
+
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_parameter_count_equals_transformers(family: str) -> None:
     cfg = _config(family)
