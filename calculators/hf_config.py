@@ -430,6 +430,18 @@ def architecture_from_hf_config(cfg: Mapping[str, Any]) -> Architecture:
         family = _FAMILIES[model_type]
     except KeyError:
         known = ", ".join(SUPPORTED_MODEL_TYPES)
+        text = cfg.get("text_config")
+        inner = text.get("model_type") if isinstance(text, Mapping) else None
+        if isinstance(inner, str) and inner in _FAMILIES:
+            # a multimodal config (Gemma 3 4B+, Mistral Small 3.1, ...): its language model is a
+            # supported family, its vision tower and projector are not modelled
+            raise InputError(
+                f"{_FIELD}.model_type",
+                f"model_type {model_type!r} adds a vision tower, which is not modelled, to a "
+                f"{inner!r} language model: send its text_config as hf_config to predict the "
+                "language model alone (the vision tower's parameters, states and traffic are "
+                "then left out)",
+            ) from None
         raise InputError(
             f"{_FIELD}.model_type", f"unsupported model_type {model_type!r}; supported: {known}"
         ) from None

@@ -118,6 +118,26 @@ def test_deepseek_v3_config_is_answered_by_every_engine(
     assert all(f <= n for f, n in pairs) and any(f < n for f, n in pairs), peaks
 
 
+def test_a_multimodal_config_points_to_its_text_config(client: TestClient) -> None:
+    """Gemma 3 4B ships a vision tower around a gemma3_text model: the 422 says what to send."""
+    text = json.loads((HF_CONFIGS / "gemma-3-4b-text.json").read_text())
+    multimodal = {
+        "model_type": "gemma3",
+        "text_config": text,
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
+    }
+    body = {"model": {"hf_config": multimodal}, "dp": 8}
+    r = client.post("/v1/memory", json=body)
+    assert r.status_code == 422
+    (error,) = r.json()["detail"]
+    assert error["field"] == "model.hf_config.model_type"
+    assert "'gemma3_text' language model" in error["msg"] and "text_config" in error["msg"]
+    assert post(client, {"model": {"hf_config": text}, "dp": 8})["params"] == 3_880_263_168
+    r = client.post("/v1/memory", json={"model": {"hf_config": {"model_type": "llava"}}, "dp": 8})
+    assert r.status_code == 422
+    assert "unsupported model_type 'llava'; supported:" in r.json()["detail"][0]["msg"]
+
+
 def test_fp32_gradient_convention_is_18_bytes(client: TestClient) -> None:
     body = post(
         client, {"model": {"params": 10**9}, "dp": 1, "stages": [0], "gradients": "fp32_grads"}
