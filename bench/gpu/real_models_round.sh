@@ -7,7 +7,12 @@
 # is left. Each job is one `python -m measure` process; its arguments are kept beside its result.
 # SET=2 adds Gemma-2-2B (sliding windows the sequence reaches, soft-capping, a 256k vocabulary),
 # FSDP2 with checkpointing, gradient accumulation and a 4,096-token sequence; SET=3 Gemma-3-1B
-# (one key/value head, 512-token windows over 22 of its 26 layers).
+# (one key/value head, 512-token windows over 22 of its 26 layers). SET=4 and SET=5 run
+# Phi-4-mini (3.8B: LongRoPE, which switches to its long factors past 4,096 positions; a partial
+# rotary of 0.75; a tied 200,064-token vocabulary) at Nd 2 on GPUs 0,1 (a 2-GPU host): FSDP2, then
+# DeepSpeed. SET=6 and SET=7 run 7-12B models at Nd 4 on all four GPUs: Llama-3.1-8B, Qwen2.5-7B,
+# Gemma-2-9B (4,096-token windows the sequence reaches, a 256,000-token tied vocabulary) and
+# Mistral-Nemo-12B (128-wide heads over a 5,120-wide model).
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -68,6 +73,20 @@ if [[ ${SET:-1} == 1 ]]; then
     wait
     job qwen3-0.6b_ds3_nd4_b2s1024_none 0,1,2,3 4 29821 qwen3-0.6b ds3 2 1024 none
     job tinyllama-1.1b_ds2_nd4_b2s1024_none 0,1,2,3 4 29822 tinyllama-1.1b ds2 2 1024 none
+elif [[ ${SET:-1} == 4 ]]; then
+    job phi-4-mini_torch23_b1s8192_full 0,1 2 29871 phi-4-mini torch:2,3 1 8192 full
+    job phi-4-mini_torch23_b1s4096_none 0,1 2 29872 phi-4-mini torch:2,3 1 4096 none
+elif [[ ${SET:-1} == 5 ]]; then
+    job phi-4-mini_ds3_b1s6144_full 0,1 2 29881 phi-4-mini ds3 1 6144 full
+    job phi-4-mini_ds2_b1s2048_none 0,1 2 29882 phi-4-mini ds2 1 2048 none
+elif [[ ${SET:-1} == 6 ]]; then
+    job llama-3.1-8b_torch23_nd4_b1s4096_full 0,1,2,3 4 29891 llama-3.1-8b torch:2,3 1 4096 full
+    job llama-3.1-8b_ds3_nd4_b1s4096_full 0,1,2,3 4 29892 llama-3.1-8b ds3 1 4096 full
+    job qwen2.5-7b_torch23_nd4_b2s2048_none 0,1,2,3 4 29893 qwen2.5-7b torch:2,3 2 2048 none
+elif [[ ${SET:-1} == 7 ]]; then
+    job qwen2.5-7b_ds2_nd4_b1s4096_full 0,1,2,3 4 29894 qwen2.5-7b ds2 1 4096 full
+    job gemma-2-9b_ds3_nd4_b1s4096_full 0,1,2,3 4 29895 gemma-2-9b ds3 1 4096 full
+    job mistral-nemo-12b_torch3_nd4_b1s4096_full 0,1,2,3 4 29896 mistral-nemo-12b torch:3 1 4096 full
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none

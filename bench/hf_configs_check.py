@@ -1,0 +1,90 @@
+# ruff: noqa: T201 (a script: its report goes to stdout)
+"""Every ``config.json`` under ``bench/hf_configs`` against transformers' own code, on the CPU.
+
+For each config: the parameter count the calculators read from it against ``sum(p.numel())``
+of the model transformers builds on the meta device, and the analytical activations
+(``calculators/transformers_activations.py``: saved bytes, autocast weight copies, logits, the
+loss's transient copy, the key/value cache) against the trace of transformers' forward on fake
+tensors (``measure/trace.py``), in every dtype regime, with and without gradient
+checkpointing, at each batch shape. Needs torch and transformers (``pip install -e
+".[measure,hf]"``); about 20 s per config on one core.
+
+    python3 bench/hf_configs_check.py                      # every config, 1 × 2,048 and 2 × 4,096
+    python3 bench/hf_configs_check.py bench/hf_configs/phi-4-mini.json --shapes 1x8192
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from calculators.activations import ActivationBreakdown, Regime, activations  # noqa: E402
+from calculators.architecture import count_params  # noqa: E402
+from calculators.batch import Batch, Checkpointing  # noqa: E402
+from calculators.hf_config import architecture_from_hf_config  # noqa: E402
+from measure import trace  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parent / "hf_configs"
+
+
+def _analytical(acts: ActivationBreakdown) -> tuple[int, ...]:
+    saved = acts.layers + acts.embedding + acts.head + acts.loss
+    return (
+        saved,
+        acts.autocast_weights,
+        acts.logits,
+        acts.loss_transient,
+        acts.cache,
+        acts.cache_only,
+    )
+
+
+def _traced(r: trace.TraceResult) -> tuple[int, ...]:
+    return (r.activations, r.autocast_weights, r.logits, r.loss_transient, r.cache, r.cache_only)
+
+
+def check(path: Path, shapes: list[tuple[int, int]]) -> bool:
+    """Print one config's comparisons; whether every one was equal."""
+    cfg = json.loads(path.read_text())
+    arch = architecture_from_hf_config(cfg)
+    ours, theirs = count_params(arch), trace.count_parameters(cfg)
+    ok = ours == theirs
+    print(
+        f"{path.name}: {ours:,} parameters, transformers {theirs:,}: {'equal' if ok else 'DIFFER'}"
+    )
+    for b, s in shapes:
+        for regime in Regime:
+            for full in (False, True):
+                ckpt = Checkpointing.FULL if full else Checkpointing.NONE
+                a = _analytical(activations(arch, Batch(b, s, ckpt), regime))
+                t = _traced(trace.trace(cfg, b, s, regime.value, full))
+                same = a == t
+                ok = ok and same
+                verdict = (
+                    "equal" if same else f"DIFFER by {[x - y for x, y in zip(a, t, strict=True)]}"
+                )
+                label = f"{b} x {s:>5} {regime.value:8} checkpointing={ckpt.value:4}"
+                print(f"  {label}: {a[0]:>15,} B saved, {verdict}")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("configs", nargs="*", type=Path, help="config.json files (default: all)")
+    ap.add_argument(
+        "--shapes", default="1x2048,2x4096", help="micro-batch x tokens, comma-separated"
+    )
+    ns = ap.parse_args(argv)
+    shapes = [(int(b), int(s)) for b, s in (shape.split("x") for shape in ns.shapes.split(","))]
+    paths = ns.configs or sorted(CONFIGS.glob("*.json"))
+    results = [check(p, shapes) for p in paths]
+    print(f"{sum(results)} of {len(results)} configs equal throughout")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
