@@ -41,6 +41,7 @@ from calculators.topology import Op, sent_factor
 from measure.compare import predicted_communication, predicted_memory, relative_error
 from measure.engines.deepspeed_config import deepspeed_config
 from measure.hf_families import family_config
+from measure.spec import architecture_from_body
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parents[1]
@@ -176,7 +177,7 @@ def _model(spec: Mapping[str, Any]) -> tuple[int, Architecture | None, str]:
         arch = get_preset(spec["preset"]).architecture
         family = spec["preset"]
     elif "architecture" in spec:
-        arch = Architecture(**spec["architecture"])
+        arch = architecture_from_body(spec["architecture"])
         family = GPT
     else:
         return int(spec["params"]), None, "bare count"
@@ -360,11 +361,12 @@ class RealModelRun:
 
 
 def real_model_setups(path: Path) -> list[RealModelRun]:
-    """``bench/gpu/real_models_round.sh``: ``[{"name", "args", "result"}]``, each job's
-    ``python -m measure`` arguments beside what it printed. The request is rebuilt from those
-    arguments (the model's ``config.json`` and the DeepSpeed config they name, read from
-    ``bench/``), each job one process (no earlier engine patched ``F.linear``); the family is
-    the config's file name. A job with no result is left out."""
+    """``bench/gpu/real_models_round.sh`` and ``canonical_ds_round.sh``: ``[{"name", "args",
+    "result"}]``, each job's ``python -m measure`` arguments beside what it printed. The request
+    is rebuilt from those arguments (the model's ``config.json`` and the DeepSpeed config they
+    name, read from ``bench/``, or the architecture they give), each job one process (no earlier
+    engine patched ``F.linear``); the family is the config's file name, or "canonical" and the
+    job's name. A job with no result is left out."""
     from unittest import mock
 
     from measure.__main__ import parse_args
@@ -383,7 +385,10 @@ def real_model_setups(path: Path) -> list[RealModelRun]:
         with mock.patch("measure.spec.deepspeed_available", return_value=True):
             checked = parse_spec(body)
         body["precision"] = checked.precision.value
-        family = Path(args[args.index("--hf-config") + 1]).stem
+        if "--hf-config" in args:
+            family = Path(args[args.index("--hf-config") + 1]).stem
+        else:  # a model given as architecture: the canonical decoder, named by the job
+            family = f"canonical {entry['name'].split('_')[0]}"
         major = next(
             v for k, v in CAPABILITY.items() if result["environment"]["device_name"].startswith(k)
         )
@@ -499,6 +504,15 @@ SOURCES = (
         'micro-steps, mixed bf16, ± full checkpointing, transformers Trainer\'s ds_config ("auto" '
         "values) for DeepSpeed, H200 (NCCL)",
         "bash bench/gpu/real_models_round.sh (SET=1 to 7)",
+    ),
+    Source(
+        "canonical_ds/*.json",
+        real_model_runs,
+        "the canonical decoder given as architecture (8 layers, hidden 1,024, an 8,192-token "
+        "vocabulary): Llama-style (RMSNorm, gated SiLU, RoPE, no biases) ± full checkpointing "
+        "and GPT-2-style (LayerNorm, GELU, biases, tied head), 1 × 4,096 tokens, bf16, "
+        "DeepSpeed's defaults, H200 (NCCL)",
+        "bash bench/gpu/canonical_ds_round.sh",
     ),
     Source(
         "hf_simulated_*.json",

@@ -23,7 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from calculators.architecture import Activation, Architecture, Norm, TracedActivations
+from calculators.architecture import (
+    Activation,
+    Architecture,
+    Norm,
+    PositionEmbedding,
+    TracedActivations,
+)
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.errors import InputError
@@ -135,13 +141,7 @@ def layer_activations(
     # cast to the compute dtype (autocast: a bf16 copy; otherwise the norm output itself).
     norms = 2 * (res * t * h + stats)
     linear_inputs = 2 * lin * t * h  # qkv input and fc1 (gate/up) input
-    qkv = arch.q_dim + 2 * arch.kv_dim
-    # SDPA saves q, k, v (views of the qkv output), its output and an fp32 logsumexp per head.
-    # The flash / memory-efficient kernels lay the output out as (b, s, heads, d), so
-    # ``transpose(1, 2).reshape(b, s, h)`` is a view and the output projection saves no copy.
-    attention_bytes = (
-        lin * t * qkv // tp + lin * t * arch.q_dim // tp + FP32_BYTES * t * arch.heads // tp
-    )
+    attention_bytes = _attention_saved(arch, batch, lin) // tp
     if arch.gated_mlp:
         # gate and up outputs (saved by the activation and the product), activation output,
         # product (saved by down).
@@ -155,6 +155,66 @@ def layer_activations(
     if arch.num_experts > 1:
         mlp = mlp * arch.experts_per_token + FP32_BYTES * t * arch.num_experts  # router probs
     return LayerActivations(norms, linear_inputs, attention_bytes, mlp)
+
+
+def _attention_saved(arch: Architecture, batch: Batch, lin: int) -> int:
+    """What the canonical attention (``measure.workloads.Attention``) saves, in bytes.
+
+    SDPA saves q, k, v, its output and an fp32 logsumexp per head. Without RoPE or grouped
+    key/value heads q, k and v are views of the qkv output, whose whole storage stays alive,
+    and the kernel lays its output out as q is laid out, (b, s, heads, d), so
+    ``transpose(1, 2).reshape(b, s, h)`` is a view and the output projection saves no copy.
+    RoPE (``_rope``) saves the cos and sin it made for q and for k (s × d/2 each, in q's dtype)
+    and hands SDPA new rotated q and k (``torch.cat``), laid out (b, heads, s, d): the output
+    follows, and the reshape for the output projection copies it. Grouped key/value heads are
+    expanded by ``repeat_interleave`` into new k and v as wide as q, whose backward saves no
+    input. The qkv output outlives forward only while SDPA saves a view of it."""
+    t, s = batch.tokens, batch.seq_len
+    q, kv = arch.q_dim, arch.kv_dim
+    rope = arch.position_embedding is PositionEmbedding.ROPE
+    grouped = arch.n_kv_heads != arch.heads
+    saved = lin * t * q  # SDPA's output
+    saved += FP32_BYTES * t * arch.heads  # its logsumexp
+    if not rope or not grouped:  # q (no RoPE) or v (no grouping) is a view of the qkv output
+        saved += lin * t * (q + 2 * kv)
+    if rope:
+        saved += lin * t * q  # rotated q
+        saved += 0 if grouped else lin * t * kv  # rotated k (expanded below when grouped)
+        saved += lin * t * q  # the output's copy for the output projection
+        saved += 4 * lin * s * (arch.d_head // 2)  # cos and sin, for q and for k
+    if grouped:
+        saved += 2 * lin * t * q  # the expanded k and v
+    return saved
+
+
+def mlp_backward(arch: Architecture, batch: Batch, moved: bool = False) -> int | None:
+    """With 16-bit parameters (the module cast, as DeepSpeed does): what the canonical block's
+    MLP backward holds at its largest beyond its saved tensors and the gradient entering it;
+    ``None`` for a mixture of experts (not modelled). ``moved``: a gradient hook takes each
+    weight gradient away once accumulated (DeepSpeed's stage 2 and 3).
+
+    ``measure.workloads.MLP``: the output projection's backward writes its input's gradient
+    (tokens × ffn) and its weight's (ffn × hidden) before freeing its saved input. GELU and SiLU
+    then write their input's gradient as that input is freed: nothing above that. ReLU saves its
+    output, which is the projection's saved input, and the gated product ``act(gate) * up``
+    writes both factors' gradients with the product freed: two tokens × ffn tensors, beside the
+    projection's weight gradient unless a hook moved it. Bias gradients (a vector each) are left
+    out."""
+    if arch.num_experts > 1:
+        return None
+    t, f, h = batch.tokens, arch.ffn, arch.hidden
+    out_projection = HALF_BYTES * (t * f + f * h)
+    if not arch.gated_mlp and arch.activation is not Activation.RELU:
+        return out_projection
+    return max(out_projection, HALF_BYTES * (2 * t * f + (0 if moved else f * h)))
+
+
+def final_norm_saved(arch: Architecture, batch: Batch) -> int:
+    """What the canonical decoder's final norm saves in 16 bits: its input and fp32 statistics
+    (mean and rstd; rstd only for RMSNorm)."""
+    t = batch.tokens
+    stats = (1 if arch.norm is Norm.RMSNORM else 2) * FP32_BYTES * t
+    return HALF_BYTES * t * arch.hidden + stats
 
 
 def linear_weight_elements(arch: Architecture, tp: int = 1) -> int:

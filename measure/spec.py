@@ -198,7 +198,8 @@ def _object(body: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value
 
 
-def _architecture(body: Any) -> Architecture:
+def architecture_from_body(body: Any) -> Architecture:
+    """The ``model.architecture`` object of a request, its enum fields parsed."""
     if not isinstance(body, Mapping):
         raise InputError("model.architecture", "must be an object")
     enums = {"norm": Norm, "position_embedding": PositionEmbedding, "activation": Activation}
@@ -295,7 +296,7 @@ def model_choice(model: Any) -> ModelChoice:
         if hf is not None:
             return _hf_choice(hf)
         return ModelChoice(ModelKind.GPT, preset.architecture)
-    arch = _architecture(model["architecture"])
+    arch = architecture_from_body(model["architecture"])
     if count_params(arch) > MAX_PARAMS:
         raise InputError(
             "model", f"the architecture counts {count_params(arch)} parameters, over {MAX_PARAMS}"

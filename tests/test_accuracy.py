@@ -40,8 +40,12 @@ ROUNDING = 0.005  # the table writes % with two decimals
 def test_every_results_file_is_read() -> None:
     # a results file that no SOURCES entry reads would hold claims nobody checks
     other = {p.name for pattern in OTHER_CLAIMS for p in RESULTS.glob(pattern)}
-    # the folder of real models' runs holds only runs of the table
-    runs = [*RESULTS.glob("*.json"), *RESULTS.glob("real_models/*.json")]
+    # the folders of real models' and canonical decoders' runs hold only runs of the table
+    runs = [
+        *RESULTS.glob("*.json"),
+        *RESULTS.glob("real_models/*.json"),
+        *RESULTS.glob("canonical_ds/*.json"),
+    ]
     committed = {p.name for p in runs} - other
     read = {p.name for source in SOURCES for p in RESULTS.glob(source.pattern)}
     assert committed == read

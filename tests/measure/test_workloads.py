@@ -126,3 +126,48 @@ def test_reference_mlp_preset() -> None:
     module = ReferenceMLP(MLPSpec(3, 64))
     got = [(n, tuple(p.shape)) for n, p in module.named_parameters()]
     assert got == [(n, s) for n, s, _ in mlp_tensors(MLPSpec(3, 64))]
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("position", [PositionEmbedding.ROPE, PositionEmbedding.LEARNED])
+@pytest.mark.parametrize("gated", [True, False])
+def test_one_block_saves_what_the_formula_counts(
+    kv_heads: int, position: PositionEmbedding, gated: bool
+) -> None:
+    """What autograd saves in one bf16 block of the canonical module, storage by storage,
+    against ``layer_activations`` (RoPE's rotated copies, grouped heads' expanded k and v)."""
+    from calculators.activations import Regime, layer_activations
+    from calculators.batch import Batch
+    from measure.workloads import Block
+
+    arch = Architecture(
+        layers=1,
+        hidden=256,
+        heads=4,
+        kv_heads=kv_heads,
+        vocab_size=512,
+        max_seq_len=512,
+        ffn_hidden=1024,
+        activation=Activation.SILU if gated else Activation.GELU,
+        gated_mlp=gated,
+        bias=not gated,
+        position_embedding=position,
+    )
+    block = Block(arch).to(torch.bfloat16)
+    x = torch.randn(2, 512, 256, dtype=torch.bfloat16, requires_grad=True)
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    counted = sum(n for ptr, n in saved.items() if ptr not in params)
+    layer = layer_activations(arch, Batch(2, 512), Regime.HALF)
+    formula = layer.norms + layer.linear_inputs + layer.attention + layer.mlp
+    # on the CPU LayerNorm keeps its mean and rstd in bf16 (2 B each per token), on the GPU
+    # in fp32 as the formula counts: two norms
+    tokens = 2 * 512
+    assert counted == formula - 2 * 2 * tokens * (4 - 2)

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import accumulate, compress
 
-from calculators.activations import INDEX_BYTES, ActivationBreakdown, Regime, activations
+from calculators.activations import (
+    INDEX_BYTES,
+    ActivationBreakdown,
+    Regime,
+    activations,
+    final_norm_saved,
+    mlp_backward,
+)
 from calculators.caching_allocator import block
 from calculators.conventions import FP32_BYTES, HALF_BYTES, Stage
 from calculators.engines.deepspeed.allocator import blocks, stage0_unsplit_bytes
@@ -259,6 +266,19 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
     fp32_logits = block(FP32_BYTES * t * v)
     head = block(HALF_BYTES * v * (arch.embed_proj_dim or arch.hidden))
     freed, norm, layer, first_layer, layer_moved = 0, 0, None, 0, None
+    if arch.modelling is None and arch.final_norm and arch.num_experts == 1:
+        # the canonical decoder (measure.workloads.GPT): the final norm's backward writes its
+        # input's gradient beside the head's; the last block's MLP backward then runs with the
+        # norm's saved input freed (activations.mlp_backward)
+        norm = HALF_BYTES * t * arch.hidden
+        saved = final_norm_saved(arch, batch)
+        layer = (mlp_backward(arch, batch) or 0) - saved
+        layer_moved = (mlp_backward(arch, batch, moved=True) or 0) - saved
+        # the first block recomputed (first_block_backward): during its MLP's backward only the
+        # gradient entering the block is alive (the one leaving it is made later), and its
+        # recomputed first norm saves the block input that checkpointing already keeps
+        block_input = HALF_BYTES * t * arch.hidden
+        first_layer = max((mlp_backward(arch, batch) or 0) - 2 * block_input, 0)
     if arch.modelling is not None:
         from calculators import transformers_activations as hf
 
