@@ -30,17 +30,5 @@ job llama-style_none 29901 "$llama" none
 job llama-style_full 29902 "$llama" full
 job gpt2-style_none 29903 "$gpt2" none
 
-python3 - "$out" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-runs = []
-for f in sorted(out.glob("*.args")):
-    text = f.with_suffix(".json").read_text().strip() if f.with_suffix(".json").exists() else ""
-    try:
-        result = json.loads(text) if text else None
-    except ValueError:
-        result = None
-    runs.append({"name": f.stem, "args": f.read_text().split("\n")[:-1], "result": result})
-(out.parent / "canonical_ds.json").write_text(json.dumps(runs, indent=1))
-PY
+python3 bench/gpu/pack_jobs.py "$out" "$out/../canonical_ds.json"
 cat "$out/status.txt"

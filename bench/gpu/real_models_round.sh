@@ -117,18 +117,6 @@ else
 fi
 
 # one file back: every job's arguments and JSON in a list, the logs packed apart
-python3 - "$out" "${SET:-1}" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-runs = []
-for f in sorted(out.glob("*.args")):
-    text = f.with_suffix(".json").read_text().strip() if f.with_suffix(".json").exists() else ""
-    try:
-        result = json.loads(text) if text else None
-    except ValueError:
-        result = None
-    runs.append({"name": f.stem, "args": f.read_text().split("\n")[:-1], "result": result})
-(out.parent / f"real_models{sys.argv[2]}.json").write_text(json.dumps(runs, indent=1))
-PY
+python3 bench/gpu/pack_jobs.py "$out" "$out/../real_models${SET:-1}.json"
 tar -C "$out/.." -czf "$out/../real_models${SET:-1}_logs.tar.gz" real_models
 cat "$out/status.txt"
