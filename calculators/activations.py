@@ -141,7 +141,7 @@ def layer_activations(
     # cast to the compute dtype (autocast: a bf16 copy; otherwise the norm output itself).
     norms = 2 * (res * t * h + stats)
     linear_inputs = 2 * lin * t * h  # qkv input and fc1 (gate/up) input
-    attention_bytes = _attention_saved(arch, batch, lin) // tp
+    attention_bytes = _attention_saved(arch, batch, lin, tp)
     if arch.gated_mlp:
         # gate and up outputs (saved by the activation and the product), activation output,
         # product (saved by down).
@@ -157,7 +157,7 @@ def layer_activations(
     return LayerActivations(norms, linear_inputs, attention_bytes, mlp)
 
 
-def _attention_saved(arch: Architecture, batch: Batch, lin: int) -> int:
+def _attention_saved(arch: Architecture, batch: Batch, lin: int, tp: int) -> int:
     """What the canonical attention (``measure.workloads.Attention``) saves, in bytes.
 
     SDPA saves q, k, v, its output and an fp32 logsumexp per head. Without RoPE or grouped
@@ -168,23 +168,25 @@ def _attention_saved(arch: Architecture, batch: Batch, lin: int) -> int:
     and hands SDPA new rotated q and k (``torch.cat``), laid out (b, heads, s, d): the output
     follows, and the reshape for the output projection copies it. Grouped key/value heads are
     expanded by ``repeat_interleave`` into new k and v as wide as q, whose backward saves no
-    input. The qkv output outlives forward only while SDPA saves a view of it."""
+    input. The qkv output outlives forward only while SDPA saves a view of it. Tensor
+    parallelism splits all but the cos and sin over ``tp``."""
     t, s = batch.tokens, batch.seq_len
     q, kv = arch.q_dim, arch.kv_dim
     rope = arch.position_embedding is PositionEmbedding.ROPE
     grouped = arch.n_kv_heads != arch.heads
-    saved = lin * t * q  # SDPA's output
-    saved += FP32_BYTES * t * arch.heads  # its logsumexp
+    # SDPA's output and its logsumexp
+    terms = [lin * t * q, FP32_BYTES * t * arch.heads]
     if not rope or not grouped:  # q (no RoPE) or v (no grouping) is a view of the qkv output
-        saved += lin * t * (q + 2 * kv)
+        terms.append(lin * t * (q + 2 * kv))
     if rope:
-        saved += lin * t * q  # rotated q
-        saved += 0 if grouped else lin * t * kv  # rotated k (expanded below when grouped)
-        saved += lin * t * q  # the output's copy for the output projection
-        saved += 4 * lin * s * (arch.d_head // 2)  # cos and sin, for q and for k
+        terms.append(lin * t * q)  # rotated q
+        if not grouped:
+            terms.append(lin * t * kv)  # rotated k (expanded below when grouped)
+        terms.append(lin * t * q)  # the output's copy for the output projection
     if grouped:
-        saved += 2 * lin * t * q  # the expanded k and v
-    return saved
+        terms.append(2 * lin * t * q)  # the expanded k and v
+    cos_sin = 4 * lin * s * (arch.d_head // 2) if rope else 0  # for q and for k
+    return sum(term // tp for term in terms) + cos_sin
 
 
 def mlp_backward(arch: Architecture, batch: Batch, moved: bool = False) -> int | None:
@@ -254,7 +256,11 @@ def activations(
     res, lin = _bytes(regime)
     per_layer = layer_activations(arch, batch, regime, tp)
     layers_here = arch.layers // pp
-    lse = FP32_BYTES * t * arch.heads // tp  # SDPA's logsumexp, recomputed under selective
+    # selective checkpointing recomputes the attention core from the qkv output, which the
+    # checkpoint keeps, and keeps the core's (b, s, q) output, which the output projection saves:
+    # all else the core saved (SDPA's logsumexp; RoPE's and grouped heads' copies) is recomputed
+    core_kept = lin * t * (arch.q_dim + 2 * arch.kv_dim) // tp + lin * t * arch.q_dim // tp
+    core_recomputed = per_layer.attention - core_kept
     block_weights = HALF_BYTES * (linear_weight_elements(arch, tp) - _head_elements(arch, tp))
     if batch.activation_checkpointing is Checkpointing.FULL:
         # torch.utils.checkpoint keeps each block's input; backward recomputes one block at a
@@ -265,10 +271,10 @@ def activations(
         )
     elif batch.activation_checkpointing is Checkpointing.SELECTIVE:
         # the attention core is recomputed: its input (qkv) and output stay saved by the
-        # linears around it; what goes is SDPA's logsumexp.
-        recomputed = lse
-        layers = layers_here * (per_layer.total - recomputed)
-        recompute = recomputed
+        # linears around it; what goes is SDPA's logsumexp (and RoPE's and grouped heads'
+        # copies).
+        layers = layers_here * (per_layer.total - core_recomputed)
+        recompute = core_recomputed
     else:
         layers = layers_here * per_layer.total
         recompute = 0
