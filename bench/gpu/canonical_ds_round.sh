@@ -6,7 +6,7 @@
 # GELU, biases, tied head), Nd 2 on GPUs 0,1. One JSON back, each run's arguments beside it.
 #
 #   bash bench/gpu/canonical_ds_round.sh
-#   python3 -m bench.accuracy --runs | grep canonical
+#   python3 -m bench.accuracy --runs | grep -- -style_
 set -u
 out=${OUT:-$PWD/canonical-results}/canonical_ds
 mkdir -p "$out"

@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO-1/2's backward moments for transformers' modelling code, counted on the CPU.
+"""DeepSpeed ZeRO-1/2's backward moments, counted on the CPU: transformers' modelling code, and
+the canonical decoder that ``measure/`` builds for a model given as ``architecture``.
 
 DeepSpeed allocates its IPG bucket in the first post-accumulate-grad hook, so the step's peak at
 stages 1/2 is the largest live total after that hook. Here the model's own bf16 step runs on the
@@ -10,7 +11,8 @@ largest total after the first hook, above the end of forward, must be what the c
 moments after the first gradient give above theirs (``calculators/engines/deepspeed/layouts.py``),
 bucket excluded on both sides.
 
-The sizes are the ``small`` family configs cut to two layers, one sequence of 256 tokens.
+The sizes are the ``small`` family configs cut to two layers, and two-layer canonical decoders
+(``CANONICAL``), one sequence of 1,024 tokens.
 DeepSeek-V3 is left out: its query/key and value head widths differ, so SDPA on the CPU runs the
 math kernel, whose saved softmax makes attention's backward the peak (flash or memory-efficient
 kernels on a GPU save no such tensor).
