@@ -1270,11 +1270,17 @@ def _stage3_trace(
             # ``released`` inlined: the last recorded use is final
             held = available[i]
             last = recent[i]
-            for use in (
-                [u for u, *_ in shared[i]]
-                if i in shared
-                else dict.fromkeys((use_f[i], use_m[i], use_b[i]))
-            ):
+            uses_shared = shared.get(i)
+            if uses_shared is not None:
+                its_uses: Sequence[int] = [u for u, *_ in uses_shared]
+            else:
+                uf, um, ub = use_f[i], use_m[i], use_b[i]
+                # the distinct uses in order (a middle use only under recomputation)
+                if um == uf or um == ub:
+                    its_uses = (uf,) if uf == ub else (uf, ub)
+                else:
+                    its_uses = (uf, um) if uf == ub else (uf, um, ub)
+            for use in its_uses:
                 if use < first:
                     continue
                 if not held:
@@ -1285,11 +1291,11 @@ def _stage3_trace(
                     gathered_at[phase].add(use)
                     if n_forward <= use < early_end:
                         early.append((use > n_forward, i))
-                if i in shared:
-                    if last <= use + 1 and _next_use_beyond(shared[i], use + 1, reuse):
+                if uses_shared is not None:
+                    if last <= use + 1 and _next_use_beyond(uses_shared, use + 1, reuse):
                         held = False
                 elif last <= use + 1 and (
-                    use == use_b[i] or (gap_m[i] if use == use_m[i] else gap[i]) >= reuse
+                    use == ub or (gap_m[i] if use == um else gap[i]) >= reuse
                 ):
                     held = False
                 if use < n_forward:
