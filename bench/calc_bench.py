@@ -17,6 +17,7 @@ With ``--before REF`` the same cases also run on the calculators of a git commit
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -127,6 +128,28 @@ def _cases() -> dict[str, tuple[str, dict[str, Any]]]:
         {**llama, "batch": {"micro_batch_size": 2, "seq_len": 4096}},
     )
     out["llama3-8b deepspeed communication"] = ("communication", llama)
+    # a config.json traced under fake tensors (needs torch and transformers): DeepSpeed asks
+    # the bf16 regime, DDP and FSDP2 under mixed precision autocast and bf16. "new batch": each
+    # warm answer asks another sequence length, so none reuses a kept trace
+    configs = ROOT / "bench" / "hf_configs"
+    for (name, engine), endpoint in itertools.product(
+        (("llama-3.1-8b", "deepspeed"), ("qwen3-30b-a3b", "torch")),
+        ("memory", "memory_new_batch"),
+    ):
+        hf_config = json.loads((configs / f"{name}.json").read_text())
+        label = " new batch" if endpoint == "memory_new_batch" else ""
+        out[f"{name} {engine} memory traced 1x4096{label}"] = (
+            endpoint,
+            {
+                "model": {"hf_config": hf_config},
+                "dp": 8,
+                "stages": STAGES,
+                "engine": engine,
+                "precision": "mixed_bf16",
+                "batch": {"micro_batch_size": 1, "seq_len": 4096},
+                "activation_model": "traced",
+            },
+        )
     return out
 
 
@@ -140,6 +163,14 @@ if endpoint == "memory":
     from app.api.routes.memory import answer
     from app.schemas.memory import MemoryRequest
     call = lambda: answer(MemoryRequest(**body))
+elif endpoint == "memory_new_batch":  # each answer one token longer: no kept trace reused
+    from app.api.routes.memory import answer
+    from app.schemas.memory import MemoryRequest
+    asked = [0]
+    def call():
+        asked[0] += 1
+        batch = {**body["batch"], "seq_len": body["batch"]["seq_len"] + asked[0] - 1}
+        return answer(MemoryRequest(**{**body, "batch": batch}))
 else:
     from app.api.routes.communication import communication
     from app.schemas.communication import CommunicationRequest
@@ -168,9 +199,13 @@ def measure(tree: Path, endpoint: str, body: dict[str, Any], repeat: int) -> dic
 
 
 def extract(ref: str, into: Path) -> Path:
-    """The ``calculators`` and ``app`` packages of commit ``ref``, via ``git archive``."""
+    """The ``calculators``, ``app`` and ``measure`` packages of commit ``ref``, via ``git
+    archive``."""
     archive = subprocess.run(
-        ["git", "archive", ref, "calculators", "app"], cwd=ROOT, capture_output=True, check=True
+        ["git", "archive", ref, "calculators", "app", "measure"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into

@@ -7,10 +7,13 @@ of the model transformers builds on the meta device, and the analytical activati
 loss's transient copy, the key/value cache) against the trace of transformers' forward on fake
 tensors (``measure/trace.py``), in every dtype regime, with and without gradient
 checkpointing, at each batch shape. Needs torch and transformers (``pip install -e
-".[measure,hf]"``); about 20 s per config on one core.
+".[measure,hf]"``); about 20 s per config on one core. With ``--run-every-layer`` the trace,
+which plays the layers that repeat an earlier one (``measure/layer_repeats.py``), is also held
+equal to the trace that runs every layer (every figure, and the saved bytes per layer).
 
     python3 bench/hf_configs_check.py                      # every config, 1 × 2,048 and 2 × 4,096
     python3 bench/hf_configs_check.py bench/hf_configs/phi-4-mini.json --shapes 1x8192
+    python3 bench/hf_configs_check.py --shapes 1x2048 --run-every-layer
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _traced(r: trace.TraceResult) -> tuple[int, ...]:
     return (r.activations, r.autocast_weights, r.logits, r.loss_transient, r.cache, r.cache_only)
 
 
-def check(path: Path, shapes: list[tuple[int, int]]) -> bool:
+def check(path: Path, shapes: list[tuple[int, int]], run_every_layer: bool = False) -> bool:
     """Print one config's comparisons; whether every one was equal."""
     cfg = json.loads(path.read_text())
     arch = architecture_from_hf_config(cfg)
@@ -61,12 +64,21 @@ def check(path: Path, shapes: list[tuple[int, int]]) -> bool:
             for full in (False, True):
                 ckpt = Checkpointing.FULL if full else Checkpointing.NONE
                 a = _analytical(activations(arch, Batch(b, s, ckpt), regime))
-                t = _traced(trace.trace(cfg, b, s, regime.value, full))
+                played = trace.trace(cfg, b, s, regime.value, full)
+                t = _traced(played)
                 same = a == t
-                ok = ok and same
                 verdict = (
                     "equal" if same else f"DIFFER by {[x - y for x, y in zip(a, t, strict=True)]}"
                 )
+                if run_every_layer:
+                    ran = trace.trace(cfg, b, s, regime.value, full, play_repeats=False)
+                    equal = _traced(ran) == t and ran.by_layer == played.by_layer
+                    same = same and equal
+                    verdict += (
+                        f"; {played.played_layers} layers played, "
+                        f"{'equal to' if equal else 'DIFFER from'} running every layer"
+                    )
+                ok = ok and same
                 label = f"{b} x {s:>5} {regime.value:8} checkpointing={ckpt.value:4}"
                 print(f"  {label}: {a[0]:>15,} B saved, {verdict}")
     return ok
@@ -78,10 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--shapes", default="1x2048,2x4096", help="micro-batch x tokens, comma-separated"
     )
+    ap.add_argument(
+        "--run-every-layer",
+        action="store_true",
+        help="also trace running every layer, and hold the played trace equal to it",
+    )
     ns = ap.parse_args(argv)
     shapes = [(int(b), int(s)) for b, s in (shape.split("x") for shape in ns.shapes.split(","))]
     paths = ns.configs or sorted(CONFIGS.glob("*.json"))
-    results = [check(p, shapes) for p in paths]
+    results = [check(p, shapes, ns.run_every_layer) for p in paths]
     print(f"{sum(results)} of {len(results)} configs equal throughout")
     return 0 if all(results) else 1
 

@@ -367,14 +367,13 @@ def _transformers_activations(
 def _traced(
     arch: Architecture, batch: Batch, regime: Regime, checkpointing: bool
 ) -> TracedActivations | None:
-    """The traced measurement of this batch and regime, when the architecture carries one."""
+    """The trace of this batch in ``regime``, when the architecture carries one of it."""
     assert arch.modelling is not None
-    for t in arch.modelling.traced:
-        if (t.regime, t.micro_batch_size, t.seq_len, t.checkpointing) == (
-            regime.value,
-            batch.micro_batch_size,
-            batch.seq_len,
-            checkpointing,
-        ):
-            return t
-    return None
+    t = arch.modelling.traced
+    if t is None or (t.micro_batch_size, t.seq_len, t.checkpointing) != (
+        batch.micro_batch_size,
+        batch.seq_len,
+        checkpointing,
+    ):
+        return None
+    return t(regime.value)

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
+from typing import Protocol
 
 from calculators.errors import InputError
 
@@ -115,8 +116,8 @@ class TransformersModelling:
             ``None`` follows the architecture's ``bias``.
         sliding_window: attention window of the sliding layers (``None``: none).
         sliding_layers: how many layers attend through ``sliding_window``.
-        traced: measurements of what this model's code saves (``measure/trace.py``), used in
-            place of the analytical figures for the batch and regime each one was traced at.
+        traced: a trace of what this model's code saves (``measure/trace.py``), used in place
+            of the analytical figures for the batch it was traced at, in each regime asked.
     """
 
     family: str
@@ -144,7 +145,7 @@ class TransformersModelling:
     out_bias: bool | None = None
     sliding_window: int | None = None
     sliding_layers: int = 0
-    traced: tuple[TracedActivations, ...] = ()
+    traced: ActivationTrace | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,23 @@ class TracedActivations:
     loss_transient: int
     cache: int
     cache_only: int
+
+
+class ActivationTrace(Protocol):
+    """The model's own code traced for one batch: each regime's figures when first asked."""
+
+    @property
+    def micro_batch_size(self) -> int: ...
+
+    @property
+    def seq_len(self) -> int: ...
+
+    @property
+    def checkpointing(self) -> bool: ...
+
+    def __call__(self, regime: str) -> TracedActivations:
+        """The figures in ``regime`` (``half``, ``autocast`` or ``fp32``)."""
+        ...
 
 
 @dataclass(frozen=True)

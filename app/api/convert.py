@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Any
 
 from app.schemas.communication import CommunicationRequest, InterconnectIn, LinkIn
 from app.schemas.memory import MemoryRequest, TrainingIn
 from app.schemas.model import BatchIn, ModelSpec
 from app.schemas.plan import GpuIn, PlanRequest
-from calculators.architecture import Architecture, PositionEmbedding, count_params
+from calculators.architecture import (
+    Architecture,
+    PositionEmbedding,
+    TracedActivations,
+    count_params,
+)
 from calculators.batch import Batch, Checkpointing
 from calculators.capacity import MAX_PARAMS
 from calculators.config_resolution import Decided, Requested
@@ -180,7 +187,8 @@ def memory_setup(req: MemoryRequest) -> TrainingSetup:
 
 
 def _traced(req: MemoryRequest, arch: Architecture | None, batch: Batch | None) -> Architecture:
-    """The architecture carrying a trace of transformers' code for this batch (every regime)."""
+    """The architecture carrying a trace of transformers' code for this batch, run in each
+    regime the engines ask for when they first ask."""
     field = "activation_model"
     if arch is None or arch.modelling is None or req.model.hf_config is None:
         raise InputError(field, "traced needs the model as hf_config of a transformers family")
@@ -197,19 +205,39 @@ def _traced(req: MemoryRequest, arch: Architecture | None, batch: Batch | None) 
             "traced needs torch and transformers on the server: pip install 'zerocalc[hf]' "
             "(or use analytical, derived from the same code)",
         )
-    full = batch.activation_checkpointing is Checkpointing.FULL
-    try:
-        traced = trace.traced_activations(
-            req.model.hf_config, batch.micro_batch_size, batch.seq_len, full
-        )
-    except Exception as exc:  # noqa: BLE001 (transformers' own code run on the body's config)
-        reason = (str(exc).splitlines() or [""])[0][:200]
-        raise InputError(
-            field,
-            f"transformers' modelling code could not be traced for this config "
-            f"({type(exc).__name__}: {reason}); use analytical, derived from the same code",
-        ) from exc
+    traced = _Trace(
+        micro_batch_size=batch.micro_batch_size,
+        seq_len=batch.seq_len,
+        checkpointing=batch.activation_checkpointing is Checkpointing.FULL,
+        hf_config=req.model.hf_config,
+        run=trace.traced_regime,
+    )
     return replace(arch, modelling=replace(arch.modelling, traced=traced))
+
+
+@dataclass(frozen=True, eq=False)
+class _Trace:
+    """``measure.trace.traced_regime`` of one config and batch; a config its code cannot run
+    is refused on ``activation_model``."""
+
+    micro_batch_size: int
+    seq_len: int
+    checkpointing: bool
+    hf_config: Mapping[str, Any]
+    run: Callable[..., TracedActivations]
+
+    def __call__(self, regime: str) -> TracedActivations:
+        try:
+            return self.run(
+                self.hf_config, self.micro_batch_size, self.seq_len, regime, self.checkpointing
+            )
+        except Exception as exc:  # noqa: BLE001 (transformers' own code run on the body's config)
+            reason = (str(exc).splitlines() or [""])[0][:200]
+            raise InputError(
+                "activation_model",
+                f"transformers' modelling code could not be traced for this config "
+                f"({type(exc).__name__}: {reason}); use analytical, derived from the same code",
+            ) from exc
 
 
 def _link(spec: LinkIn, field: str) -> Interconnect:

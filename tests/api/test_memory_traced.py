@@ -71,6 +71,7 @@ def test_a_config_the_trace_cannot_run_gets_a_422(monkeypatch: pytest.MonkeyPatc
         raise RuntimeError("an op this config reaches has no fake-tensor rule\nsecond line")
 
     monkeypatch.setattr(trace, "trace", fails)
+    trace._kept_trace.cache_clear()  # the traces an earlier test kept for this config
     with TestClient(app) as client:
         r = client.post("/v1/memory", json=_body("traced"))
     assert r.status_code == 422
@@ -99,3 +100,30 @@ def test_traced_takes_a_position_dependent_rotary_scaling() -> None:
     assert analytical.status_code == traced.status_code == 200, traced.text
     peaks = [[s["per_device"]["peak"] for s in r.json()["stages"]] for r in (analytical, traced)]
     assert peaks[0] == peaks[1]
+
+
+def test_only_the_regimes_asked_are_traced_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed trains in bf16 alone; DDP under autocast and FSDP2 in bf16; an answer already
+    traced is not traced again."""
+    trace = pytest.importorskip("measure.trace", reason="needs torch", exc_type=ImportError)
+    pytest.importorskip("transformers", reason="traced mode needs transformers")
+    calls: list[str] = []
+    run = trace.trace
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(trace, "trace", counted)
+    trace._kept_trace.cache_clear()
+    with TestClient(app) as client:
+        deepspeed = {**_body("traced"), "engine": "deepspeed", "stages": [0, 1, 2, 3]}
+        assert client.post("/v1/memory", json=deepspeed).status_code == 200
+        assert calls == ["half"]
+        assert client.post("/v1/memory", json=_body("traced")).status_code == 200
+        assert calls == ["half", "autocast"]
+        sweep = {**_body("traced"), "dp_values": [1, 2, 4, 8]}
+        assert client.post("/v1/memory/sweep", json=sweep).status_code == 200
+        fp32 = {**_body("traced"), "precision": "fp32"}
+        assert client.post("/v1/memory", json=fp32).status_code == 200
+    assert calls == ["half", "autocast", "fp32"]
