@@ -25,29 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from calculators.activations import ActivationBreakdown, Regime, activations  # noqa: E402
+from calculators.activations import Regime, activations  # noqa: E402
 from calculators.architecture import count_params  # noqa: E402
 from calculators.batch import Batch, Checkpointing  # noqa: E402
 from calculators.hf_config import architecture_from_hf_config  # noqa: E402
 from measure import trace  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parent / "hf_configs"
-
-
-def _analytical(acts: ActivationBreakdown) -> tuple[int, ...]:
-    saved = acts.layers + acts.embedding + acts.head + acts.loss
-    return (
-        saved,
-        acts.autocast_weights,
-        acts.logits,
-        acts.loss_transient,
-        acts.cache,
-        acts.cache_only,
-    )
-
-
-def _traced(r: trace.TraceResult) -> tuple[int, ...]:
-    return (r.activations, r.autocast_weights, r.logits, r.loss_transient, r.cache, r.cache_only)
 
 
 def check(path: Path, shapes: list[tuple[int, int]], run_every_layer: bool = False) -> bool:
@@ -63,16 +47,16 @@ def check(path: Path, shapes: list[tuple[int, int]], run_every_layer: bool = Fal
         for regime in Regime:
             for full in (False, True):
                 ckpt = Checkpointing.FULL if full else Checkpointing.NONE
-                a = _analytical(activations(arch, Batch(b, s, ckpt), regime))
+                a = trace.predicted_figures(activations(arch, Batch(b, s, ckpt), regime))
                 played = trace.trace(cfg, b, s, regime.value, full)
-                t = _traced(played)
+                t = trace.figures(played)
                 same = a == t
                 verdict = (
                     "equal" if same else f"DIFFER by {[x - y for x, y in zip(a, t, strict=True)]}"
                 )
                 if run_every_layer:
                     ran = trace.trace(cfg, b, s, regime.value, full, play_repeats=False)
-                    equal = _traced(ran) == t and ran.by_layer == played.by_layer
+                    equal = trace.figures(ran) == t and ran.by_layer == played.by_layer
                     same = same and equal
                     verdict += (
                         f"; {played.played_layers} layers played, "

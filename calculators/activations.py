@@ -134,9 +134,7 @@ def layer_activations(
     t = batch.tokens
     res, lin = _bytes(regime)
     h, f = arch.hidden, arch.ffn
-    stats = 2 * FP32_BYTES * t  # LayerNorm/RMSNorm keep fp32 mean and rstd (rstd only: RMS)
-    if arch.norm is Norm.RMSNORM:
-        stats //= 2
+    stats = _norm_stats(arch, t)
     # Each norm saves its input (the residual stream); the linear after it saves its input
     # cast to the compute dtype (autocast: a bf16 copy; otherwise the norm output itself).
     norms = 2 * (res * t * h + stats)
@@ -215,8 +213,12 @@ def final_norm_saved(arch: Architecture, batch: Batch) -> int:
     """What the canonical decoder's final norm saves in 16 bits: its input and fp32 statistics
     (mean and rstd; rstd only for RMSNorm)."""
     t = batch.tokens
-    stats = (1 if arch.norm is Norm.RMSNORM else 2) * FP32_BYTES * t
-    return HALF_BYTES * t * arch.hidden + stats
+    return HALF_BYTES * t * arch.hidden + _norm_stats(arch, t)
+
+
+def _norm_stats(arch: Architecture, tokens: int) -> int:
+    """The fp32 statistics one norm saves: LayerNorm its mean and rstd, RMSNorm its rstd."""
+    return (1 if arch.norm is Norm.RMSNORM else 2) * FP32_BYTES * tokens
 
 
 def linear_weight_elements(arch: Architecture, tp: int = 1) -> int:
@@ -278,7 +280,7 @@ def activations(
     else:
         layers = layers_here * per_layer.total
         recompute = 0
-    stats = (1 if arch.norm is Norm.RMSNORM else 2) * FP32_BYTES * t
+    stats = _norm_stats(arch, t)
     head = (res * t * arch.hidden + stats if arch.final_norm else 0) + lin * t * arch.hidden
     vocab = arch.vocab_size // tp
     logits = lin * t * vocab

@@ -65,6 +65,7 @@ from measure.layer_repeats import LayerRepeats, Packed
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from calculators.activations import ActivationBreakdown
     from calculators.architecture import TracedActivations
 
 REGIMES = ("half", "autocast", "fp32")
@@ -398,6 +399,26 @@ def _count_alive(packed: Packed, param_keys: set[int], result: TraceResult) -> s
             shape, dtype = described or (tuple(t.shape), t.dtype)
             result.tensors.append((layer, shape, str(dtype), nbytes, grad_fn))
     return seen
+
+
+def figures(result: TraceResult) -> tuple[int, ...]:
+    """The trace's figures that the analytical model predicts (``predicted_figures``): saved
+    bytes, autocast weight copies, logits, the loss's transients, the cache, the cache alone."""
+    r = result
+    return (r.activations, r.autocast_weights, r.logits, r.loss_transient, r.cache, r.cache_only)
+
+
+def predicted_figures(acts: ActivationBreakdown) -> tuple[int, ...]:
+    """``figures`` as the analytical model has them (the logits are the caller's, not saved)."""
+    saved = acts.layers + acts.embedding + acts.head + acts.loss
+    return (
+        saved,
+        acts.autocast_weights,
+        acts.logits,
+        acts.loss_transient,
+        acts.cache,
+        acts.cache_only,
+    )
 
 
 TRACES_KEPT = 64
