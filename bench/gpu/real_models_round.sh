@@ -12,7 +12,13 @@
 # rotary of 0.75; a tied 200,064-token vocabulary) at Nd 2 on GPUs 0,1 (a 2-GPU host): FSDP2, then
 # DeepSpeed. SET=6 and SET=7 run 7-12B models at Nd 4 on all four GPUs: Llama-3.1-8B, Qwen2.5-7B,
 # Gemma-2-9B (4,096-token windows the sequence reaches, a 256,000-token tied vocabulary) and
-# Mistral-Nemo-12B (128-wide heads over a 5,120-wide model).
+# Mistral-Nemo-12B (128-wide heads over a 5,120-wide model). SET=8 runs a real-size mixture of
+# experts at Nd 4: Qwen1.5-MoE-A2.7B (14.3B: 24 layers of 60 routed experts, four per token, and
+# a gated shared expert) under FSDP2 stage 3, DeepSpeed stage 3 and FSDP2 stage 2
+# (JOB_TIMEOUT_S=280 BUDGET_S=330: building it takes longer). SET=9 runs Llama-3.2-3B (a tied
+# 128,256-token vocabulary) and Gemma-3-4B's text model (five sliding layers to each global one,
+# a tied 262,208-token vocabulary) at Nd 4: FSDP2 without checkpointing at 8,192 tokens, and
+# DeepSpeed stages 2 and 3 and FSDP2 stage 2 with it.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -87,6 +93,15 @@ elif [[ ${SET:-1} == 7 ]]; then
     job qwen2.5-7b_ds2_nd4_b1s4096_full 0,1,2,3 4 29894 qwen2.5-7b ds2 1 4096 full
     job gemma-2-9b_ds3_nd4_b1s4096_full 0,1,2,3 4 29895 gemma-2-9b ds3 1 4096 full
     job mistral-nemo-12b_torch3_nd4_b1s4096_full 0,1,2,3 4 29896 mistral-nemo-12b torch:3 1 4096 full
+elif [[ ${SET:-1} == 8 ]]; then
+    job qwen1.5-moe-a2.7b_torch3_nd4_b1s4096_full 0,1,2,3 4 29897 qwen1.5-moe-a2.7b torch:3 1 4096 full
+    job qwen1.5-moe-a2.7b_ds3_nd4_b1s4096_full 0,1,2,3 4 29898 qwen1.5-moe-a2.7b ds3 1 4096 full
+    job qwen1.5-moe-a2.7b_torch2_nd4_b1s4096_full 0,1,2,3 4 29899 qwen1.5-moe-a2.7b torch:2 1 4096 full
+elif [[ ${SET:-1} == 9 ]]; then
+    job llama-3.2-3b_torch3_nd4_b1s8192_none 0,1,2,3 4 29901 llama-3.2-3b torch:3 1 8192 none
+    job gemma-3-4b-text_ds3_nd4_b1s4096_full 0,1,2,3 4 29902 gemma-3-4b-text ds3 1 4096 full
+    job llama-3.2-3b_ds2_nd4_b2s2048_full 0,1,2,3 4 29903 llama-3.2-3b ds2 2 2048 full
+    job gemma-3-4b-text_torch2_nd4_b2s4096_full 0,1,2,3 4 29904 gemma-3-4b-text torch:2 2 4096 full
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none
