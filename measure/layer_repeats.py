@@ -32,12 +32,12 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 Described = tuple[tuple[int, ...], torch.dtype] | None
-Packed = list[tuple["weakref.ref[torch.Tensor]", int, str, str, Described]]
+Packed = list[tuple["weakref.ref[torch.Tensor | PlayedStorage]", int, str, str, Described]]
 """What the trace records as saved: (tensor, layer, grad_fn name, kind: "" to classify it, and
 the shape and dtype of the view a played layer's storage stands for)."""
 Classify = Callable[[torch.Tensor], str]
@@ -46,6 +46,15 @@ Classify = Callable[[torch.Tensor], str]
 _PLAIN = (int, float, str, bool, type(None))
 _VARYING = (("args", 0), ("kwargs", "hidden_states"))
 """Where a decoder layer takes its hidden state: the one tensor that differs between layers."""
+
+
+class PlayedStorage:
+    """A new storage a played layer saved that nothing else reads: its size and identity."""
+
+    __slots__ = ("__weakref__", "nbytes")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
 
 
 class _Unplayable(Exception):
@@ -72,6 +81,7 @@ class _Recipe:
     saved: list[tuple[_Ref, str, str]] = field(default_factory=list)  # ref, kind, grad_fn name
     update: tuple[_Ref, _Ref, int, Any, Any] | None = None  # key, value, index shift, args
     cache_holds: list[tuple[str, _Ref]] = field(default_factory=list)
+    cached: set[int] = field(default_factory=set)  # new storages the cache takes or holds
     output: list[tuple[tuple[int, ...], torch.dtype, bool] | None] = field(default_factory=list)
     output_is_tensor: bool = True
 
@@ -90,7 +100,7 @@ class LayerRepeats:
     ) -> None:
         self.packed, self.classify, self.own_hooks = packed, classify, own_hooks
         self.recipes: dict[Hashable, _Recipe | None] = {}
-        self.keep: list[torch.Tensor] = []  # played storages, alive to the end of forward
+        self.keep: list[torch.Tensor | PlayedStorage] = []  # played, alive to the end
         self.played = 0
         per_layer = _per_layer_lists(config, len(layers))
         for i, layer in enumerate(layers):
@@ -158,10 +168,15 @@ class LayerRepeats:
         kwargs: dict[str, Any],
     ) -> Any:
         hidden = _hidden(args, kwargs)
-        storages = [torch.empty(n, dtype=torch.uint8) for n in recipe.storages]
+        # a fake tensor for each new storage the cache holds; the others only need a size and
+        # an identity (a fake tensor costs a dispatch)
+        storages: list[torch.Tensor | PlayedStorage] = [
+            torch.empty(n, dtype=torch.uint8) if k in recipe.cached else PlayedStorage(n)
+            for k, n in enumerate(recipe.storages)
+        ]
         self.keep.extend(storages)
 
-        def storage(ref: _Ref) -> torch.Tensor:
+        def storage(ref: _Ref) -> torch.Tensor | PlayedStorage:
             if ref.where == "same":
                 assert ref.tensor is not None
                 return ref.tensor
@@ -169,8 +184,8 @@ class LayerRepeats:
 
         def view(ref: _Ref) -> torch.Tensor:
             if ref.where != "new":
-                return storage(ref)
-            base = storages[ref.index].view(ref.dtype)
+                return cast(torch.Tensor, storage(ref))
+            base = cast(torch.Tensor, storages[ref.index]).view(ref.dtype)
             return base.as_strided(ref.shape, ref.stride, ref.offset)
 
         for ref, kind, grad_fn in recipe.saved:
@@ -243,6 +258,8 @@ def _recipe(
         t = weak()
         if t is None:  # died inside the layer: a real repeat frees it too
             continue
+        if not isinstance(t, torch.Tensor):
+            raise _Unplayable
         kind = kind or classify(t)
         if kind == "param":
             continue
@@ -273,6 +290,8 @@ def _recipe(
         for name, value in vars(held).items():
             if isinstance(value, torch.Tensor):
                 recipe.cache_holds.append((name, ref(value)))
+        refs = [recipe.update[0], recipe.update[1], *(r for _, r in recipe.cache_holds)]
+        recipe.cached = {r.index for r in refs if r.where == "new"}
     outs = [out] if isinstance(out, torch.Tensor) else out
     if not isinstance(outs, (tuple, list)):
         raise _Unplayable

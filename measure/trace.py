@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from measure.layer_repeats import LayerRepeats, Packed
+from measure.layer_repeats import LayerRepeats, Packed, PlayedStorage
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -381,14 +381,16 @@ def _count_alive(packed: Packed, param_keys: set[int], result: TraceResult) -> s
         t = ref()
         if t is None:
             continue
-        key = _key(t)
-        if key in seen:
-            continue
-        kind = kind or _kind(param_keys, t)
-        if kind == "param":
+        if isinstance(t, PlayedStorage):
+            # a played layer's storage that nothing else reads (its object's address is unique
+            # among the live ones, as a storage's is); its kind comes with it
+            key, nbytes = id(t), t.nbytes
+        else:
+            key, nbytes = _key(t), t.untyped_storage().nbytes()
+            kind = kind or _kind(param_keys, t)
+        if key in seen or kind == "param":
             continue
         seen.add(key)
-        nbytes = t.untyped_storage().nbytes()
         if kind == "rng":
             result.rng_state += nbytes
         elif kind == "weight":
@@ -396,7 +398,7 @@ def _count_alive(packed: Packed, param_keys: set[int], result: TraceResult) -> s
         else:
             result.activations += nbytes
             result.by_layer[layer] = result.by_layer.get(layer, 0) + nbytes
-            shape, dtype = described or (tuple(t.shape), t.dtype)
+            shape, dtype = described or (tuple(t.shape), t.dtype)  # type: ignore[union-attr]
             result.tensors.append((layer, shape, str(dtype), nbytes, grad_fn))
     return seen
 
