@@ -503,8 +503,8 @@ SOURCES = (
         "2 × 1,024, 1 × 2,048, 2 × 2,048, 4 × 512, 1 × 4,096, 2 × 4,096, 1 × 6,144 or 1 × 8,192, "
         "some with 2 or 4 "
         'micro-steps, mixed bf16, ± full checkpointing, transformers Trainer\'s ds_config ("auto" '
-        "values) for DeepSpeed, H200 (NCCL)",
-        "bash bench/gpu/real_models_round.sh (SET=1 to 9)",
+        "values; ± CPU optimizer offload) for DeepSpeed, H100/H200 (NCCL)",
+        "bash bench/gpu/real_models_round.sh (SET=1 to 10)",
     ),
     Source(
         "canonical_ds/*.json",

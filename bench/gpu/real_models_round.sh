@@ -18,7 +18,9 @@
 # (JOB_TIMEOUT_S=280 BUDGET_S=330: building it takes longer). SET=9 runs Llama-3.2-3B (a tied
 # 128,256-token vocabulary) and Gemma-3-4B's text model (five sliding layers to each global one,
 # a tied 262,208-token vocabulary) at Nd 4: FSDP2 without checkpointing at 8,192 tokens, and
-# DeepSpeed stages 2 and 3 and FSDP2 stage 2 with it.
+# DeepSpeed stages 2 and 3 and FSDP2 stage 2 with it. SET=10 runs DeepSpeed with the CPU optimizer
+# offload of transformers' sample ZeRO-2/3 configs (bench/ds_configs/*_offload.json) at Nd 2 on
+# GPUs 0,1: Qwen2.5-0.5B, TinyLlama-1.1B, Qwen3-0.6B, SmolLM2-360M and Gemma-3-1B.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -45,6 +47,10 @@ job() {
         --grad-accumulation-steps "$accumulation" --warmup-steps 2 --steps 2 --no-host-probe)
     case $engine in
     ds2 | ds3) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}.json") ;;
+    ds2off | ds3off)
+        engine=${engine%off}
+        args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}_offload.json")
+        ;;
     torch:*) args+=(--engine torch --stages "${engine#torch:}") ;;
     esac
     printf '%s\n' "${args[@]}" >"$out/$name.args"
@@ -102,6 +108,12 @@ elif [[ ${SET:-1} == 9 ]]; then
     job gemma-3-4b-text_ds3_nd4_b1s4096_full 0,1,2,3 4 29902 gemma-3-4b-text ds3 1 4096 full
     job llama-3.2-3b_ds2_nd4_b2s2048_full 0,1,2,3 4 29903 llama-3.2-3b ds2 2 2048 full
     job gemma-3-4b-text_torch2_nd4_b2s4096_full 0,1,2,3 4 29904 gemma-3-4b-text torch:2 2 4096 full
+elif [[ ${SET:-1} == 10 ]]; then
+    job qwen2.5-0.5b_ds2off_b2s1024_none 0,1 2 29911 qwen2.5-0.5b ds2off 2 1024 none
+    job tinyllama-1.1b_ds3off_b1s2048_full 0,1 2 29912 tinyllama-1.1b ds3off 1 2048 full
+    job qwen3-0.6b_ds3off_b2s1024_none 0,1 2 29913 qwen3-0.6b ds3off 2 1024 none
+    job smollm2-360m_ds2off_b4s512_full_ga2 0,1 2 29914 smollm2-360m ds2off 4 512 full 2
+    job gemma-3-1b_ds2off_b1s2048_none 0,1 2 29915 gemma-3-1b ds2off 1 2048 none
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none
