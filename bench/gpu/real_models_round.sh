@@ -20,7 +20,9 @@
 # a tied 262,208-token vocabulary) at Nd 4: FSDP2 without checkpointing at 8,192 tokens, and
 # DeepSpeed stages 2 and 3 and FSDP2 stage 2 with it. SET=10 runs DeepSpeed with the CPU optimizer
 # offload of transformers' sample ZeRO-2/3 configs (bench/ds_configs/*_offload.json) at Nd 2 on
-# GPUs 0,1: Qwen2.5-0.5B, TinyLlama-1.1B, Qwen3-0.6B, SmolLM2-360M and Gemma-3-1B.
+# GPUs 0,1: Qwen2.5-0.5B, TinyLlama-1.1B, Qwen3-0.6B, SmolLM2-360M and Gemma-3-1B. SET=11 runs
+# the torch engines in pure bf16 (bf16 parameters, gradients and Adam states, no fp32 master) at
+# Nd 2 on GPUs 0,1: Qwen3-0.6B, Llama-3.2-3B, Gemma-3-1B, SmolLM2-360M and TinyLlama-1.1B.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -34,17 +36,19 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 budget=${BUDGET_S:-520}
 start=$SECONDS
 
-# NAME GPUS ND PORT CONFIG ENGINE(ds2|ds3|torch:STAGES) MICRO SEQ CHECKPOINTING [ACCUMULATION]
+# NAME GPUS ND PORT CONFIG ENGINE(ds2|ds3|ds2off|ds3off|torch:STAGES) MICRO SEQ CHECKPOINTING
+# [ACCUMULATION [PRECISION]]
 job() {
     local name=$1 gpus=$2 nd=$3 port=$4 config=$5 engine=$6 micro=$7 seq=$8 ckpt=$9
-    local accumulation=${10:-1}
+    local accumulation=${10:-1} precision=${11:-mixed_bf16}
     if ((SECONDS - start > budget)); then
         echo "$name: skipped (budget)" >>"$out/status.txt"
         return
     fi
     local args=(--hf-config "bench/hf_configs/$config.json" --dp "$nd" --mode distributed
         --micro-batch-size "$micro" --seq-len "$seq" --activation-checkpointing "$ckpt"
-        --grad-accumulation-steps "$accumulation" --warmup-steps 2 --steps 2 --no-host-probe)
+        --grad-accumulation-steps "$accumulation" --precision "$precision"
+        --warmup-steps 2 --steps 2 --no-host-probe)
     case $engine in
     ds2 | ds3) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}.json") ;;
     ds2off | ds3off)
@@ -114,6 +118,12 @@ elif [[ ${SET:-1} == 10 ]]; then
     job qwen3-0.6b_ds3off_b2s1024_none 0,1 2 29913 qwen3-0.6b ds3off 2 1024 none
     job smollm2-360m_ds2off_b4s512_full_ga2 0,1 2 29914 smollm2-360m ds2off 4 512 full 2
     job gemma-3-1b_ds2off_b1s2048_none 0,1 2 29915 gemma-3-1b ds2off 1 2048 none
+elif [[ ${SET:-1} == 11 ]]; then
+    job qwen3-0.6b_torch0123_bf16_b2s1024_none 0,1 2 29921 qwen3-0.6b torch:0,1,2,3 2 1024 none 1 bf16
+    job llama-3.2-3b_torch23_bf16_b1s4096_full 0,1 2 29922 llama-3.2-3b torch:2,3 1 4096 full 1 bf16
+    job gemma-3-1b_torch3_bf16_b2s1024_none 0,1 2 29923 gemma-3-1b torch:3 2 1024 none 1 bf16
+    job smollm2-360m_torch01_bf16_b4s512_full_ga2 0,1 2 29924 smollm2-360m torch:0,1 4 512 full 2 bf16
+    job tinyllama-1.1b_torch23_bf16_b1s2048_none 0,1 2 29925 tinyllama-1.1b torch:2,3 1 2048 none 1 bf16
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none
