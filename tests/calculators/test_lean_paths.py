@@ -204,3 +204,43 @@ def test_with_dp_refuses_as_the_constructor(dp: int) -> None:
     with pytest.raises(InputError) as lean:
         with_dp(setup, dp)
     assert (lean.value.field, lean.value.message) == (caught.value.field, caught.value.message)
+
+
+# --- one model's parameter facts, shared by the requests about it -------------------------------
+
+
+def test_one_architectures_facts_serve_every_request_about_it() -> None:
+    from calculators.parameters import architecture_params
+    from calculators.presets import get_preset
+
+    llama, gpt2 = get_preset("llama3-8b").architecture, get_preset("gpt2").architecture
+    facts = layouts.param_facts(architecture_params(llama))
+    assert layouts.param_facts(architecture_params(llama)) is facts
+    assert layouts.param_facts(architecture_params(gpt2)) is not facts
+    # a bare count's one-tensor list is not kept
+    bare = (ParamTensor("model", (1000,)),)
+    assert layouts.param_facts(bare) is not layouts.param_facts(bare)
+
+
+def test_shared_facts_remember_a_bounded_number_of_bucket_sizes() -> None:
+    facts = layouts.ParamFacts(tensors([7, 5, 9, 3, 11, 2]))
+    fresh = layouts.ParamFacts(tensors([7, 5, 9, 3, 11, 2]))
+    for bucket in range(1, 3 * layouts._REMEMBERED):
+        assert facts.bucket_extents(bucket, backward=True) == fresh.bucket_extents(bucket, True)
+        assert facts.backward_buckets(bucket) == layouts.ParamFacts(
+            tensors([7, 5, 9, 3, 11, 2])
+        ).backward_buckets(bucket)
+    for cache in (facts._ranges, facts._extents, facts._buckets):
+        assert 0 < len(cache) <= layouts._REMEMBERED
+
+
+def test_stage3_kept_is_remembered_per_equal_config() -> None:
+    facts = layouts.ParamFacts(tensors([7, 5, 9, 3, 11, 2]))
+    first = facts.stage3_kept(Knobs(reduce_bucket_size=10), True)
+    # an equal config read from another request: the same outcome, worked out once
+    assert facts.stage3_kept(Knobs(reduce_bucket_size=10), True) is first
+    other = facts.stage3_kept(Knobs(reduce_bucket_size=10, param_persistence_threshold=8), True)
+    assert other == layouts.ParamFacts(tensors([7, 5, 9, 3, 11, 2])).stage3_kept(
+        Knobs(reduce_bucket_size=10, param_persistence_threshold=8), True
+    )
+    assert facts.stage3_kept(Knobs(reduce_bucket_size=10), True, views=False) is not first

@@ -7,10 +7,12 @@ Paths relative to ``deepspeed/runtime/`` of 0.19.8: engine.py, fp16/unfused_opti
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import accumulate, compress
+from typing import TypeVar
+from weakref import WeakKeyDictionary
 
 from calculators.activations import (
     INDEX_BYTES,
@@ -37,10 +39,30 @@ from calculators.engines.deepspeed.stage3 import (
 )
 from calculators.engines.torch.peak import holds_outputs
 from calculators.model_states import NOWHERE, Placement, TrainingSetup, placement
-from calculators.parameters import ParamTensor, first_block_span, param_numels, tally
+from calculators.parameters import (
+    ParamList,
+    ParamTensor,
+    first_block_span,
+    param_numels,
+    tally,
+)
 
 FP64_BYTES = 8  # gradient norms run in float64 (zero/utils.py get_norm_dtype)
 _CHUNK = 64  # parameters per chunk of ParamFacts.largest_of_first
+# bucket sizes (or stage-3 configs) one parameter list remembers: its facts outlive the request
+# (param_facts), so what one client's distinct bucket sizes add is bounded
+_REMEMBERED = 32
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _remember(cache: MutableMapping[K, V], key: K, value: V) -> V:
+    """``cache[key] = value``, the cache emptied first once it holds ``_REMEMBERED``."""
+    if len(cache) >= _REMEMBERED:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 # --- the parameter list, whatever Nd --------------------------------------------------------------
@@ -60,9 +82,11 @@ class Stage3Kept:
 class ParamFacts:
     """What the stages read of one parameter list that does not depend on Nd: sizes, prefix
     sums, the IPG buckets. Each is worked out on first use, once for every stage and every Nd
-    of one request (a sweep asks the same list under up to 64 Nd values). The sizes come from
+    of one request (a sweep asks the same list under up to 64 Nd values), and, through
+    ``param_facts``, for every later request about the same model. The sizes come from
     ``param_numels`` (an architecture's list is counted from its distinct tensors, never
-    walked tensor by tensor); sums over them run once per distinct size."""
+    walked tensor by tensor); sums over them run once per distinct size. What it hands out is
+    shared: read it, never change it."""
 
     def __init__(self, params: Sequence[ParamTensor]) -> None:
         self.params = params
@@ -74,7 +98,7 @@ class ParamFacts:
         self._ranges: dict[tuple[int, bool], list[tuple[int, int]]] = {}
         self._extents: dict[tuple[int, bool], list[tuple[int, int, int, int]]] = {}
         self._buckets: dict[int, list[tuple[int | None, list[tuple[int, int]]]]] = {}
-        self._kept: tuple[Knobs, bool, bool, Stage3Kept] | None = None
+        self._kept: list[tuple[Knobs, bool, bool, Stage3Kept]] = []
         self._chunk_largest: list[int] | None = None
 
     @cached_property
@@ -108,16 +132,18 @@ class ParamFacts:
         """``ipg_ranges`` over the parameters, in backward (reversed) order or in order:
         ``(first, end)`` of each bucket, positions in the order walked."""
         key = (bucket, backward)
-        if key not in self._ranges:
+        found = self._ranges.get(key)
+        if found is None:
             order, prefix = self.backward if backward else (self.numels, self.offsets)
-            self._ranges[key] = ipg_ranges(order, prefix, bucket)
-        return self._ranges[key]
+            found = _remember(self._ranges, key, ipg_ranges(order, prefix, bucket))
+        return found
 
     def backward_buckets(self, bucket: int) -> list[tuple[int | None, list[tuple[int, int]]]]:
         """Stage 3's IPG buckets, each different one once: the size of its one parameter (None
         when it holds more) and how many parameters of each size it holds (empty gradients
         join no bucket)."""
-        if bucket not in self._buckets:
+        found = self._buckets.get(bucket)
+        if found is None:
             order = self.backward[0]
             out: list[tuple[int | None, list[tuple[int, int]]]] = []
             seen_runs: set[tuple[int, ...]] = set()
@@ -134,16 +160,18 @@ class ParamFacts:
                     seen.add(sizes)
                     single = next(iter(members)) if sum(members.values()) == 1 else None
                     out.append((single, list(members.items())))
-            self._buckets[bucket] = out
-        return self._buckets[bucket]
+            found = _remember(self._buckets, bucket, out)
+        return found
 
     def stage3_kept(self, knobs: Knobs, exact: bool, views: bool = True) -> Stage3Kept:
         """What stage 3's parameter coordinator keeps gathered (``stage3_trace``), as sizes
-        and 16-bit bytes; the last config asked is remembered (one per request). ``views``:
-        forward saves views of gathered weights (``view_saved``; not where every block is
-        checkpointed, whose forward saves none)."""
-        if self._kept is not None and self._kept[0] is knobs and self._kept[1:3] == (exact, views):
-            return self._kept[3]
+        and 16-bit bytes, remembered per config. ``views``: forward saves views of gathered
+        weights (``view_saved``; not where every block is checkpointed, whose forward saves
+        none)."""
+        # Knobs holds the config's other keys (a dict): compared, not hashed
+        for seen, seen_exact, seen_views, found in self._kept:
+            if seen_exact is exact and seen_views is views and seen == knobs:
+                return found
         numels = self.numels
         trace = stage3_trace(self.params, knobs) if exact else Stage3Trace((False,), (True,))
         persistent = list(compress(numels, trace.persistent))
@@ -163,7 +191,9 @@ class ParamFacts:
             blocks(HALF_BYTES, gathered) + flat,
             blocks(HALF_BYTES, later) + flat,
         )
-        self._kept = (knobs, exact, views, kept)
+        if len(self._kept) >= _REMEMBERED:
+            self._kept.clear()
+        self._kept.append((knobs, exact, views, kept))
         return kept
 
     def bucket_extents(self, bucket: int, backward: bool) -> list[tuple[int, int, int, int]]:
@@ -173,7 +203,8 @@ class ParamFacts:
         bucket's 16-bit flattened copy. A bucket is a run of consecutive parameters (zero-sized
         ones skipped), so its extent is a difference of prefix sums."""
         key = (bucket, backward)
-        if key not in self._extents:
+        found = self._extents.get(key)
+        if found is None:
             numels, offsets = self.numels, self.offsets
             n = len(numels)
             out = []
@@ -189,8 +220,24 @@ class ParamFacts:
                 lo, hi = offsets[first], offsets[end]
                 flat = block(HALF_BYTES * (hi - lo))
                 out.append((lo, hi - 1, rounded, flat))
-            self._extents[key] = out
-        return self._extents[key]
+            found = _remember(self._extents, key, out)
+        return found
+
+
+# an architecture's parameter list lives in architecture_params' cache: its facts live as long
+_FACTS: WeakKeyDictionary[ParamList, ParamFacts] = WeakKeyDictionary()
+
+
+def param_facts(params: Sequence[ParamTensor]) -> ParamFacts:
+    """``ParamFacts(params)``, the same object for as long as an architecture's list is held
+    (its buckets and sums worked out once for every request about that model); a bare count's
+    one-tensor list gets its own."""
+    if not isinstance(params, ParamList):
+        return ParamFacts(params)
+    facts = _FACTS.get(params)
+    if facts is None:
+        facts = _FACTS.setdefault(params, ParamFacts(params))
+    return facts
 
 
 # --- the moments of a step ---------------------------------------------------------------------

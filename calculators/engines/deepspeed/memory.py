@@ -50,6 +50,7 @@ from calculators.engines.deepspeed.layouts import (
     Stage12,
     StepShape,
     cublaslt_workspace_bytes,
+    param_facts,
     stage0,
     step_shape,
 )
@@ -144,7 +145,7 @@ class Shared:
 
     @cached_property
     def facts(self) -> ParamFacts:
-        return ParamFacts(self.params[0])
+        return param_facts(self.params[0])
 
     @cached_property
     def shape(self) -> StepShape:
