@@ -503,9 +503,9 @@ SOURCES = (
         "2 × 1,024, 1 × 2,048, 2 × 2,048, 4 × 512, 1 × 4,096, 2 × 4,096, 1 × 6,144 or 1 × 8,192, "
         "some with 2 or 4 "
         "micro-steps, mixed bf16 (torch also pure bf16), ± full checkpointing, transformers "
-        'Trainer\'s ds_config ("auto" values; ± CPU optimizer offload) for DeepSpeed, H100/H200 '
-        "(NCCL)",
-        "bash bench/gpu/real_models_round.sh (SET=1 to 11)",
+        'Trainer\'s ds_config ("auto" values; ± CPU optimizer and parameter offload) for '
+        "DeepSpeed, H100/H200 (NCCL)",
+        "bash bench/gpu/real_models_round.sh (SET=1 to 12)",
     ),
     Source(
         "canonical_ds/*.json",

@@ -11,6 +11,16 @@ with and without a tied head::
         bench/gpu/ds_forward_snapshot.py --family qwen3 --size medium --variant tied
 
 A world of one gathers nothing (each parameter's gathered copy is its partition).
+
+``--hf-config`` builds a real model's ``config.json`` instead, with the zero_optimization knobs
+transformers' Trainer fills from its hidden size ("auto"), ``--offload`` adds the CPU optimizer
+and parameter offload of transformers' sample ZeRO-3 config, ``--checkpointing`` turns on
+transformers' gradient checkpointing::
+
+    NCCL_NVLS_ENABLE=0 DS_ACCELERATOR=cuda PYTHONPATH=$PWD torchrun --nproc-per-node 2 \\
+        bench/gpu/ds_forward_snapshot.py --hf-config bench/hf_configs/tinyllama-1.1b.json \\
+        --micro-batch-size 1 --seq-len 2048 --checkpointing --offload
+    python3 bench/gpu/ds_forward_snapshot.py --report bench/results/ds_forward_snapshot/*.json
 """
 
 from __future__ import annotations
@@ -27,22 +37,55 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu.forward_snapshot import live_blocks  # noqa: E402
 
 
-def run(family: str, size: str, tied: bool, depth: int, min_mib: float) -> dict[str, Any]:
+def run(
+    family: str,
+    size: str,
+    tied: bool | None,
+    depth: int,
+    min_mib: float,
+    hf_config: str | None = None,
+    micro: int = 2,
+    seq: int = 1024,
+    offload: bool = False,
+    checkpointing: bool = False,
+) -> dict[str, Any]:
     import deepspeed
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from measure.hf_families import family_config
 
-    body = family_config(family, size)
-    body["tie_word_embeddings"] = tied
+    zero: dict[str, Any] = {"stage": 3}
+    if hf_config is not None:
+        body = json.loads(Path(hf_config).read_text())
+        hidden = body["hidden_size"]
+        zero |= {  # what the Trainer fills for "auto" (transformers integrations/deepspeed.py)
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+            "reduce_bucket_size": hidden * hidden,
+            "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+            "stage3_param_persistence_threshold": 10 * hidden,
+            "sub_group_size": 10**9,
+            "stage3_max_live_parameters": 10**9,
+            "stage3_max_reuse_distance": 10**9,
+        }
+    else:
+        body = family_config(family, size)
+        body["tie_word_embeddings"] = tied
+    if offload:
+        zero |= {
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "offload_param": {"device": "cpu", "pin_memory": True},
+        }
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
         AutoConfig.for_model(**body), attn_implementation="sdpa", dtype=torch.float32
     )
+    if checkpointing:
+        model.gradient_checkpointing_enable()  # as measure runs it
     config = {
-        "train_micro_batch_size_per_gpu": 2,
-        "zero_optimization": {"stage": 3},
+        "train_micro_batch_size_per_gpu": micro,
+        "zero_optimization": zero,
         "bf16": {"enabled": True},
         "zero_force_ds_cpu_optimizer": False,
         "zero_allow_untested_optimizer": True,
@@ -50,7 +93,7 @@ def run(family: str, size: str, tied: bool, depth: int, min_mib: float) -> dict[
     }
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    x = torch.randint(3, body["vocab_size"], (2, 1024), device=engine.device)
+    x = torch.randint(3, body["vocab_size"], (micro, seq), device=engine.device)
     for _ in range(2):
         loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
@@ -76,24 +119,56 @@ def run(family: str, size: str, tied: bool, depth: int, min_mib: float) -> dict[
     engine.backward(loss)
     engine.step()
     return {
-        "family": family,
+        "family": hf_config or family,
         "size": size,
         "tied": tied,
+        "offload": offload,
+        "checkpointing": checkpointing,
         "allocated_before_forward": before,
         "allocated_after_forward": after,
         "blocks": blocks,
     }
 
 
+def report(paths: list[str]) -> None:
+    """Per written snapshot: the blocks forward allocated and left alive, totalled by the two
+    innermost frames that allocated them (count, block bytes, requested bytes)."""
+    mib = 2**20
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        print(
+            f"{Path(path).name}: allocated {data['allocated_before_forward'] / mib:.1f} -> "
+            f"{data['allocated_after_forward'] / mib:.1f} MiB"
+        )
+        sites: dict[str, list[int]] = {}
+        for b in data["blocks"]:
+            if b["in_forward"]:
+                site = sites.setdefault(" < ".join(b["frames"][:2]), [0, 0, 0])
+                site[0] += 1
+                site[1] += b["size"]
+                site[2] += b["requested"]
+        for where, (count, size, requested) in sorted(sites.items(), key=lambda kv: -kv[1][1]):
+            print(f"  {count:4d} {size / mib:9.1f} MiB (requested {requested / mib:9.1f})  {where}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", default="qwen3")
     ap.add_argument("--size", default="medium")
-    ap.add_argument("--variant", choices=["tied", "untied"], required=True)
+    ap.add_argument("--variant", choices=["tied", "untied"])
+    ap.add_argument("--hf-config", help="a config.json to build instead of --family at --size")
+    ap.add_argument("--micro-batch-size", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--offload", action="store_true", help="optimizer and parameters to the CPU")
+    ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--depth", type=int, default=10)
     ap.add_argument("--min-mib", type=float, default=4.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/dssnap"))
+    ap.add_argument("--report", nargs="+", metavar="JSON", help="summarise written snapshots")
     a = ap.parse_args()
+    if a.report:
+        report(a.report)
+        return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29531")
     os.environ.setdefault("RANK", "0")
@@ -104,16 +179,36 @@ def main() -> None:
 
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     deepspeed.init_distributed(dist_backend="nccl")
-    result = run(a.family, a.size, a.variant == "tied", a.depth, a.min_mib)
+    if a.hf_config is None and a.variant is None:
+        ap.error("--variant is required without --hf-config")
+    tied = None if a.variant is None else a.variant == "tied"
+    result = run(
+        a.family,
+        a.size,
+        tied,
+        a.depth,
+        a.min_mib,
+        a.hf_config,
+        a.micro_batch_size,
+        a.seq_len,
+        a.offload,
+        a.checkpointing,
+    )
     if int(os.environ["RANK"]) != 0:
         return
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"ds_snapshot_{a.family}_{a.size}_{a.variant}.json"
+    name = (
+        f"{Path(a.hf_config).stem}{'_offload' if a.offload else ''}"
+        f"{'_full' if a.checkpointing else ''}"
+        if a.hf_config
+        else f"{a.family}_{a.size}_{a.variant}"
+    )
+    path = out / f"ds_snapshot_{name}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     mib = 2**20
     print(
-        f"{a.family} {a.variant}: allocated {result['allocated_before_forward'] / mib:.1f} -> "
+        f"{name}: allocated {result['allocated_before_forward'] / mib:.1f} -> "
         f"{result['allocated_after_forward'] / mib:.1f} MiB"
     )
     for b in result["blocks"][:40]:

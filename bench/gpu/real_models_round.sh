@@ -23,6 +23,8 @@
 # GPUs 0,1: Qwen2.5-0.5B, TinyLlama-1.1B, Qwen3-0.6B, SmolLM2-360M and Gemma-3-1B. SET=11 runs
 # the torch engines in pure bf16 (bf16 parameters, gradients and Adam states, no fp32 master) at
 # Nd 2 on GPUs 0,1: Qwen3-0.6B, Llama-3.2-3B, Gemma-3-1B, SmolLM2-360M and TinyLlama-1.1B.
+# SET=12 runs transformers' sample ZeRO-3 config as written, optimizer and parameters offloaded
+# to the CPU (bench/ds_configs/trainer_auto_zero3_offload_all.json), at Nd 2 on GPUs 0,1.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -36,7 +38,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 budget=${BUDGET_S:-520}
 start=$SECONDS
 
-# NAME GPUS ND PORT CONFIG ENGINE(ds2|ds3|ds2off|ds3off|torch:STAGES) MICRO SEQ CHECKPOINTING
+# NAME GPUS ND PORT CONFIG ENGINE(ds2|ds3|ds2off|ds3off|ds3offall|torch:STAGES) MICRO SEQ CHECKPOINTING
 # [ACCUMULATION [PRECISION]]
 job() {
     local name=$1 gpus=$2 nd=$3 port=$4 config=$5 engine=$6 micro=$7 seq=$8 ckpt=$9
@@ -51,6 +53,7 @@ job() {
         --warmup-steps 2 --steps 2 --no-host-probe)
     case $engine in
     ds2 | ds3) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}.json") ;;
+    ds3offall) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero3_offload_all.json") ;;
     ds2off | ds3off)
         engine=${engine%off}
         args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}_offload.json")
@@ -124,6 +127,11 @@ elif [[ ${SET:-1} == 11 ]]; then
     job gemma-3-1b_torch3_bf16_b2s1024_none 0,1 2 29923 gemma-3-1b torch:3 2 1024 none 1 bf16
     job smollm2-360m_torch01_bf16_b4s512_full_ga2 0,1 2 29924 smollm2-360m torch:0,1 4 512 full 2 bf16
     job tinyllama-1.1b_torch23_bf16_b1s2048_none 0,1 2 29925 tinyllama-1.1b torch:2,3 1 2048 none 1 bf16
+elif [[ ${SET:-1} == 12 ]]; then
+    job qwen2.5-0.5b_ds3offall_b2s1024_none 0,1 2 29931 qwen2.5-0.5b ds3offall 2 1024 none
+    job tinyllama-1.1b_ds3offall_b1s2048_full 0,1 2 29932 tinyllama-1.1b ds3offall 1 2048 full
+    job llama-3.2-3b_ds3offall_b1s4096_full 0,1 2 29933 llama-3.2-3b ds3offall 1 4096 full
+    job qwen3-0.6b_ds3offall_b2s1024_none_ga2 0,1 2 29934 qwen3-0.6b ds3offall 2 1024 none 2
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none
