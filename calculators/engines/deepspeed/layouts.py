@@ -9,10 +9,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import accumulate, compress
 from typing import TypeVar
-from weakref import WeakKeyDictionary
 
 from calculators.activations import (
     INDEX_BYTES,
@@ -224,20 +223,19 @@ class ParamFacts:
         return found
 
 
-# an architecture's parameter list lives in architecture_params' cache: its facts live as long
-_FACTS: WeakKeyDictionary[ParamList, ParamFacts] = WeakKeyDictionary()
-
-
 def param_facts(params: Sequence[ParamTensor]) -> ParamFacts:
-    """``ParamFacts(params)``, the same object for as long as an architecture's list is held
-    (its buckets and sums worked out once for every request about that model); a bare count's
-    one-tensor list gets its own."""
+    """``ParamFacts(params)``, the same object for the 16 architectures asked last (their
+    buckets and sums worked out once for every request about the model, as
+    ``architecture_params`` keeps their lists); a bare count's one-tensor list gets its own."""
     if not isinstance(params, ParamList):
         return ParamFacts(params)
-    facts = _FACTS.get(params)
-    if facts is None:
-        facts = _FACTS.setdefault(params, ParamFacts(params))
-    return facts
+    return _kept_facts(params)
+
+
+@lru_cache(maxsize=16)
+def _kept_facts(params: ParamList) -> ParamFacts:
+    # keyed by the list, which hashes and compares by its architecture
+    return ParamFacts(params)
 
 
 # --- the moments of a step ---------------------------------------------------------------------
