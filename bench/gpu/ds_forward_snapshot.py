@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ def run(
     seq: int = 1024,
     offload: bool = False,
     checkpointing: bool = False,
+    settle_s: float = 0.0,
 ) -> dict[str, Any]:
     import deepspeed
     import torch
@@ -103,6 +105,7 @@ def run(
     torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     loss = engine(input_ids=x, labels=x).loss
     torch.cuda.synchronize()
+    time.sleep(settle_s)  # what outlives forward only briefly is gone by then
     after = torch.cuda.memory_allocated()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
@@ -124,6 +127,7 @@ def run(
         "tied": tied,
         "offload": offload,
         "checkpointing": checkpointing,
+        "settle_s": settle_s,
         "allocated_before_forward": before,
         "allocated_after_forward": after,
         "blocks": blocks,
@@ -161,6 +165,12 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--offload", action="store_true", help="optimizer and parameters to the CPU")
     ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.0,
+        help="seconds to wait after forward before the snapshot",
+    )
     ap.add_argument("--depth", type=int, default=10)
     ap.add_argument("--min-mib", type=float, default=4.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/dssnap"))
@@ -193,6 +203,7 @@ def main() -> None:
         a.seq_len,
         a.offload,
         a.checkpointing,
+        a.settle_s,
     )
     if int(os.environ["RANK"]) != 0:
         return
@@ -201,6 +212,7 @@ def main() -> None:
     name = (
         f"{Path(a.hf_config).stem}{'_offload' if a.offload else ''}"
         f"{'_full' if a.checkpointing else ''}"
+        f"{f'_settle{a.settle_s:g}s' if a.settle_s else ''}"
         if a.hf_config
         else f"{a.family}_{a.size}_{a.variant}"
     )
