@@ -406,3 +406,15 @@ def test_first_block_backward_counts_the_gradients_made_before_it(tied: bool) ->
     assert "first_block_backward" not in layout(Stage.GRADIENTS)  # hooks move gradients away
     later = layout(Stage.OPTIMIZER, accumulation=2)["first_block_backward"]
     assert later.buffers["gradients"] == every
+
+
+def test_the_client_optimizer_refusal_is_noted_only_without_an_optimizer_section() -> None:
+    # engine.py:2341-2346 refuses a client torch optimizer under optimizer offload; with an
+    # optimizer section (transformers' sample configs) DeepSpeed builds its own CPU Adam
+    refusal = "zero_force_ds_cpu_optimizer is false"
+    client = MODEL.estimate(setup(stage_offload=True), Stage.GRADIENTS)
+    assert any(refusal in n for n in client.notes)
+    own = setup(stage_offload=True, engine_config={"optimizer": {"type": "AdamW"}})
+    assert not any(refusal in n for n in MODEL.estimate(own, Stage.GRADIENTS).notes)
+    allowed = setup(stage_offload=True, engine_config={"zero_force_ds_cpu_optimizer": False})
+    assert not any(refusal in n for n in MODEL.estimate(allowed, Stage.GRADIENTS).notes)

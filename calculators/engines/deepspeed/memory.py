@@ -193,7 +193,12 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
     implied = implied_note(setup.params) if setup.architecture is None else None
     if implied is not None:
         notes.append(implied)
-    if knobs.offload_optimizer is not None and knobs.force_ds_cpu_optimizer:
+    # with an optimizer section DeepSpeed builds its own CPU Adam: no client optimizer to refuse
+    if (
+        knobs.offload_optimizer is not None
+        and knobs.force_ds_cpu_optimizer
+        and knobs.extra.get("optimizer") is None
+    ):
         notes.append(
             "DeepSpeed refuses a client torch optimizer with optimizer offload "
             "unless zero_force_ds_cpu_optimizer is false (engine.py:2341-2346)"
