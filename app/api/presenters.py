@@ -75,6 +75,16 @@ BREAKDOWN_NOTES = [
 ]
 
 
+# a model trained with transformers' modelling code and a batch: what its activations assume
+PADDING_NOTE = (
+    "activations follow transformers' modelling code for batches without padding (no "
+    "attention_mask, or all ones, which transformers drops); with zeros in attention_mask each "
+    "layer also keeps a (batch, 1, seq, seq) mask and, with grouped key/value heads, key and "
+    "value expanded to every query head, which these figures do not count"
+)
+PADDED_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, PADDING_NOTE]
+
+
 BARE_PARAMS_NOTE = (
     "a bare parameter count is taken, at each Ψ tried, as the dense decoder it implies "
     "(hidden = 128 × layers, Llama-style; /v1/memory's notes name the shape): DeepSpeed's "
@@ -340,7 +350,11 @@ def memory_body(
         "pp": setup.pp,
         "convention": convention_body(result),
         "stages": _stage_bodies(result, device_memory),
-        "breakdown_notes": BREAKDOWN_NOTES,
+        "breakdown_notes": PADDED_BREAKDOWN_NOTES
+        if setup.batch is not None
+        and setup.architecture is not None
+        and setup.architecture.modelling is not None
+        else BREAKDOWN_NOTES,
         "resolved_config": None
         if config is None
         else config.model_dump(mode="json", by_alias=True),

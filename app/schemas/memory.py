@@ -223,7 +223,8 @@ class MemoryResponse(BaseModel):
     stages: list[StageMemory]
     breakdown_notes: list[str] = Field(
         description="What the breakdown's rungs mean and why "
-        "reserved and device memory are not predicted."
+        "reserved and device memory are not predicted; for a model trained with transformers' "
+        "modelling code and a batch, also the batches its activations assume (no padding)."
     )
     resolved_config: ResolvedConfig | None = Field(
         None,

@@ -303,3 +303,19 @@ def test_torch_engine_predicts_peak_with_a_breakdown(client: TestClient) -> None
         assert t["breakdown"]["reserved"] is None
     # FSDP2 with reshard_after_forward=False keeps the 16-bit parameters gathered: higher peak
     assert torch_stages[2]["per_device"]["peak"] > torch_stages[3]["per_device"]["peak"]
+
+
+def test_transformers_models_with_a_batch_say_their_batches_have_no_padding(
+    client: TestClient,
+) -> None:
+    batch = {"micro_batch_size": 2, "seq_len": 1024}
+    padding = "batches without padding"
+
+    def said(body: dict[str, Any]) -> bool:
+        return any(padding in n for n in post(client, body)["breakdown_notes"])
+
+    # transformers' modelling code (a preset of a Hugging Face family) with a batch
+    assert said({"model": {"preset": "llama3-8b"}, "dp": 8, "engine": "torch", "batch": batch})
+    # no batch: no activations to qualify; the canonical decoder: no attention mask at all
+    assert not said({"model": {"preset": "llama3-8b"}, "dp": 8, "engine": "torch"})
+    assert not said({"model": {"preset": "gpt2"}, "dp": 8, "engine": "torch", "batch": batch})
