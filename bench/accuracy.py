@@ -53,6 +53,7 @@ PEAK, RESIDENT = "peak", "resident"
 AFTER_FORWARD, AFTER_BACKWARD = "after forward", "after backward"
 SENT = "bytes sent per rank"
 METRICS = (PEAK, RESIDENT, AFTER_FORWARD, AFTER_BACKWARD, SENT)
+PADDED = ", padded"  # a family's runs on padded batches, shown as rows of their own
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ def spec_setup(
                 batch["seq_len"],
                 Checkpointing(batch.get("activation_checkpointing", "none")),
                 batch.get("grad_accumulation_steps", 1),
+                batch.get("padded", False),
             ),
             engine_config=dict(config or spec.get("engine_config") or {}),
         ),
@@ -289,9 +291,10 @@ def hf_runs(path: Path) -> list[Run]:
     for case in data["cases"]:
         result = case["result"]
         env = result["environment"]
-        shape = re.search(r"\(transformers, b(\d+) s(\d+)", result["workload"])
+        shape = re.search(r"\(transformers, b(\d+) s(\d+)(, padded)?", result["workload"])
         if shape is None:
             raise ValueError(f"{path.name}: no batch in workload {result['workload']!r}")
+        padded = shape[3] is not None
         body = {
             "model": {"hf_config": family_config(case["family"], data["size"])},
             "dp": result["dp"],
@@ -305,6 +308,7 @@ def hf_runs(path: Path) -> list[Run]:
                 "micro_batch_size": int(shape[1]),
                 "seq_len": int(shape[2]),
                 "activation_checkpointing": case["checkpointing"],
+                "padded": padded,
             },
             "allow_slow_cpu": True,
         }
@@ -321,6 +325,7 @@ def hf_runs(path: Path) -> list[Run]:
             r = _validate_run(path, f"{data['world']} | {label}", run, setup, family)
             # sizes other than the small configs get their own rows, named by parameter count
             shown = r.family if data["size"] == "small" else f"{r.family} {size_label}"
+            shown += PADDED if padded else ""
             out.append(
                 Run(
                     r.source,
@@ -387,6 +392,7 @@ def real_model_setups(path: Path) -> list[RealModelRun]:
         body["precision"] = checked.precision.value
         if "--hf-config" in args:
             family = Path(args[args.index("--hf-config") + 1]).stem
+            family += PADDED if "--padded" in args else ""
         else:  # a model given as architecture: the canonical decoder, named by the job
             family = f"canonical {entry['name'].split('_')[0]}"
         major = next(

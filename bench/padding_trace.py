@@ -4,8 +4,9 @@
 Builds a ``config.json`` (layers and vocabulary cut down, so it runs in seconds) with SDPA
 attention in bf16, runs one training forward (loss from ``labels``) with no mask, an all-ones
 mask and a mask with zeros (the second sequence padded from its middle), and prints the saved
-storages each adds or drops against no mask (bytes, shape, dtype, count). The figures follow
-unpadded batches; this shows what a padding collator adds::
+storages each adds or drops against no mask (bytes, shape, dtype, count): what a padding
+collator adds, which ``batch.padded`` counts. This runs torch's CPU attention; the figures
+follow the kernels a GPU runs (``measure/trace.py``)::
 
     python3 bench/padding_trace.py bench/hf_configs/qwen3-0.6b.json
     python3 bench/padding_trace.py bench/hf_configs/llama-3.1-8b.json --layers 2 --seq-len 256

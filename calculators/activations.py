@@ -254,6 +254,13 @@ def activations(
     """
     if arch.modelling is not None:
         return _transformers_activations(arch, batch, regime, tp, pp)
+    if batch.padded:
+        raise InputError(
+            "batch.padded",
+            "a padded attention_mask is modelled for transformers' modelling code (a model "
+            "given by hf_config or a preset of a transformers family); the canonical decoder "
+            "attends without a mask",
+        )
     t = batch.tokens
     res, lin = _bytes(regime)
     per_layer = layer_activations(arch, batch, regime, tp)
@@ -372,10 +379,11 @@ def _traced(
     """The trace of this batch in ``regime``, when the architecture carries one of it."""
     assert arch.modelling is not None
     t = arch.modelling.traced
-    if t is None or (t.micro_batch_size, t.seq_len, t.checkpointing) != (
+    if t is None or (t.micro_batch_size, t.seq_len, t.checkpointing, t.padded) != (
         batch.micro_batch_size,
         batch.seq_len,
         checkpointing,
+        batch.padded,
     ):
         return None
     return t(regime.value)

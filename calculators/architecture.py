@@ -157,6 +157,7 @@ class TracedActivations:
         micro_batch_size: sequences traced.
         seq_len: tokens per sequence traced.
         checkpointing: transformers' gradient checkpointing was on.
+        padded: the batch came with an ``attention_mask`` that has padding.
         saved: activation bytes saved for backward (parameters and weight copies excluded).
         autocast_weights: bf16 weight copies autograd saved (autocast).
         logits: the output logits.
@@ -169,6 +170,7 @@ class TracedActivations:
     micro_batch_size: int
     seq_len: int
     checkpointing: bool
+    padded: bool
     saved: int
     autocast_weights: int
     logits: int
@@ -188,6 +190,9 @@ class ActivationTrace(Protocol):
 
     @property
     def checkpointing(self) -> bool: ...
+
+    @property
+    def padded(self) -> bool: ...
 
     def __call__(self, regime: str) -> TracedActivations:
         """The figures in ``regime`` (``half``, ``autocast`` or ``fp32``)."""

@@ -27,12 +27,18 @@ class Batch:
         seq_len: tokens per sequence.
         activation_checkpointing: recomputation policy.
         grad_accumulation_steps: micro-batches per optimizer step.
+        padded: the micro-batch comes with an ``attention_mask`` that has padding (a padding
+            collator's sequences of different lengths). Models built by transformers' modelling
+            code then attend through a (batch, 1, seq, seq) mask, which changes what attention
+            saves; an unpadded or packed batch (or a mask of all ones, which transformers
+            drops) is ``False``.
     """
 
     micro_batch_size: int
     seq_len: int
     activation_checkpointing: Checkpointing = Checkpointing.NONE
     grad_accumulation_steps: int = 1
+    padded: bool = False
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "seq_len", "grad_accumulation_steps"):

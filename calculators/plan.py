@@ -151,6 +151,7 @@ class PlanSetup:
         network: link classes (intra-node, inter-node, host).
         global_batch_size: sequences per optimizer step over all devices.
         seq_len: tokens per sequence.
+        padded: the batches come with a padding ``attention_mask`` (``Batch.padded``).
         engine: torch or deepspeed.
         engine_config: engine knobs (a DeepSpeed config body); the searched keys are replaced.
         precision, optimizer: training precision and optimizer.
@@ -175,6 +176,7 @@ class PlanSetup:
     seq_len: int
     engine: Engine = Engine.TORCH
     engine_config: Mapping[str, Any] | None = None
+    padded: bool = False
     precision: Precision = Precision.MIXED_BF16
     optimizer: Optimizer = Optimizer.ADAM
     search: Search = field(default_factory=Search)
@@ -188,6 +190,12 @@ class PlanSetup:
     def __post_init__(self) -> None:
         if self.engine is Engine.PAPER:
             raise InputError("engine", "a plan runs a real engine's accounting: torch or deepspeed")
+        if self.padded and self.architecture.modelling is None:
+            raise InputError(
+                "padded",
+                "a padded attention_mask is modelled for transformers' modelling code (a model "
+                "given by hf_config or a preset of a transformers family)",
+            )
         if self.gpus < 1:
             raise InputError("gpus", "must be at least 1")
         if self.gpus_per_node < 1 or self.gpus % self.gpus_per_node:
@@ -572,7 +580,9 @@ class _Evaluator:
         batch = None
         if with_batch:
             batch = Batch(c.micro_batch_size, s.seq_len, c.activation_checkpointing)
-            batch = replace(batch, grad_accumulation_steps=c.grad_accumulation_steps)
+            batch = replace(
+                batch, grad_accumulation_steps=c.grad_accumulation_steps, padded=s.padded
+            )
         return TrainingSetup(
             params=s.params,
             # HSDP / MiCS: model states are sharded over the shard group, not all of dp
@@ -646,7 +656,7 @@ class _Evaluator:
 
     def micro_step(self, c: Config, host: HostFigures | None = None) -> MicroStep:
         s = self.setup
-        batch = Batch(c.micro_batch_size, s.seq_len, c.activation_checkpointing)
+        batch = Batch(c.micro_batch_size, s.seq_len, c.activation_checkpointing, padded=s.padded)
         return micro_step(
             s.architecture,
             s.params,
@@ -1105,7 +1115,7 @@ def assumptions(setup: PlanSetup) -> Assumptions:
             + ("FP32 without tensor cores" if setup.precision is Precision.FP32 else "dense BF16")
             + f" ({g.source})"
         ),
-        causal_attention_fraction=CAUSAL_FRACTION,
+        causal_attention_fraction=1.0 if setup.padded else CAUSAL_FRACTION,
         attention_backward_factor=ATTENTION_BACKWARD_FACTOR,
         context_reserve=setup.context_reserve,
         allocator_margin=setup.allocator_margin,

@@ -15,7 +15,7 @@ traffic crosses the host link and is not hidden.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from calculators.activations import Regime, activations
 from calculators.architecture import Architecture, block_kinds, dense_layers
@@ -102,15 +102,19 @@ class TokenFlops:
         return self.forward + self.backward + self.recompute
 
 
-def token_flops(arch: Architecture, seq_len: int, checkpointing: Checkpointing) -> TokenFlops:
+def token_flops(
+    arch: Architecture, seq_len: int, checkpointing: Checkpointing, causal: bool = True
+) -> TokenFlops:
     """FLOPs per token: 2 per multiply-add of every matmul a token passes through.
 
     Per block: qkv 2·h·(q + 2kv), output projection 2·q·h, MLP 2·h·f per matrix (2 matrices, 3
     when gated) for each of ``experts_per_token`` experts, a router 2·h·E and any shared
-    expert; attention QKᵀ and AV 2·s·q each, halved by causality. DeepSeek: its latent
-    attention's five projections, QKᵀ over the 192-wide q/k heads and AV over the 128-wide v
-    heads, dense blocks before the MoE blocks. Head 2·h·V. Embedding look-ups, norms, softmax and
-    element-wise work are not matmuls and are not counted (the efficiency absorbs them).
+    expert; attention QKᵀ and AV 2·s·q each, halved by causality (``causal``: a kernel that
+    skips the masked half; one given a padding mask as a bias computes every product).
+    DeepSeek: its latent attention's five projections, QKᵀ over the 192-wide q/k heads and AV
+    over the 128-wide v heads, dense blocks before the MoE blocks. Head 2·h·V. Embedding
+    look-ups, norms, softmax and element-wise work are not matmuls and are not counted (the
+    efficiency absorbs them).
     Full checkpointing recomputes every block's forward; selective recomputes the attention
     core (QKᵀ, softmax, AV) as ``measure.workloads`` checkpoints it.
     """
@@ -124,7 +128,7 @@ def token_flops(arch: Architecture, seq_len: int, checkpointing: Checkpointing) 
         widths = arch.heads * (mla.qk_head_dim + mla.v_head_dim)
     else:
         widths = 2 * arch.q_dim
-    attention = 2 * seq_len * widths * CAUSAL_FRACTION
+    attention = 2 * seq_len * widths * (CAUSAL_FRACTION if causal else 1.0)
     emb = arch.embed_proj_dim or arch.hidden
     head = 2 * emb * arch.vocab_size
     layers = arch.layers
@@ -405,7 +409,7 @@ class MicroStep:
 def activation_bytes(arch: Architecture, batch: Batch, regime: Regime) -> int:
     """Bytes a micro-step's blocks, head and loss save for backward without checkpointing: what
     the memory-bound kernels stream (embedding indices and autocast's weight copies left out)."""
-    plain = Batch(batch.micro_batch_size, batch.seq_len, Checkpointing.NONE)
+    plain = replace(batch, activation_checkpointing=Checkpointing.NONE)
     a = activations(arch, plain, regime)
     return a.per_layer.total * arch.layers + a.head + a.logits + a.loss
 
@@ -433,7 +437,9 @@ def micro_step(
     kernel. ``params`` are those whose casts and gradients this rank streams (the whole model:
     FSDP2 unshards every block), ``ranks_in_group`` the ranks collectives span.
     """
-    flops = token_flops(arch, batch.seq_len, batch.activation_checkpointing)
+    flops = token_flops(
+        arch, batch.seq_len, batch.activation_checkpointing, causal=not batch.padded
+    )
     tokens = batch.micro_batch_size * batch.seq_len
     attn_fwd = flops.attention_forward
     attn_bwd = ATTENTION_BACKWARD_FACTOR * attn_fwd
@@ -446,7 +452,7 @@ def micro_step(
     act = activation_bytes(arch, batch, regime)
     rerun = 0  # full checkpointing reruns the blocks' forward in backward
     if batch.activation_checkpointing is Checkpointing.FULL:
-        a = activations(arch, Batch(batch.micro_batch_size, batch.seq_len), regime)
+        a = activations(arch, replace(batch, activation_checkpointing=Checkpointing.NONE), regime)
         rerun = a.per_layer.total * arch.layers
     bandwidth = memory_bandwidth * gpu.memory_efficiency
     mem_fwd = act * gpu.activation_passes_forward + params * gpu.parameter_bytes_forward

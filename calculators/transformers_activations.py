@@ -23,7 +23,11 @@ What differs from the canonical decoder (``calculators/activations.py``):
   saved once for the model; ``q * cos + rotate_half(q) * sin`` saves only them. Under
   autocast the rotated q and k are fp32 (bf16 × fp32 promotes) and SDPA saves bf16 copies.
 - SDPA with no mask dispatches to flash attention with ``enable_gqa`` (no ``repeat_kv``):
-  q, k, v, the output and an fp32 logsumexp ``(b, heads, s)``. In fp32 the memory-efficient
+  q, k, v, the output and an fp32 logsumexp ``(b, heads, s)``. With a mask (a padded batch, or
+  a sliding window the sequence reaches) transformers expands k/v to every query head
+  (``repeat_kv``) and torch 2.11 on Hopper runs cuDNN attention in 16-bit
+  (``bench/gpu/sdpa_choice.py --mask``): it saves the mask as a bias in q's dtype
+  ``(b, 1, s, s)`` and writes its output in q's layout. In fp32 the memory-efficient
   kernel runs instead (logsumexp padded to 32 rows) where every head has its own key/value
   head; with grouped-query heads it takes no ``enable_gqa``, so SDPA's math path runs: k/v
   expanded, scaled copies of q and k and the fp32 softmax probabilities ``(b, heads, s, s)``.
@@ -65,7 +69,6 @@ INDEX_BYTES = 8  # int64
 BOOL_BYTES = 1
 INT32_BYTES = 4
 EFFICIENT_LSE_ROWS = 32  # mem-efficient attention pads logsumexp rows to a multiple of 32
-MASK_ALIGNMENT = 16  # mem-efficient attention pads the bias's last dim (attention.cu pad_bias)
 
 
 def _m(arch: Architecture) -> TransformersModelling:
@@ -155,11 +158,14 @@ def layer_terms(
 ) -> LayerTerms:
     """Bytes one decoder layer saves for backward, without checkpointing.
 
-    ``masked``: a sliding-window layer whose window the sequence reaches. transformers then
-    builds a boolean mask (``masking_utils._ignore_causal_mask_sdpa`` refuses the ``is_causal``
-    shortcut), ``sdpa_attention_forward`` expands k/v with ``repeat_kv`` (no GQA with a mask),
-    and SDPA runs the memory-efficient kernel, which saves the mask converted to a float bias
-    in q's dtype (last dim padded to a multiple of 16) and a logsumexp padded to 32 rows.
+    ``masked``: a layer whose SDPA takes a mask: every layer of a padded batch, or a
+    sliding-window layer whose window the sequence reaches. transformers then builds a boolean
+    mask (``masking_utils._ignore_causal_mask_sdpa`` refuses the ``is_causal`` shortcut),
+    ``sdpa_attention_forward`` expands k/v with ``repeat_kv`` (no GQA with a mask), and SDPA
+    saves the mask converted to a float bias in q's dtype (``_mask_bias``). In 16-bit the
+    kernel is cuDNN attention (torch 2.11 on an H100: ``bench/gpu/sdpa_choice.py --mask``),
+    whose logsumexp is not padded and whose output follows q's layout; in fp32 the
+    memory-efficient kernel, whose logsumexp is padded to 32 rows.
 
     ``dense``: a layer with a dense MLP (every layer of a dense model, DeepSeek's first
     ``dense_layers``); by default the model's own kind.
@@ -181,7 +187,7 @@ def layer_terms(
     mlp = 4 * d.lin * t * f if dense else _moe_terms(arch, t, d)
     mla = _m(arch).latent_attention
     if mla is not None:
-        a_norms, a_inputs, attention = _latent_attention_terms(arch, mla, batch, d)
+        a_norms, a_inputs, attention = _latent_attention_terms(arch, mla, batch, d, masked)
         return LayerTerms(norms + a_norms, linear_inputs + a_inputs, attention, mlp)
     linear_inputs += _norm_output(d, t, h, _attention_consumers(arch))
 
@@ -196,8 +202,9 @@ def layer_terms(
     # check_batch_size_and_num_heads_dense<false>) and flash and cuDNN run no fp32, so SDPA
     # falls back to its math path (_scaled_dot_product_attention_math)
     math = regime == "fp32" and not masked and grouped
-    efficient = (regime == "fp32" or masked) and not math
-    gqa_expanded = (efficient or math) and grouped and not _mqa_views(arch, regime, masked)
+    efficient = regime == "fp32" and not math
+    # repeat_kv with a mask; the math path expands k/v itself
+    gqa_expanded = (masked or math) and grouped and not _mqa_views(arch, regime, masked)
     k_width = q if gqa_expanded else kv
     attention += sdpa * t * q + 2 * sdpa * t * k_width  # q, k, v as SDPA saves them
     if _m(arch).fused_projections and not use_cache and not gqa_expanded:
@@ -210,12 +217,11 @@ def layer_terms(
         # (transpose(1, 2).contiguous(), the output above) and saved by nothing
         attention += FP32_BYTES * b * arch.heads * s * s
     elif _m(arch).rotary_cat and not efficient:
-        # flash's output follows q's layout (empty_like); the memory-efficient kernel always
-        # writes (b, s, heads, d), so only flash needs the copy
+        # flash's and cuDNN's output follows q's layout (empty_like); the memory-efficient
+        # kernel always writes (b, s, heads, d), so only it needs no copy
         attention += sdpa * t * q  # transpose(1, 2).contiguous() copy for o_proj
     if masked:
-        aligned = -(-s // MASK_ALIGNMENT) * MASK_ALIGNMENT
-        attention += sdpa * b * s * aligned  # the float bias made from the boolean mask
+        attention += _mask_bias(batch, sdpa)
     if not math:  # the math path keeps no logsumexp
         attention += _logsumexp(arch, batch, efficient)
     return LayerTerms(norms, linear_inputs, attention, mlp)
@@ -229,6 +235,15 @@ def _mqa_views(arch: Architecture, regime: str, masked: bool) -> bool:
     return masked and arch.n_kv_heads == 1 and regime != "autocast"
 
 
+def _mask_bias(batch: Batch, sdpa: int) -> int:
+    """The float bias SDPA's kernel saves: the (b, 1, s, s) boolean mask converted to q's dtype
+    (``convert_boolean_attn_mask``; a mask expanded over the batch becomes a whole one). The
+    memory-efficient kernel pads a copy's last dim to a multiple of 16 for itself (``pad_bias``)
+    and saves the bias it was given (an H100 run at s = 1000 saves 1000 columns)."""
+    s = batch.seq_len
+    return sdpa * batch.micro_batch_size * s * s
+
+
 def _logsumexp(arch: Architecture, batch: Batch, efficient: bool) -> int:
     """SDPA's fp32 logsumexp: (b, heads, s), rows padded to 32 by the memory-efficient kernel."""
     s = batch.seq_len
@@ -240,15 +255,16 @@ def _latent_follows_q(d: Dtypes) -> bool:
     """Whether SDPA writes its output in q's layout. With 16-bit q, k and v and no mask, CUDA
     runs flash attention (q, k and v of one width, at most 256) or cuDNN attention, which it
     picks on Hopper with torch 2.11 for DeepSeek's 192-wide q/k and 128-wide v
-    (``torch._fused_sdp_choice``: cuDNN on an H100 for 96/64 and 192/128): both write the
-    output like q. fp32 goes to the memory-efficient kernel, which writes (b, s, heads, d).
+    (``torch._fused_sdp_choice``: cuDNN on an H100 for 96/64 and 192/128), and cuDNN attention
+    for every width with a mask: both write the output like q. fp32 goes to the
+    memory-efficient kernel, which writes (b, s, heads, d).
     On a GPU that runs the memory-efficient kernel in 16-bit too, the copy counted below is
     not made: the figure then errs high by one (tokens × heads × v) tensor per layer."""
     return d.lin == HALF_BYTES
 
 
 def _latent_attention_terms(
-    arch: Architecture, mla: LatentAttention, batch: Batch, d: Dtypes
+    arch: Architecture, mla: LatentAttention, batch: Batch, d: Dtypes, masked: bool
 ) -> tuple[int, int, int]:
     """(norms, linear inputs, attention) of ``DeepseekV3Attention`` through SDPA.
 
@@ -258,6 +274,8 @@ def _latent_attention_terms(
     The rotation saves only cos/sin; ``torch.cat`` builds q (fp32 under autocast: the rotated
     part promotes, so SDPA saves a bf16 cast), ``expand_kv`` copies k into a new tensor in
     ``kv_b_proj``'s dtype, and v is a view of ``kv_b_proj``'s output, which SDPA keeps whole.
+    With a mask (a padded batch) 16-bit runs cuDNN attention too, fp32 the memory-efficient
+    kernel; either saves the mask's bias.
     """
     t, heads = batch.tokens, arch.heads
     h, r, rope = arch.hidden, mla.kv_lora_rank, mla.qk_rope_head_dim
@@ -287,6 +305,8 @@ def _latent_attention_terms(
         # q from torch.cat is laid out (b, heads, s, d): flash's or cuDNN's output follows it,
         # and transpose(1, 2).contiguous() copies it for o_proj
         attention += sdpa * t * heads * v
+    if masked:
+        attention += _mask_bias(batch, sdpa)
     attention += _logsumexp(arch, batch, efficient=not follows_q)
     return norms, inputs, attention
 
@@ -501,11 +521,14 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     use_cache = _m(arch).use_cache and not checkpointed
     m = _m(arch)
     window = m.sliding_window
-    masked = m.sliding_layers if window is not None and s >= window else 0
+    # layers whose SDPA takes a mask: every layer of a padded batch, else the sliding-window
+    # layers whose window the sequence reaches
+    windowed = m.sliding_layers if window is not None and s >= window else 0
+    masked = arch.layers if batch.padded else windowed
     dense = dense_layers(arch)
     # (dense?, layers) of each kind: DeepSeek's dense layers, then its MoE layers
     kinds = [(start < dense, n) for start, n in block_kinds(arch)]
-    per_layer = layer_terms(arch, batch, regime, use_cache, dense=kinds[-1][0])
+    per_layer = layer_terms(arch, batch, regime, use_cache, masked=batch.padded, dense=kinds[-1][0])
     total = _total(per_layer)
     # cos and sin (batch dim 1: position_ids is arange(s)[None]), once per rotary embedding
     rotary = 2 * d.res * s * (m.rotary_dim or arch.d_head) * m.rope_kinds
@@ -516,14 +539,18 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
         # (1, 1, s, s) storage, expanded over the batch), alive until the first layer's
         # backward is done (a bf16 CPU run frees it a few ops before the embedding's backward)
         layers = arch.layers * d.res * t * h
-        embedding += INDEX_BYTES * s
-        if masked:
-            embedding += BOOL_BYTES * s * s
+        embedding += INDEX_BYTES * s + _checkpointed_masks(arch, batch, bool(windowed))
         recompute_total = max(
-            _total(layer_terms(arch, batch, regime, False, masked=windowed, dense=kind))
+            _total(layer_terms(arch, batch, regime, False, masked=mask, dense=kind))
             for kind, _ in kinds
-            for windowed in {bool(masked), False}
+            for mask in {bool(masked), batch.padded}
         )
+    elif batch.padded:
+        layers = sum(
+            n * _total(layer_terms(arch, batch, regime, use_cache, masked=True, dense=kind))
+            for kind, n in kinds
+        )
+        recompute_total = 0
     else:
         # sliding-window layers exist only in families whose layers are all of one kind
         masked_total = _total(layer_terms(arch, batch, regime, use_cache, masked=True))
@@ -552,6 +579,21 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
         cache=cache,
         cache_only=cache_only,
     )
+
+
+def _checkpointed_masks(arch: Architecture, batch: Batch, windowed: bool) -> int:
+    """The boolean masks every checkpointed call keeps as an argument, alive until the first
+    layer's backward is done: the sliding-window mask of an unpadded batch is one (1, 1, s, s)
+    storage expanded over the batch; a padded batch's masks are (b, 1, s, s), one for the full
+    layers and one for the sliding-window layers (``create_causal_mask`` and
+    ``create_sliding_window_causal_mask`` each build their own)."""
+    m = _m(arch)
+    s = batch.seq_len
+    if not batch.padded:
+        return BOOL_BYTES * s * s if windowed else 0
+    sliding = m.sliding_layers if m.sliding_window is not None else 0
+    kinds = (sliding > 0) + (sliding < arch.layers)
+    return kinds * BOOL_BYTES * batch.micro_batch_size * s * s
 
 
 def _cache(arch: Architecture, t: int, d: Dtypes, regime: str, masked: int) -> tuple[int, int]:

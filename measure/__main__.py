@@ -50,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--activation-checkpointing", help="none, full or selective (default none)")
     p.add_argument("--grad-accumulation-steps", type=int, help="default 1")
+    p.add_argument(
+        "--padded",
+        action="store_true",
+        help="padded batches: an attention_mask with zeros (a transformers model's last "
+        "sequence padded from its middle)",
+    )
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument(
@@ -117,8 +123,12 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         for key in ("activation_checkpointing", "grad_accumulation_steps"):
             if getattr(a, key) is not None:
                 spec["batch"][key] = getattr(a, key)
+        if a.padded:
+            spec["batch"]["padded"] = True
     elif a.activation_checkpointing is not None or a.grad_accumulation_steps is not None:
         p.error("--activation-checkpointing and --grad-accumulation-steps need a batch")
+    elif a.padded:
+        p.error("--padded needs a batch")
     return spec
 
 

@@ -335,6 +335,9 @@ def _batch(body: Any) -> Batch | None:
     accumulation = body.get("grad_accumulation_steps") or 1
     if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
         raise InputError("batch.grad_accumulation_steps", "must be a positive integer")
+    padded = body.get("padded", False)
+    if not isinstance(padded, bool):
+        raise InputError("batch.padded", "must be true or false")
     return Batch(
         micro_batch_size=values["micro_batch_size"],
         seq_len=values["seq_len"],
@@ -344,6 +347,7 @@ def _batch(body: Any) -> Batch | None:
             "batch.activation_checkpointing",
         ),
         grad_accumulation_steps=accumulation,
+        padded=padded,
     )
 
 
@@ -518,6 +522,7 @@ def _decided_batch(batch: Batch | None, decided: Decided, model: ModelChoice) ->
         seq_len=batch.seq_len if batch else default_seq_len(model),
         activation_checkpointing=checkpointing,
         grad_accumulation_steps=steps,
+        padded=batch.padded if batch else False,
     )
 
 
@@ -576,6 +581,12 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
                 "batch.activation_checkpointing",
                 "transformers checkpoints whole decoder layers: none or full",
             )
+    if model.kind is not ModelKind.HF and batch is not None and batch.padded:
+        raise InputError(
+            "batch.padded",
+            "a padded attention_mask applies to a model built by transformers' modelling code "
+            "(hf_config, or a preset of a transformers family); measure's own workloads take none",
+        )
     if model.kind is ModelKind.GPT and model.architecture is not None and batch is not None:
         limit = model.architecture.max_seq_len
         if limit is not None and batch.seq_len > limit:

@@ -18,8 +18,10 @@ What the trace substitutes for the GPU, and why:
   torch 2.11 picks cuDNN attention instead, it saves the same bytes); with heads of different
   widths (flash wants q, k and v equally wide: DeepSeek's 192-wide q/k and 128-wide v),
   ``aten::_scaled_dot_product_cudnn_attention``, which ``torch._fused_sdp_choice`` picks there
-  on an H100 and whose output follows q's layout; with a mask, or in fp32 where every head
-  has its own key/value head, ``aten::_scaled_dot_product_efficient_attention``; in fp32 with
+  on an H100 and whose output follows q's layout; with a mask in 16-bit, cuDNN attention too
+  (``bench/gpu/sdpa_choice.py --mask`` on an H100: every width from 64 to 256); in fp32 with a
+  mask, or where every head has its own key/value head,
+  ``aten::_scaled_dot_product_efficient_attention``; in fp32 with
   grouped-query heads and no mask, ``aten::_scaled_dot_product_attention_math`` (the
   memory-efficient kernel takes no ``enable_gqa``; the math path expands k/v itself and saves
   the softmax probabilities).
@@ -69,7 +71,6 @@ if TYPE_CHECKING:
     from calculators.architecture import TracedActivations
 
 REGIMES = ("half", "autocast", "fp32")
-MEM_EFFICIENT_ALIGNMENT = 16
 # sdp_utils.cpp check_head_dim_size_flash: q, k and v heads of one width, at most 256
 FLASH_MAX_HEAD_DIM = 256
 HALF = torch.bfloat16
@@ -169,11 +170,17 @@ def _gpu_sdpa(
                 query, key, value, dropout_p, is_causal, False, scale=scale
             )[0]
             return flash
-        if attn_mask is None and half and key.shape[1] == query.shape[1]:
-            # heads of different widths (DeepSeek's latent attention): cuDNN attention, whose
-            # output follows q's layout
+        bias = attn_mask
+        if bias is not None and bias.dtype == torch.bool:
+            # sdpa's convert_boolean_attn_mask: a float bias in q's dtype, a whole tensor even
+            # where the mask was expanded over the batch
+            bias = torch.zeros(bias.shape, dtype=query.dtype).masked_fill(~bias, float("-inf"))
+        if half and key.shape[1] == query.shape[1]:
+            # heads of different widths (DeepSeek's latent attention), or a mask (k/v expanded
+            # by repeat_kv): cuDNN attention, whose output follows q's layout and which saves
+            # the bias as it was given
             cudnn: torch.Tensor = torch.ops.aten._scaled_dot_product_cudnn_attention(
-                query, key, value, None, True, dropout_p, is_causal, False, scale=scale
+                query, key, value, bias, True, dropout_p, is_causal, False, scale=scale
             )[0]
             return cudnn
         if enable_gqa and key.shape[1] != query.shape[1]:
@@ -193,17 +200,8 @@ def _gpu_sdpa(
                 enable_gqa=True,
             )[0]
             return math
-        bias = attn_mask
         if bias is not None:
-            # sdpa's convert_boolean_attn_mask makes a float bias in q's dtype, and the
-            # memory-efficient kernel wants its last dim padded to a multiple of 16
-            # (attention.cu pad_bias): a new (.., s, ceil16(s)) tensor sliced back to s
-            if bias.dtype == torch.bool:
-                bias = torch.zeros(bias.shape, dtype=query.dtype).masked_fill(~bias, float("-inf"))
-            last = bias.shape[-1]
-            if last % MEM_EFFICIENT_ALIGNMENT:
-                pad = MEM_EFFICIENT_ALIGNMENT - last % MEM_EFFICIENT_ALIGNMENT
-                bias = torch.nn.functional.pad(bias, (0, pad))[..., :last]
+            # the kernel pads a copy of the bias for itself; autograd saves the one given
             bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
         efficient: torch.Tensor = torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, bias, True, dropout_p, is_causal, scale=scale
@@ -212,7 +210,7 @@ def _gpu_sdpa(
 
 
 @contextlib.contextmanager
-def _gpu_behaviour() -> Iterator[None]:
+def _gpu_behaviour(padded: bool = False) -> Iterator[None]:
     """Make the fake run take the branches a GPU run takes (see the module doc)."""
     import transformers.integrations.moe as moe
     import transformers.masking_utils as masking
@@ -220,12 +218,17 @@ def _gpu_behaviour() -> Iterator[None]:
     saved = (
         torch.nn.functional.scaled_dot_product_attention,
         masking.find_packed_sequence_indices,
+        masking._ignore_causal_mask_sdpa,
         moe._can_use_grouped_mm,
     )
     torch.nn.functional.scaled_dot_product_attention = _gpu_sdpa
     # position ids 0..s-1 are never a packed sequence; a fake tensor cannot show it, so the
     # check would build a mask that the GPU run does not have
     masking.find_packed_sequence_indices = lambda *_, **__: None
+    if padded:
+        # a mask with a zero in it is never skipped for SDPA's is_causal; the fake mask holds
+        # no values to find the zero in
+        masking._ignore_causal_mask_sdpa = lambda *_, **__: False
     # torch's grouped_mm takes bf16 only; fp32 experts (autocast) run transformers' own
     # fallback op, which saves the same input and weight
     # (transformers' parameter names, so a keyword call still binds)
@@ -236,6 +239,7 @@ def _gpu_behaviour() -> Iterator[None]:
         (
             torch.nn.functional.scaled_dot_product_attention,
             masking.find_packed_sequence_indices,
+            masking._ignore_causal_mask_sdpa,
             moe._can_use_grouped_mm,
         ) = saved
 
@@ -291,10 +295,12 @@ def trace(
     regime: str,
     gradient_checkpointing: bool = False,
     play_repeats: bool = True,
+    padded: bool = False,
 ) -> TraceResult:
     """Run one forward + loss from ``labels`` under fake tensors and collect what is saved;
     ``play_repeats``: layers that repeat an earlier one are played from its recipe
-    (``measure/layer_repeats.py``), not run."""
+    (``measure/layer_repeats.py``), not run; ``padded``: the batch comes with an
+    ``attention_mask`` that has padding (a mask of ones with the branches a zero takes)."""
     if regime not in REGIMES:
         raise ValueError(f"regime must be one of {REGIMES}, got {regime!r}")
     param_dtype = HALF if regime == "half" else torch.float32
@@ -315,7 +321,7 @@ def trace(
         record(t)
         return t
 
-    with FakeTensorMode(), _gpu_behaviour():
+    with FakeTensorMode(), _gpu_behaviour(padded):
         model = build_model(hf_config, param_dtype)
         _static_rotary_frequencies(model)
         param_keys = {_key(p) for p in model.parameters()} | {_key(b) for b in model.buffers()}
@@ -343,7 +349,8 @@ def trace(
             autocast,
             _LossSpy(loss_inputs),
         ):
-            out = model(input_ids=ids, labels=ids)
+            mask = torch.ones_like(ids) if padded else None
+            out = model(input_ids=ids, attention_mask=mask, labels=ids)
         result.logits = out.logits.untyped_storage().nbytes()
         result.played_layers = repeats.played if repeats is not None else 0
         seen = _count_alive(packed, param_keys, result)
@@ -434,25 +441,27 @@ def traced_regime(
     seq_len: int,
     regime: str,
     checkpointing: bool,
+    padded: bool = False,
 ) -> TracedActivations:
     """The trace in one regime, as the calculators' ``TracedActivations`` (kept, see
     ``TRACES_KEPT``)."""
     body = json.dumps(hf_config, sort_keys=True)
-    return _kept_trace(body, micro_batch_size, seq_len, regime, checkpointing)
+    return _kept_trace(body, micro_batch_size, seq_len, regime, checkpointing, padded)
 
 
 @functools.lru_cache(maxsize=TRACES_KEPT)
 def _kept_trace(
-    body: str, micro_batch_size: int, seq_len: int, regime: str, checkpointing: bool
+    body: str, micro_batch_size: int, seq_len: int, regime: str, checkpointing: bool, padded: bool
 ) -> TracedActivations:
     from calculators.architecture import TracedActivations
 
-    r = trace(json.loads(body), micro_batch_size, seq_len, regime, checkpointing)
+    r = trace(json.loads(body), micro_batch_size, seq_len, regime, checkpointing, padded=padded)
     return TracedActivations(
         regime=regime,
         micro_batch_size=micro_batch_size,
         seq_len=seq_len,
         checkpointing=checkpointing,
+        padded=padded,
         saved=r.activations,
         autocast_weights=r.autocast_weights,
         logits=r.logits,

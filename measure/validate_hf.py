@@ -51,6 +51,7 @@ def _body(
             "micro_batch_size": a.micro_batch_size,
             "seq_len": a.seq_len,
             "activation_checkpointing": checkpointing,
+            "padded": a.padded,
         },
         "warmup_steps": a.warmup_steps,
         "steps": a.steps,
@@ -171,7 +172,8 @@ def _stem(a: argparse.Namespace, label: str) -> str:
     )
     size = "" if a.size == "small" else f"_{a.size}"
     stages = "" if a.stages == [0, 1, 2, 3] else "_stage" + "".join(map(str, a.stages))
-    return f"hf_{label}{suffix}{size}{stages}"
+    padded = "_padded" if a.padded else ""
+    return f"hf_{label}{suffix}{size}{stages}{padded}"
 
 
 def _write(a: argparse.Namespace, label: str, results: list[dict[str, Any]]) -> None:
@@ -259,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--micro-batch-size", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument(
+        "--padded",
+        action="store_true",
+        help="train on padded batches: an attention_mask with zeros (the last sequence padded "
+        "from its middle)",
+    )
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))

@@ -108,6 +108,15 @@ def forward_to(client: TestClient) -> httpx.MockTransport:
                 "device_memory": 24 * 2**30,
             },
         ),
+        (
+            ["--preset", "llama3-8b", "--dp", "8", "--micro-batch", "2", "--seq-len", "4096"]
+            + ["--padded"],
+            {
+                "model": {"preset": "llama3-8b"},
+                "dp": 8,
+                "batch": {"micro_batch_size": 2, "seq_len": 4096, "padded": True},
+            },
+        ),
     ],
 )
 def test_memory_json_equals_the_api(

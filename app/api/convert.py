@@ -209,6 +209,7 @@ def _traced(req: MemoryRequest, arch: Architecture | None, batch: Batch | None) 
         micro_batch_size=batch.micro_batch_size,
         seq_len=batch.seq_len,
         checkpointing=batch.activation_checkpointing is Checkpointing.FULL,
+        padded=batch.padded,
         hf_config=req.model.hf_config,
         run=trace.traced_regime,
     )
@@ -223,13 +224,19 @@ class _Trace:
     micro_batch_size: int
     seq_len: int
     checkpointing: bool
+    padded: bool
     hf_config: Mapping[str, Any]
     run: Callable[..., TracedActivations]
 
     def __call__(self, regime: str) -> TracedActivations:
         try:
             return self.run(
-                self.hf_config, self.micro_batch_size, self.seq_len, regime, self.checkpointing
+                self.hf_config,
+                self.micro_batch_size,
+                self.seq_len,
+                regime,
+                self.checkpointing,
+                self.padded,
             )
         except Exception as exc:  # noqa: BLE001 (transformers' own code run on the body's config)
             reason = (str(exc).splitlines() or [""])[0][:200]
@@ -317,6 +324,7 @@ def plan_setup(req: PlanRequest, gpu: Gpu, efficiency: Efficiency) -> PlanSetup:
         ),
         global_batch_size=req.global_batch_size,
         seq_len=req.seq_len,
+        padded=req.padded,
         engine=req.engine,
         engine_config=req.engine_config,
         precision=req.precision,

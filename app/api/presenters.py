@@ -76,13 +76,21 @@ BREAKDOWN_NOTES = [
 
 
 # a model trained with transformers' modelling code and a batch: what its activations assume
-PADDING_NOTE = (
-    "activations follow transformers' modelling code for batches without padding (no "
-    "attention_mask, or all ones, which transformers drops); with zeros in attention_mask each "
-    "layer also keeps a (batch, 1, seq, seq) mask and, with grouped key/value heads, key and "
-    "value expanded to every query head, which these figures do not count"
+UNPADDED_NOTE = (
+    "activations follow transformers' modelling code for a batch without padding (batch.padded "
+    "false: no attention_mask, one of all ones, which transformers drops, or packed "
+    "sequences); a padding collator's attention_mask with zeros makes every layer keep a "
+    "(batch, 1, seq, seq) mask and key/value expanded to every query head: set batch.padded "
+    "to count them"
 )
-PADDED_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, PADDING_NOTE]
+PADDED_NOTE = (
+    "activations follow transformers' modelling code for a padded batch (batch.padded): every "
+    "layer's SDPA takes the (batch, 1, seq, seq) mask and runs the memory-efficient kernel, "
+    "which saves it as a bias in q's dtype, with key/value expanded to every query head; the "
+    "figures hold for any amount of padding, since the shapes do not change with it"
+)
+UNPADDED_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, UNPADDED_NOTE]
+PADDED_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, PADDED_NOTE]
 
 
 BARE_PARAMS_NOTE = (
@@ -350,15 +358,20 @@ def memory_body(
         "pp": setup.pp,
         "convention": convention_body(result),
         "stages": _stage_bodies(result, device_memory),
-        "breakdown_notes": PADDED_BREAKDOWN_NOTES
-        if setup.batch is not None
-        and setup.architecture is not None
-        and setup.architecture.modelling is not None
-        else BREAKDOWN_NOTES,
+        "breakdown_notes": _breakdown_notes(setup),
         "resolved_config": None
         if config is None
         else config.model_dump(mode="json", by_alias=True),
     }
+
+
+def _breakdown_notes(setup: TrainingSetup) -> list[str]:
+    """The notes every answer carries, and for a transformers model with a batch, the batches
+    its activations follow."""
+    arch = setup.architecture
+    if setup.batch is None or arch is None or arch.modelling is None:
+        return BREAKDOWN_NOTES
+    return PADDED_BREAKDOWN_NOTES if setup.batch.padded else UNPADDED_BREAKDOWN_NOTES
 
 
 def _stage_bodies(result: MemoryEstimate, device_memory: int | None) -> list[dict[str, Any]]:

@@ -98,6 +98,14 @@ Checkpointing = Annotated[
 GradAccum = Annotated[
     int | None, typer.Option("--grad-accum", help="Micro-batches per optimizer step.")
 ]
+Padded = Annotated[
+    bool | None,
+    typer.Option(
+        "--padded/--unpadded",
+        help="The batch's attention_mask has padding (transformers models: a (batch, 1, seq, "
+        "seq) mask and expanded key/value in every layer).",
+    ),
+]
 DeviceMemory = Annotated[
     str | None,
     typer.Option(
@@ -142,6 +150,7 @@ def memory(
     engine: Engine = None,
     engine_config: EngineConfig = None,
     micro_batch: MicroBatch = None,
+    padded: Padded = None,
     seq_len: SeqLen = None,
     checkpointing: Checkpointing = None,
     grad_accum: GradAccum = None,
@@ -287,6 +296,7 @@ def measure(
     engine: Engine = None,
     engine_config: EngineConfig = None,
     micro_batch: MicroBatch = None,
+    padded: Padded = None,
     seq_len: SeqLen = None,
     checkpointing: Checkpointing = None,
     grad_accum: GradAccum = None,

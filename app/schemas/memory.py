@@ -224,7 +224,7 @@ class MemoryResponse(BaseModel):
     breakdown_notes: list[str] = Field(
         description="What the breakdown's rungs mean and why "
         "reserved and device memory are not predicted; for a model trained with transformers' "
-        "modelling code and a batch, also the batches its activations assume (no padding)."
+        "modelling code and a batch, also the batches its activations follow (batch.padded)."
     )
     resolved_config: ResolvedConfig | None = Field(
         None,

@@ -146,6 +146,12 @@ class PlanRequest(StrictModel):
         StrictInt, Field(ge=1, le=2**24, description="Sequences per optimizer step, all GPUs.")
     ]
     seq_len: Annotated[StrictInt, Field(ge=1, le=1_048_576, description="Tokens per sequence.")]
+    padded: StrictBool = Field(
+        False,
+        description="The batches come with an attention_mask that has zeros (a padding "
+        "collator): transformers models keep a (micro_batch, 1, seq, seq) mask and expanded "
+        "key/value in every layer, and attention computes every product (no causal skip).",
+    )
     engine: Engine = Field(Engine.TORCH, description="torch or deepspeed.")
     engine_config: Annotated[
         JsonObject | None,
@@ -315,7 +321,8 @@ class PlanAssumptions(BaseModel):
     peak_flops: float
     peak_flops_source: str
     causal_attention_fraction: float = Field(
-        description="Share of the s × s attention products a causal kernel computes."
+        description="Share of the s × s attention products the kernel computes: a causal "
+        "kernel's half, or all of them with a padding mask (padded)."
     )
     attention_backward_factor: float = Field(description="Attention backward / forward FLOPs.")
     context_reserve: int = Field(description="Device bytes outside the allocator.")

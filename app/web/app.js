@@ -234,6 +234,7 @@
       seq_len: integer(s.seq_len, "seq_len"),
       activation_checkpointing: s.activation_checkpointing,
       grad_accumulation_steps: integer(s.grad_accumulation_steps, "grad_accumulation_steps"),
+      ...(s.padded === "1" ? { padded: true } : {}),
     };
   }
 

@@ -25,6 +25,13 @@
 # Nd 2 on GPUs 0,1: Qwen3-0.6B, Llama-3.2-3B, Gemma-3-1B, SmolLM2-360M and TinyLlama-1.1B.
 # SET=12 runs transformers' sample ZeRO-3 config as written, optimizer and parameters offloaded
 # to the CPU (bench/ds_configs/trainer_auto_zero3_offload_all.json), at Nd 2 on GPUs 0,1.
+# SET=13 trains on padded batches (an attention_mask with zeros: the last sequence padded from
+# its middle, as a padding collator pads a shorter one) at Nd 2 on GPUs 0,1: FSDP2, DDP and
+# DeepSpeed over Llama-3.2-3B, Qwen2.5-0.5B, TinyLlama-1.1B, Gemma-3-1B, Qwen3-0.6B (a
+# 1,000-token sequence) and SmolLM2-360M. SET=14 does the same for Phi-4-mini (a partial rotary
+# built with torch.cat: cuDNN attention's output follows q's layout, so it is copied for
+# o_proj) and Gemma-2-2B (4,096-token windows, so a padded batch builds a full and a
+# sliding-window mask) at Nd 2 on GPUs 0,1.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -39,10 +46,10 @@ budget=${BUDGET_S:-520}
 start=$SECONDS
 
 # NAME GPUS ND PORT CONFIG ENGINE(ds2|ds3|ds2off|ds3off|ds3offall|torch:STAGES) MICRO SEQ CHECKPOINTING
-# [ACCUMULATION [PRECISION]]
+# [ACCUMULATION [PRECISION [padded]]]
 job() {
     local name=$1 gpus=$2 nd=$3 port=$4 config=$5 engine=$6 micro=$7 seq=$8 ckpt=$9
-    local accumulation=${10:-1} precision=${11:-mixed_bf16}
+    local accumulation=${10:-1} precision=${11:-mixed_bf16} padded=${12:-}
     if ((SECONDS - start > budget)); then
         echo "$name: skipped (budget)" >>"$out/status.txt"
         return
@@ -51,6 +58,7 @@ job() {
         --micro-batch-size "$micro" --seq-len "$seq" --activation-checkpointing "$ckpt"
         --grad-accumulation-steps "$accumulation" --precision "$precision"
         --warmup-steps 2 --steps 2 --no-host-probe)
+    [[ $padded == padded ]] && args+=(--padded)
     case $engine in
     ds2 | ds3) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}.json") ;;
     ds3offall) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero3_offload_all.json") ;;
@@ -132,6 +140,17 @@ elif [[ ${SET:-1} == 12 ]]; then
     job tinyllama-1.1b_ds3offall_b1s2048_full 0,1 2 29932 tinyllama-1.1b ds3offall 1 2048 full
     job llama-3.2-3b_ds3offall_b1s4096_full 0,1 2 29933 llama-3.2-3b ds3offall 1 4096 full
     job qwen3-0.6b_ds3offall_b2s1024_none_ga2 0,1 2 29934 qwen3-0.6b ds3offall 2 1024 none 2
+elif [[ ${SET:-1} == 13 ]]; then
+    job llama-3.2-3b_torch3_b2s2048_none_padded 0,1 2 29941 llama-3.2-3b torch:3 2 2048 none 1 mixed_bf16 padded
+    job qwen2.5-0.5b_ds3_b4s1024_none_padded 0,1 2 29942 qwen2.5-0.5b ds3 4 1024 none 1 mixed_bf16 padded
+    job tinyllama-1.1b_ds2_b2s2048_full_padded 0,1 2 29943 tinyllama-1.1b ds2 2 2048 full 1 mixed_bf16 padded
+    job gemma-3-1b_torch2_b2s2048_none_padded 0,1 2 29944 gemma-3-1b torch:2 2 2048 none 1 mixed_bf16 padded
+    job qwen3-0.6b_torch01_b2s1000_none_padded 0,1 2 29945 qwen3-0.6b torch:0,1 2 1000 none 1 mixed_bf16 padded
+    job smollm2-360m_ds3_b4s1024_full_padded 0,1 2 29946 smollm2-360m ds3 4 1024 full 1 mixed_bf16 padded
+elif [[ ${SET:-1} == 14 ]]; then
+    job phi-4-mini_torch3_b1s4096_none_padded 0,1 2 29951 phi-4-mini torch:3 1 4096 none 1 mixed_bf16 padded
+    job gemma-2-2b_ds3_b1s4096_full_padded 0,1 2 29952 gemma-2-2b ds3 1 4096 full 1 mixed_bf16 padded
+    job phi-4-mini_ds2_b1s2048_none_padded 0,1 2 29953 phi-4-mini ds2 1 2048 none 1 mixed_bf16 padded
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none

@@ -7,6 +7,8 @@ The module is transformers' own modelling code::
                                              dtype=torch.float32)  # random init, no download
     model.gradient_checkpointing_enable()   # when batch.activation_checkpointing is "full"
     loss = model(input_ids=x, labels=x).loss
+    # a padded batch: model(input_ids=x, attention_mask=mask, labels=y), the last sequence
+    # padded from its middle (mask 0, label -100 there)
 
 built in fp32 (the engines keep an fp32 master; autocast or FSDP2's policy or DeepSpeed casts),
 initialised on the device it trains on (no copy). FSDP2 shards each decoder layer
@@ -91,10 +93,21 @@ def hf_tensors(body: Mapping[str, Any]) -> list[tuple[str, tuple[int, ...], str]
     return list(_meta_tensors(json.dumps(dict(body), sort_keys=True)))
 
 
+IGNORE_INDEX = -100  # transformers' label for positions the loss skips (padding)
+
+
 def _forward(
     module: Callable[..., Any], x: torch.Tensor, y: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out = module(input_ids=x, labels=y)
+    return out.logits, out.loss
+
+
+def _padded_forward(
+    module: Callable[..., Any], x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padding collator's batch: the mask is 0 where the labels skip the position."""
+    out = module(input_ids=x, attention_mask=(y != IGNORE_INDEX).long(), labels=y)
     return out.logits, out.loss
 
 
@@ -106,21 +119,28 @@ def hf_workload(spec: MeasureSpec) -> Workload:
     vocab = int(config.vocab_size)
     micro, seq = spec.micro_batch_size, spec.seq_len
     full = spec.checkpointing is Checkpointing.FULL
+    padded = spec.batch is not None and spec.batch.padded
 
     def build(device: torch.device) -> nn.Module:
         return build_hf(config, device, full)
 
     def make_batch(device: torch.device, gen: torch.Generator) -> Batch:
         tokens = torch.randint(0, vocab, (micro, seq), generator=gen).to(device)
-        return tokens, tokens  # labels = input_ids: the model shifts them itself
+        if not padded:
+            return tokens, tokens  # labels = input_ids: the model shifts them itself
+        # the last sequence is half as long as the others: padded from its middle
+        labels = tokens.clone()
+        labels[-1, seq // 2 :] = IGNORE_INDEX
+        return tokens, labels
 
     return Workload(
         name=f"{body['model_type']} (transformers, b{micro} s{seq}"
+        + (", padded" if padded else "")
         + (", gradient checkpointing)" if full else ")"),
         architecture=spec.model.architecture,
         tensors=hf_tensors(body),
         build=build,
         make_batch=make_batch,
-        forward=_forward,
+        forward=_padded_forward if padded else _forward,
         shard_units=decoder_layers,
     )

@@ -305,17 +305,49 @@ def test_torch_engine_predicts_peak_with_a_breakdown(client: TestClient) -> None
     assert torch_stages[2]["per_device"]["peak"] > torch_stages[3]["per_device"]["peak"]
 
 
-def test_transformers_models_with_a_batch_say_their_batches_have_no_padding(
+def test_transformers_models_with_a_batch_say_which_batches_they_follow(
     client: TestClient,
 ) -> None:
     batch = {"micro_batch_size": 2, "seq_len": 1024}
-    padding = "batches without padding"
+    unpadded, padded = "for a batch without padding", "for a padded batch"
 
-    def said(body: dict[str, Any]) -> bool:
-        return any(padding in n for n in post(client, body)["breakdown_notes"])
+    def said(body: dict[str, Any], words: str) -> bool:
+        return any(words in n for n in post(client, body)["breakdown_notes"])
 
     # transformers' modelling code (a preset of a Hugging Face family) with a batch
-    assert said({"model": {"preset": "llama3-8b"}, "dp": 8, "engine": "torch", "batch": batch})
+    llama = {"model": {"preset": "llama3-8b"}, "dp": 8, "engine": "torch", "batch": batch}
+    assert said(llama, unpadded) and not said(llama, padded)
+    llama_padded = {**llama, "batch": {**batch, "padded": True}}
+    assert said(llama_padded, padded) and not said(llama_padded, unpadded)
     # no batch: no activations to qualify; the canonical decoder: no attention mask at all
-    assert not said({"model": {"preset": "llama3-8b"}, "dp": 8, "engine": "torch"})
-    assert not said({"model": {"preset": "gpt2"}, "dp": 8, "engine": "torch", "batch": batch})
+    for body in (
+        {"model": {"preset": "llama3-8b"}, "dp": 8, "engine": "torch"},
+        {"model": {"preset": "gpt2"}, "dp": 8, "engine": "torch", "batch": batch},
+    ):
+        assert not said(body, unpadded) and not said(body, padded)
+
+
+def test_a_padded_batch_counts_the_mask_and_is_refused_for_the_canonical_decoder(
+    client: TestClient,
+) -> None:
+    batch = {"micro_batch_size": 2, "seq_len": 4096}
+    body = {"model": {"preset": "llama3-8b"}, "dp": 8, "engine": "torch", "stages": [3]}
+
+    def peak(b: dict[str, Any]) -> int:
+        stage = post(client, {**body, "batch": b})["stages"][0]
+        return int(stage["per_device"]["peak"])
+
+    # 32 layers: a bf16 (2, 1, 4096, 4096) bias each, k/v expanded from 8 to 32 heads
+    extra = peak({**batch, "padded": True}) - peak(batch)
+    layer = 2 * 2 * 4096 * 4096 + 2 * 2 * 2 * 4096 * (4096 - 1024)
+    assert extra >= 32 * layer
+    r = client.post(
+        "/v1/memory",
+        json={
+            "model": {"preset": "gpt2"},
+            "dp": 8,
+            "batch": {**batch, "seq_len": 1024, "padded": True},
+        },
+    )
+    assert r.status_code == 422, r.text
+    assert "batch.padded" in r.text

@@ -123,6 +123,27 @@ def test_custom_gpu_and_a_narrow_search(client: TestClient) -> None:
         assert c["config"]["grad_accumulation_steps"] * c["config"]["micro_batch_size"] == 4
 
 
+def test_padded_batches_take_more_memory_and_every_attention_product(client: TestClient) -> None:
+    body = {
+        "model": {"preset": "llama3-8b"},
+        "gpu": "h100-sxm",
+        "gpus": 8,
+        "global_batch_size": 64,
+        "seq_len": 4096,
+        "search": {"stages": [3], "micro_batch_size": [2], "activation_checkpointing": ["none"]},
+    }
+    plain, padded = post(client, body), post(client, {**body, "padded": True})
+    assert padded["assumptions"]["causal_attention_fraction"] == 1.0
+    assert plain["assumptions"]["causal_attention_fraction"] == 0.5
+
+    def peak(plan: dict[str, Any]) -> int:
+        (c,) = plan["candidates"] or plan["rejected"]
+        return int(c["peak"] if "peak" in c else c["needed"])
+
+    # 32 layers: a (2, 1, 4096, 4096) bf16 bias and k/v expanded from 8 to 32 heads, 5 GiB
+    assert peak(padded) - peak(plain) >= 5 * 2**30
+
+
 def test_efficiency_from_the_request(client: TestClient) -> None:
     a = post(client, {**SMALL, "efficiency": 0.2})
     b = post(client, {**SMALL, "efficiency": 0.4})
@@ -160,6 +181,7 @@ def test_host_cost_from_the_request(client: TestClient) -> None:
         ({"search": {"stages": [1, 1]}}, "search.stages"),
         ({"search": {"sizes": [1]}}, "search.sizes"),
         ({"gpus_per_node": 3}, "gpus_per_node"),
+        ({"padded": True}, "padded"),  # the canonical decoder attends without a mask
     ],
 )
 def test_bad_input_names_the_field(client: TestClient, change: dict[str, Any], field: str) -> None:

@@ -97,6 +97,7 @@ def _check(family: str | dict[str, Any], batch: Batch, regime: Regime) -> None:
         batch.seq_len,
         regime.value,
         batch.activation_checkpointing is Checkpointing.FULL,
+        padded=batch.padded,
     )
     assert trace_module.predicted_figures(acts) == trace_module.figures(traced)
 
@@ -145,6 +146,7 @@ def test_deepseek_variants_equal_the_trace(variant: int, regime: Regime) -> None
     _check(cfg, Batch(2, 24), regime)
     # 40: the memory-efficient kernel (fp32) pads logsumexp rows to 64
     _check(cfg, Batch(1, 40, Checkpointing.FULL), regime)
+    _check(cfg, Batch(2, 24, padded=True), regime)  # a mask: the memory-efficient kernel
 
 
 # sliding-window layers whose window the sequence reaches: masked SDPA (memory-efficient kernel)
@@ -233,3 +235,23 @@ def test_windows_over_one_key_value_head_equal_the_trace(
     # repeat_kv of one key/value head is a view: SDPA saves the cache's own k and v (Gemma 3 1B)
     cfg = {**_config("gemma3_text"), **WINDOWED["gemma3_text"], "num_key_value_heads": 1}
     _check(cfg, Batch(2, 40, checkpointing), regime)
+
+
+@pytest.mark.parametrize("checkpointing", [Checkpointing.NONE, Checkpointing.FULL])
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_padded_batches_equal_the_trace(
+    family: str, regime: Regime, checkpointing: Checkpointing
+) -> None:
+    # a padding mask in every layer: masked SDPA (memory-efficient kernel, k/v expanded), and
+    # under checkpointing the (b, 1, s, s) mask each checkpointed call keeps
+    _check(family, Batch(2, 40, checkpointing, padded=True), regime)
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_padded_batches_over_sliding_windows_equal_the_trace(family: str, regime: Regime) -> None:
+    cfg = {**_config(family), **WINDOWED[family]}
+    for checkpointing in Checkpointing.NONE, Checkpointing.FULL:
+        _check(cfg, Batch(2, 40, checkpointing, padded=True), regime)  # the window reached
+        _check(cfg, Batch(2, 12, checkpointing, padded=True), regime)  # under the window

@@ -85,6 +85,30 @@ def test_a_family_with_its_own_modelling_code_is_predicted_from_it() -> None:
     assert r["measured"]["parameters"] == r["predicted"]["parameters"] > 0
 
 
+def test_a_padded_batch_trains_with_a_padding_mask_and_is_predicted_as_one() -> None:
+    batch = {"micro_batch_size": 2, "seq_len": 32, "padded": True}
+    result = run(_body("qwen3", stages=[0], batch=batch))
+    assert "padded" in result["workload"]
+    (r,) = result["runs"]
+    meas, pred = r["measured"]["resident"], r["predicted"]["resident"]
+    assert abs(pred - meas) <= 0.005 * meas, (pred, meas)
+    spec = parse_spec(_body("qwen3", batch=batch))
+    assert spec.batch is not None and spec.batch.padded
+    # the workload's batch: labels -100 where the mask is 0, the last sequence from its middle
+    from measure.engines.hf import IGNORE_INDEX, hf_workload
+
+    _, labels = hf_workload(spec).make_batch(torch.device("cpu"), torch.Generator().manual_seed(0))
+    assert (labels == IGNORE_INDEX).sum() == 16 and (labels[-1, 16:] == IGNORE_INDEX).all()
+
+
+def test_a_padded_batch_is_refused_for_measures_own_decoder() -> None:
+    body = _body("llama", batch={"micro_batch_size": 1, "seq_len": 32, "padded": True})
+    body["model"] = {"preset": "gpt2"}
+    with pytest.raises(InputError) as err:
+        parse_spec(body)
+    assert err.value.field == "batch.padded"
+
+
 def test_without_transformers_the_request_names_the_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
