@@ -45,6 +45,25 @@ def test_traced_peak_equals_the_analytical_peak() -> None:
     assert all(p is not None and p > 0 for p in peaks[0])
 
 
+def test_a_padded_batch_traced_equals_the_analytical_figures() -> None:
+    pytest.importorskip("transformers", reason="traced mode needs transformers")
+    pytest.importorskip("torch", reason="traced mode needs torch")
+    figures = []
+    with TestClient(app) as client:
+        for model in ("analytical", "traced"):
+            body = _body(model)
+            body["batch"] = {**body["batch"], "padded": True}
+            r = client.post("/v1/memory", json=body)
+            assert r.status_code == 200, r.text
+            figures.append([s["per_device"] for s in r.json()["stages"]])
+        unpadded = client.post("/v1/memory", json=_body("traced")).json()["stages"]
+    analytical, traced = ([d["peak"] for d in f] for f in figures)
+    assert analytical == traced
+    # the mask's bias and key/value expanded to every query head
+    for padded, u in zip(figures[1], unpadded, strict=True):
+        assert padded["activations"] > u["per_device"]["activations"]
+
+
 def test_traced_without_transformers_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     trace = pytest.importorskip("measure.trace", reason="needs torch", exc_type=ImportError)
     monkeypatch.setattr(trace, "transformers_available", lambda: False)
