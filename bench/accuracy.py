@@ -511,7 +511,7 @@ SOURCES = (
         "micro-steps, mixed bf16 (torch also pure bf16), ± full checkpointing, transformers "
         'Trainer\'s ds_config ("auto" values; ± CPU optimizer and parameter offload) for '
         "DeepSpeed, H100/H200 (NCCL)",
-        "bash bench/gpu/real_models_round.sh (SET=1 to 12)",
+        "bash bench/gpu/real_models_round.sh (SET=1 to 15)",
     ),
     Source(
         "canonical_ds/*.json",

@@ -31,7 +31,8 @@
 # 1,000-token sequence) and SmolLM2-360M. SET=14 does the same for Phi-4-mini (a partial rotary
 # built with torch.cat: cuDNN attention's output follows q's layout, so it is copied for
 # o_proj) and Gemma-2-2B (4,096-token windows, so a padded batch builds a full and a
-# sliding-window mask) at Nd 2 on GPUs 0,1.
+# sliding-window mask) at Nd 2 on GPUs 0,1. SET=15 runs Llama-3.1-8B on padded batches at Nd 4:
+# FSDP2 stage 3 without checkpointing, DeepSpeed stage 3 at 8,192 tokens with it.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -151,6 +152,9 @@ elif [[ ${SET:-1} == 14 ]]; then
     job phi-4-mini_torch3_b1s4096_none_padded 0,1 2 29951 phi-4-mini torch:3 1 4096 none 1 mixed_bf16 padded
     job gemma-2-2b_ds3_b1s4096_full_padded 0,1 2 29952 gemma-2-2b ds3 1 4096 full 1 mixed_bf16 padded
     job phi-4-mini_ds2_b1s2048_none_padded 0,1 2 29953 phi-4-mini ds2 1 2048 none 1 mixed_bf16 padded
+elif [[ ${SET:-1} == 15 ]]; then
+    job llama-3.1-8b_torch3_nd4_b2s2048_none_padded 0,1,2,3 4 29961 llama-3.1-8b torch:3 2 2048 none 1 mixed_bf16 padded
+    job llama-3.1-8b_ds3_nd4_b1s8192_full_padded 0,1,2,3 4 29962 llama-3.1-8b ds3 1 8192 full 1 mixed_bf16 padded
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none
