@@ -147,8 +147,8 @@ class BatchIn(StrictModel):
         description="The batch comes with an attention_mask that has zeros (a padding "
         "collator's sequences of different lengths). A model built by transformers' modelling "
         "code then attends through a (micro_batch_size, 1, seq_len, seq_len) mask in every "
-        "layer: SDPA runs the memory-efficient kernel, which saves the mask as a 16-bit bias "
-        "and key/value expanded to every query head. false: no mask, a mask of all ones "
+        "layer: SDPA saves the mask as a bias in q's dtype and key/value expanded to every "
+        "query head. false: no mask, a mask of all ones "
         "(transformers drops it) or packed sequences. Applies to models given by hf_config or "
         "a preset of a transformers family.",
     )
