@@ -506,12 +506,11 @@ SOURCES = (
         "real_models/*.json",
         real_model_runs,
         "real models' config.json (bench/hf_configs), transformers 5.17, micro-batch × tokens "
-        "2 × 1,024, 1 × 2,048, 2 × 2,048, 4 × 512, 1 × 4,096, 2 × 4,096, 1 × 6,144 or 1 × 8,192, "
-        "some with 2 or 4 "
-        "micro-steps, mixed bf16 (torch also pure bf16), ± full checkpointing, transformers "
-        'Trainer\'s ds_config ("auto" values; ± CPU optimizer and parameter offload) for '
-        "DeepSpeed, H100/H200 (NCCL)",
-        "bash bench/gpu/real_models_round.sh (SET=1 to 15)",
+        "2 × 1,024, 1 × 2,048, 2 × 2,048, 4 × 512, 1 × 4,096, 2 × 4,096, 1 × 6,144, 1 × 8,192, "
+        "2 × 1,000 or 4 × 1,000, some with 2 or 4 micro-steps, some padded, mixed bf16 (torch "
+        "also pure bf16 and fp32), ± full checkpointing, transformers Trainer's ds_config "
+        '("auto" values; ± CPU optimizer and parameter offload) for DeepSpeed, H100/H200 (NCCL)',
+        "bash bench/gpu/real_models_round.sh (SET=1 to 16)",
     ),
     Source(
         "canonical_ds/*.json",

@@ -32,7 +32,9 @@
 # built with torch.cat: cuDNN attention's output follows q's layout, so it is copied for
 # o_proj) and Gemma-2-2B (4,096-token windows, so a padded batch builds a full and a
 # sliding-window mask) at Nd 2 on GPUs 0,1. SET=15 runs Llama-3.1-8B on padded batches at Nd 4:
-# FSDP2 stage 3 without checkpointing, DeepSpeed stage 3 at 8,192 tokens with it.
+# FSDP2 stage 3 without checkpointing, DeepSpeed stage 3 at 8,192 tokens with it. SET=16 trains
+# in fp32 on padded 1,000-token batches (the memory-efficient kernel with grouped-query heads
+# expanded) at Nd 2 on GPUs 0,1: Qwen3-0.6B and SmolLM2-360M under the torch engines.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -155,6 +157,9 @@ elif [[ ${SET:-1} == 14 ]]; then
 elif [[ ${SET:-1} == 15 ]]; then
     job llama-3.1-8b_torch3_nd4_b2s2048_none_padded 0,1,2,3 4 29961 llama-3.1-8b torch:3 2 2048 none 1 mixed_bf16 padded
     job llama-3.1-8b_ds3_nd4_b1s8192_full_padded 0,1,2,3 4 29962 llama-3.1-8b ds3 1 8192 full 1 mixed_bf16 padded
+elif [[ ${SET:-1} == 16 ]]; then
+    job qwen3-0.6b_torch03_fp32_b2s1000_none_padded 0,1 2 29971 qwen3-0.6b torch:0,3 2 1000 none 1 fp32 padded
+    job smollm2-360m_torch2_fp32_b4s1000_full_padded 0,1 2 29972 smollm2-360m torch:2 4 1000 full 1 fp32 padded
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none
