@@ -350,6 +350,31 @@ def test_pasted_hf_config_matches_the_api(visit: Visit) -> None:
     assert visit.page.get_attribute("textarea[name=hf_config]", "aria-invalid") == "true"
 
 
+def test_a_padded_batch_matches_the_api(visit: Visit) -> None:
+    visit.open()
+
+    def edit(page: Any) -> None:
+        page.select_option("select[name=source]", "hf_config")
+        page.fill("textarea[name=hf_config]", json.dumps(MISTRAL_7B, indent=2))
+        page.check("input[name=use_batch]")
+        page.fill("input[name=micro_batch_size]", "2")
+        page.fill("input[name=seq_len]", "2048")  # under Mistral's 4,096-token window
+        page.check("input[name=padded]")
+
+    visit.change(edit)
+    body = {
+        "model": {"hf_config": MISTRAL_7B},
+        "dp": 8,
+        "precision": "mixed_bf16",
+        "device_memory": 80_000_000_000,
+        "batch": {"micro_batch_size": 2, "seq_len": 2048, "padded": True},
+    }
+    resp = api_memory(visit.base_url, body)
+    unpadded = api_memory(visit.base_url, {**body, "batch": {**body["batch"], "padded": False}})
+    assert resp["stages"][0]["per_device"]["peak"] > unpadded["stages"][0]["per_device"]["peak"]
+    assert_page_equals_api(visit.page, resp)
+
+
 def test_bad_input_names_the_field(visit: Visit) -> None:
     visit.open()
     visit.change(lambda page: page.fill("input[name=tp]", "0"))
