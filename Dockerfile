@@ -34,7 +34,7 @@ COPY calculators ./calculators
 COPY measure ./measure
 COPY app ./app
 
-RUN python3 -m pip install --no-cache-dir -e ".[measure]"
+RUN python3 -m pip install --no-cache-dir -e ".[measure,hf]"
 
 USER 10001:10001
 

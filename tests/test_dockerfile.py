@@ -84,7 +84,7 @@ def test_dockerfile_installs_the_project_as_the_readme_does() -> None:
     # The README pins the host's torch; the image keeps its base image's CUDA torch instead.
     readme_project = [a for a in readme if not a.startswith("torch==")]
     docker_project = [a for a in docker if a != "--no-cache-dir"]
-    assert docker_project == readme_project == ["-e", ".[measure]"]
+    assert docker_project == readme_project == ["-e", ".[measure,hf]"]
 
 
 def test_base_image_torch_satisfies_the_measure_extra() -> None:

@@ -216,6 +216,31 @@ def _traced(req: MemoryRequest, arch: Architecture | None, batch: Batch | None) 
     return replace(arch, modelling=replace(arch.modelling, traced=traced))
 
 
+# a two-layer Llama config: tracing it runs transformers' modelling code once
+_PRELOAD_CONFIG: dict[str, Any] = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+}
+
+
+def preload_trace() -> bool:
+    """Import what ``activation_model: traced`` needs and trace a small config once (the
+    service's ``preload_trace`` setting); False where torch or transformers is missing."""
+    try:
+        trace = importlib.import_module("measure.trace")
+    except ImportError:
+        return False
+    if not trace.transformers_available():
+        return False
+    trace.traced_regime(_PRELOAD_CONFIG, 1, 16, "half", False)
+    return True
+
+
 @dataclass(frozen=True, eq=False)
 class _Trace:
     """``measure.trace.traced_regime`` of one config and batch; a config its code cannot run

@@ -45,6 +45,13 @@ class Settings(BaseSettings):
         64, ge=1, description="Requests answered at once; more get 503 with Retry-After."
     )
     busy_retry_after_seconds: int = Field(1, ge=1, description="Retry-After of that 503.")
+    preload_trace: bool = Field(
+        False,
+        description="Import torch and transformers and trace a two-layer config while the "
+        "service starts, so that the first activation_model traced request does not pay for "
+        "them (bench/trace_cold.py). Off: that request imports them. Ignored without "
+        "transformers installed.",
+    )
 
     @property
     def db_path(self) -> Path:
