@@ -9,11 +9,13 @@ tensors (``measure/trace.py``), in every dtype regime, with and without gradient
 checkpointing, at each batch shape. Needs torch and transformers (``pip install -e
 ".[measure,hf]"``); about 20 s per config on one core. With ``--run-every-layer`` the trace,
 which plays the layers that repeat an earlier one (``measure/layer_repeats.py``), is also held
-equal to the trace that runs every layer (every figure, and the saved bytes per layer).
+equal to the trace that runs every layer (every figure, and the saved bytes per layer). With
+``--padded`` the batches carry a padding ``attention_mask`` (``Batch.padded``).
 
     python3 bench/hf_configs_check.py                      # every config, 1 × 2,048 and 2 × 4,096
     python3 bench/hf_configs_check.py bench/hf_configs/phi-4-mini.json --shapes 1x8192
     python3 bench/hf_configs_check.py --shapes 1x2048 --run-every-layer
+    python3 bench/hf_configs_check.py --shapes 2x1000 --padded
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from measure import trace  # noqa: E402
 CONFIGS = Path(__file__).resolve().parent / "hf_configs"
 
 
-def check(path: Path, shapes: list[tuple[int, int]], run_every_layer: bool = False) -> bool:
+def check(
+    path: Path, shapes: list[tuple[int, int]], run_every_layer: bool = False, padded: bool = False
+) -> bool:
     """Print one config's comparisons; whether every one was equal."""
     cfg = json.loads(path.read_text())
     arch = architecture_from_hf_config(cfg)
@@ -47,15 +51,18 @@ def check(path: Path, shapes: list[tuple[int, int]], run_every_layer: bool = Fal
         for regime in Regime:
             for full in (False, True):
                 ckpt = Checkpointing.FULL if full else Checkpointing.NONE
-                a = trace.predicted_figures(activations(arch, Batch(b, s, ckpt), regime))
-                played = trace.trace(cfg, b, s, regime.value, full)
+                batch = Batch(b, s, ckpt, padded=padded)
+                a = trace.predicted_figures(activations(arch, batch, regime))
+                played = trace.trace(cfg, b, s, regime.value, full, padded=padded)
                 t = trace.figures(played)
                 same = a == t
                 verdict = (
                     "equal" if same else f"DIFFER by {[x - y for x, y in zip(a, t, strict=True)]}"
                 )
                 if run_every_layer:
-                    ran = trace.trace(cfg, b, s, regime.value, full, play_repeats=False)
+                    ran = trace.trace(
+                        cfg, b, s, regime.value, full, play_repeats=False, padded=padded
+                    )
                     equal = trace.figures(ran) == t and ran.by_layer == played.by_layer
                     same = same and equal
                     verdict += (
@@ -79,10 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also trace running every layer, and hold the played trace equal to it",
     )
+    ap.add_argument("--padded", action="store_true", help="batches with a padding attention_mask")
     ns = ap.parse_args(argv)
     shapes = [(int(b), int(s)) for b, s in (shape.split("x") for shape in ns.shapes.split(","))]
     paths = ns.configs or sorted(CONFIGS.glob("*.json"))
-    results = [check(p, shapes, ns.run_every_layer) for p in paths]
+    results = [check(p, shapes, ns.run_every_layer, ns.padded) for p in paths]
     print(f"{sum(results)} of {len(results)} configs equal throughout")
     return 0 if all(results) else 1
 
