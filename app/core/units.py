@@ -53,6 +53,11 @@ class TooLarge(ValueError):
     """A number beyond the field's bound: said as "too large", never as "not an integer"."""
 
 
+class NotWhole(ValueError):
+    """A number that reads but is not whole once its unit applies ("9.0871 KB" is 9,087.1
+    bytes): a rule the string form's pattern cannot state."""
+
+
 def _number(text: str) -> tuple[Decimal, str]:
     """The number and the (lower-case) unit of ``text``; ``ValueError`` says what is wrong."""
     if re.fullmatch(rf"\s*{_GROUPED}\s*", text):
@@ -77,7 +82,7 @@ def _whole(value: Decimal, factor: int, text: str, what: str, limit: int) -> int
         raise TooLarge(f"{text!r} is too large: at most {limit:,} {what}")
     value *= factor
     if value != value.to_integral_value():
-        raise ValueError(f"{text!r} is not a whole number of {what}")
+        raise NotWhole(f"{text!r} is not a whole number of {what}")
     return int(value)
 
 
@@ -126,6 +131,9 @@ def _reader(parse: Any, what: str, limit: int) -> Any:
                 n = int(parse(value[:64], limit))
             except TooLarge as e:
                 raise PydanticCustomError("too_large", str(e)) from None
+            except NotWhole as e:
+                # the pattern admits any fraction: whether it makes whole units is a rule
+                raise PydanticCustomError("rule", str(e)) from None
             except ValueError as e:
                 raise PydanticCustomError("number_or_unit_string", str(e)) from None
         if n < 1:

@@ -92,6 +92,16 @@ def test_too_large_says_so(client: TestClient, field: str, body: dict[str, Any])
     assert "too large" in error["msg"] and "integer" not in error["msg"]
 
 
+@pytest.mark.parametrize("size", ["9.0871 KB", "1.5", "0.3KiB "])
+def test_a_size_that_reads_but_is_not_whole_bytes_is_a_rule(client: TestClient, size: str) -> None:
+    # the string form's pattern admits any fraction: whole bytes are a rule it cannot state
+    error = refusal(
+        client.post("/v1/memory", json={"model": {"params": 10**9}, "dp": 8, "device_memory": size})
+    )
+    assert error["field"] == "device_memory" and error["type"] == "rule"
+    assert "whole number of bytes" in error["msg"]
+
+
 @pytest.mark.parametrize(
     ("params", "words"),
     [(7.5, "whole number"), ("7.25", "whole number"), (True, "integer or a string"),
