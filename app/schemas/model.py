@@ -148,7 +148,8 @@ class BatchIn(StrictModel):
         "collator's sequences of different lengths). A model built by transformers' modelling "
         "code then attends through a (micro_batch_size, 1, seq_len, seq_len) mask in every "
         "layer: SDPA saves the mask as a bias in q's dtype and key/value expanded to every "
-        "query head. false: no mask, a mask of all ones "
-        "(transformers drops it) or packed sequences. Applies to models given by hf_config or "
-        "a preset of a transformers family.",
+        "query head; seq_len is then the padded length (a collator pads to the longest "
+        "sequence of the batch: give the longest the run will see). false: no mask, a mask of "
+        "all ones (transformers drops it) or packed sequences. Applies to models given by "
+        "hf_config or a preset of a transformers family.",
     )
