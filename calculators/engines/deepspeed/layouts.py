@@ -1039,7 +1039,9 @@ class Stage3:
                 "parameter offload: 16-bit partitions in pinned host memory; the peak "
                 "reads low against measured runs: a parameter gathered alone is first copied "
                 "from the host to the device (partition_parameters.py _all_gather_sequential), "
-                "and copies still alive after their gather are not counted"
+                "and torch's NCCL process group keeps some of those all-gather inputs alive "
+                "after their gather (TORCH_NCCL_AVOID_RECORD_STREAMS=1, torch's default, "
+                "stashes them on the collective); they are not counted"
             )
         if offload:
             cpu = Placement(
