@@ -65,6 +65,18 @@ MEMORY_EXAMPLES: dict[str, dict[str, Any]] = {
             "precision": "mixed_bf16",
         },
     },
+    "padded_batch": {
+        "summary": "Llama 3 8B under FSDP2 on a padding collator's batches (attention_mask zeros)",
+        "value": {
+            "model": {"preset": "llama3-8b"},
+            "dp": 8,
+            "stages": [3],
+            "precision": "mixed_bf16",
+            "engine": "torch",
+            "batch": {"micro_batch_size": 2, "seq_len": 4096, "padded": True},
+            "device_memory": 80_000_000_000,
+        },
+    },
 }
 
 CAPACITY_EXAMPLES: dict[str, dict[str, Any]] = {
