@@ -194,12 +194,8 @@ def _traced(req: MemoryRequest, arch: Architecture | None, batch: Batch | None) 
         raise InputError(field, "traced needs the model as hf_config of a transformers family")
     if batch is None:
         raise InputError(field, "traced needs a batch")
-    try:
-        # measure/ needs torch, which the calculator service may not have
-        trace = importlib.import_module("measure.trace")
-    except ImportError:
-        trace = None
-    if trace is None or not trace.transformers_available():
+    trace = _trace_module()
+    if trace is None:
         raise InputError(
             field,
             "traced needs torch and transformers on the server: pip install 'zerocalc[hf]' "
@@ -228,14 +224,21 @@ _PRELOAD_CONFIG: dict[str, Any] = {
 }
 
 
-def preload_trace() -> bool:
-    """Import what ``activation_model: traced`` needs and trace a small config once (the
-    service's ``preload_trace`` setting); False where torch or transformers is missing."""
+def _trace_module() -> Any:
+    """``measure.trace`` where torch and transformers are installed, else None (measure/ needs
+    torch, which the calculator service may not have)."""
     try:
         trace = importlib.import_module("measure.trace")
     except ImportError:
-        return False
-    if not trace.transformers_available():
+        return None
+    return trace if trace.transformers_available() else None
+
+
+def preload_trace() -> bool:
+    """Import what ``activation_model: traced`` needs and trace a small config once (the
+    service's ``preload_trace`` setting); False where torch or transformers is missing."""
+    trace = _trace_module()
+    if trace is None:
         return False
     trace.traced_regime(_PRELOAD_CONFIG, 1, 16, "half", False)
     return True
