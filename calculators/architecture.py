@@ -116,6 +116,13 @@ class TransformersModelling:
             ``None`` follows the architecture's ``bias``.
         sliding_window: attention window of the sliding layers (``None``: none).
         sliding_layers: how many layers attend through ``sliding_window``.
+        eager_attention: the model is built with ``attn_implementation="eager"``
+            (``eager_attention_forward``: the attention scores and probabilities are tensors
+            autograd saves) rather than SDPA.
+        attn_softcap: eager attention soft-caps the scores with ``tanh`` (Gemma-2's
+            ``attn_logit_softcapping``; SDPA ignores it).
+        attention_dropout: eager attention applies dropout (``attention_dropout`` > 0) to the
+            probabilities in training.
         traced: a trace of what this model's code saves (``measure/trace.py``), used in place
             of the analytical figures for the batch it was traced at, in each regime asked.
     """
@@ -145,6 +152,9 @@ class TransformersModelling:
     out_bias: bool | None = None
     sliding_window: int | None = None
     sliding_layers: int = 0
+    eager_attention: bool = False
+    attn_softcap: bool = False
+    attention_dropout: bool = False
     traced: ActivationTrace | None = None
 
 

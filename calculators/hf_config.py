@@ -6,6 +6,7 @@ Each family maps its keys the way its ``transformers`` modelling file builds the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from calculators.architecture import (
@@ -419,6 +420,48 @@ _FAMILIES: dict[str, Callable[[Mapping[str, Any]], Architecture]] = {
 }
 
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
+# the families built as transformers' modelling code builds them (the rest: the canonical decoder)
+_MODELLED = {k for k, v in _FAMILIES.items() if v in (_llama_like, _deepseek_v3)}
+
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def _eager(cfg: Mapping[str, Any], arch: Architecture) -> Architecture:
+    """``attn_implementation``: the key transformers' configuration takes (``PreTrainedConfig``
+    keeps it as ``_attn_implementation``, which ``from_config`` / ``from_pretrained`` build
+    with). ``sdpa``, transformers' default, unless the body says ``eager``."""
+    impl = cfg.get("attn_implementation")
+    if impl is None or impl == "sdpa":
+        return arch
+    field = f"{_FIELD}.attn_implementation"
+    if impl not in ATTN_IMPLEMENTATIONS:
+        raise InputError(
+            field,
+            f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)}, got {impl!r} (other attention "
+            "implementations, flash_attention_2 among them, are not modelled)",
+        )
+    if arch.modelling is None:
+        raise InputError(
+            field,
+            f"eager attention is modelled for {', '.join(sorted(_MODELLED))}; "
+            f"{cfg.get('model_type')!r} is predicted as the canonical decoder",
+        )
+    dropout = cfg.get("attention_dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        raise InputError(f"{_FIELD}.attention_dropout", f"must be in [0, 1), got {dropout!r}")
+    # Gemma-2 passes its attn_logit_softcapping (default 50) to the attention function; Gemma-3
+    # keeps the key but passes nothing
+    softcap = cfg.get("attn_logit_softcapping", 50.0)
+    return replace(
+        arch,
+        modelling=replace(
+            arch.modelling,
+            eager_attention=True,
+            attn_softcap=arch.modelling.family == "gemma2" and softcap is not None,
+            attention_dropout=dropout > 0,
+        ),
+    )
 
 
 def architecture_from_hf_config(cfg: Mapping[str, Any]) -> Architecture:
@@ -445,4 +488,4 @@ def architecture_from_hf_config(cfg: Mapping[str, Any]) -> Architecture:
         raise InputError(
             f"{_FIELD}.model_type", f"unsupported model_type {model_type!r}; supported: {known}"
         ) from None
-    return family(cfg)
+    return _eager(cfg, family(cfg))

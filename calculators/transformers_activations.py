@@ -197,6 +197,13 @@ def layer_terms(
         attention += _norm_internal(arch, t * arch.n_kv_heads, arch.d_head, d.lin)
     sdpa = HALF_BYTES if regime != "fp32" else FP32_BYTES
     grouped = arch.n_kv_heads != arch.heads
+    if _m(arch).eager_attention:
+        # with one key/value head and one sequence, repeat_kv's expanded view reshapes to
+        # (heads, d, s) without a copy, so bmm saves views of k and v (autocast's casts copy)
+        views = arch.n_kv_heads == 1 and b == 1 and not d.autocast
+        kv_saved = q if grouped and not views else kv
+        attention += _eager_attention(arch, batch, sdpa, q, kv_saved, kv_saved, q)
+        return LayerTerms(norms, linear_inputs, attention, mlp)
     # fp32 with no mask: transformers asks SDPA for grouped-query heads (enable_gqa), which
     # the memory-efficient kernel does not take (sdp_utils.cpp
     # check_batch_size_and_num_heads_dense<false>) and flash and cuDNN run no fp32, so SDPA
@@ -225,6 +232,45 @@ def layer_terms(
     if not math:  # the math path keeps no logsumexp
         attention += _logsumexp(arch, batch, efficient)
     return LayerTerms(norms, linear_inputs, attention, mlp)
+
+
+def _eager_attention(
+    arch: Architecture,
+    batch: Batch,
+    sdpa: int,
+    q_width: int,
+    k_width: int,
+    v_width: int,
+    out_width: int,
+) -> int:
+    """What ``eager_attention_forward`` saves (``attn_implementation="eager"``), per layer.
+
+    ``torch.matmul(query, key_states.transpose(2, 3))`` runs as ``bmm`` on (b·heads, s, d)
+    reshapes: the rotated q and k are laid out (b, s, heads, d) (elementwise ops follow the
+    projection's layout), so the reshape copies them, and ``repeat_kv`` has already copied
+    grouped key/value heads to every query head; ``bmm`` saves the copies, in SDPA's dtype
+    (autocast casts the fp32 rotated tensors to bf16 first). The scores are scaled (and with
+    Gemma-2's soft-capping divided, ``tanh``-ed, which saves its output, and multiplied), the
+    mask is added (saving nothing), ``softmax(..., dtype=float32)`` saves its fp32 probabilities
+    and ``.to(query.dtype)`` a 16-bit copy that the second ``matmul`` saves with v; in fp32 that
+    cast is the same tensor. Dropout in training (``attention_dropout`` > 0) saves a boolean mask
+    (CUDA's fused ``native_dropout``) and its output stands in for the 16-bit copy, or in fp32
+    is one more tensor. The output (b, heads, s, d) is copied by ``transpose(1, 2).contiguous()``
+    for ``o_proj``. Every layer takes a mask (no ``is_causal`` shortcut): nothing of it is saved.
+    """
+    m = _m(arch)
+    t, b, s = batch.tokens, batch.micro_batch_size, batch.seq_len
+    scores = b * arch.heads * s * s
+    saved = sdpa * t * (q_width + k_width + v_width)  # q, k, v as bmm saves them
+    saved += FP32_BYTES * scores  # softmax's fp32 output
+    if sdpa != FP32_BYTES:
+        saved += sdpa * scores  # its cast to q's dtype, saved by the second matmul
+    if m.attn_softcap:
+        saved += sdpa * scores  # tanh's output
+    if m.attention_dropout:
+        saved += BOOL_BYTES * scores + (sdpa * scores if sdpa == FP32_BYTES else 0)
+    saved += sdpa * t * out_width  # output copy (o_proj's input)
+    return saved
 
 
 def _mqa_views(arch: Architecture, regime: str, masked: bool) -> bool:
@@ -296,6 +342,18 @@ def _latent_attention_terms(
     inputs += _norm_output(d, t, r, 1)
     sdpa = HALF_BYTES if d.lin == HALF_BYTES else FP32_BYTES
     qk, v = mla.qk_head_dim, mla.v_head_dim
+    if _m(arch).eager_attention:
+        # q (torch.cat) and k (expand_kv's new tensor) are laid out (b, heads, s, d), so bmm
+        # saves them as they are (q's bf16 cast under autocast); v, a view of kv_b_proj's
+        # output laid out (b, s, heads, ·), is copied by the reshape (b > 1), and that output
+        # is then saved by nothing
+        attention = _eager_attention(arch, batch, sdpa, heads * qk, heads * qk, 0, heads * v)
+        if batch.micro_batch_size == 1:
+            # one sequence: the reshape of v is a view, so kv_b_proj's output stays whole
+            attention += d.lin * t * heads * (mla.qk_nope_head_dim + v)
+        else:
+            attention += sdpa * t * heads * v
+        return norms, inputs, attention
     attention = sdpa * t * heads * qk  # q: torch.cat (its bf16 cast under autocast)
     attention += d.lin * t * heads * qk  # k: expand_kv's new tensor
     attention += d.lin * t * heads * (mla.qk_nope_head_dim + v)  # kv_b output, v a view of it
@@ -473,7 +531,44 @@ def layer_backward(arch: Architecture, batch: Batch, dense: bool, moved: bool = 
             candidates.append(2 * x * t * m.shared_expert_ffn)
     if m.sandwich_norms:
         candidates.append(_norm_backward(arch, t, h, x))
+    candidates.append(eager_attention_backward(arch, batch, "half"))
     return max(candidates)
+
+
+def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> int:
+    """What a layer's eager attention backward holds at its largest beyond the layer's saved
+    tensors and the gradient entering the layer (0: SDPA, whose backward holds gradients of
+    q, k and v only).
+
+    By then the layer's MLP, its input norm (and Gemma-2/3's post-feedforward and post-attention
+    norms) have run backward and freed what they saved. With ``S`` = b·heads·s² scores: the
+    second ``bmm``'s backward writes the probabilities' gradient (``S`` in q's dtype) and frees
+    the 16-bit probabilities it saved; the cast's backward writes it in fp32; ``softmax``'s
+    backward then writes an fp32 input gradient beside it while the fp32 probabilities are
+    still saved (the 16-bit scores were converted to fp32 before ``_softmax``, so its gradient is
+    fp32 too), and CUDA's kernel holds one more fp32 tensor of that size while it runs
+    (``bench/gpu/eager_backward_probe.py``: 4·S bytes more during ``_softmax_backward_data``
+    than after it, at s = 512, 1,024 and 2,048 on an H200). That is 12·S bytes written, less the
+    2·S of the freed 16-bit copy, in 16-bit (and under autocast, whose cast for the matmul is
+    that copy); in fp32 the probabilities are one tensor, freed only after ``softmax``'s
+    backward: 12·S. Dropout and soft-capping free more than they write before that point. The
+    gradients of ``o_proj``'s input and of v (expanded to every head) are alive beside them."""
+    m = _m(arch)
+    if not m.eager_attention:
+        return 0
+    d = dtypes(regime)
+    sdpa = HALF_BYTES if regime != "fp32" else FP32_BYTES
+    t, h = batch.tokens, arch.hidden
+    scores = batch.micro_batch_size * arch.heads * batch.seq_len * batch.seq_len
+    grads = (10 if sdpa == HALF_BYTES else 12) * scores
+    mla = m.latent_attention
+    width = arch.heads * mla.v_head_dim if mla is not None else arch.q_dim
+    grads += 2 * sdpa * t * width
+    dense = dense_layers(arch) >= arch.layers or arch.num_experts <= 1
+    terms = layer_terms(arch, batch, regime, use_cache=False, masked=batch.padded, dense=dense)
+    freed = terms.mlp + _mlp_inputs(arch, d, t, dense)
+    freed += (3 if m.sandwich_norms else 1) * _norm_internal(arch, t, h, d.res)
+    return max(grads - freed, 0)
 
 
 def first_layer_backward(arch: Architecture, batch: Batch) -> int:
@@ -539,7 +634,7 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
         # (1, 1, s, s) storage, expanded over the batch), alive until the first layer's
         # backward is done (a bf16 CPU run frees it a few ops before the embedding's backward)
         layers = arch.layers * d.res * t * h
-        embedding += INDEX_BYTES * s + _checkpointed_masks(arch, batch, bool(windowed))
+        embedding += INDEX_BYTES * s + _checkpointed_masks(arch, batch, bool(windowed), d)
         recompute_total = max(
             _total(layer_terms(arch, batch, regime, False, masked=mask, dense=kind))
             for kind, _ in kinds
@@ -565,7 +660,7 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     labels = INDEX_BYTES * (s + 1) if b == 1 else INDEX_BYTES * t
     loss = FP32_BYTES * t * v + labels + FP32_BYTES  # log_softmax output, targets, total_weight
     loss_transient = FP32_BYTES * t * v if d.lin != FP32_BYTES else 0
-    cache, cache_only = _cache(arch, t, d, regime, masked) if use_cache else (0, 0)
+    cache, cache_only = _cache(arch, t, d, regime, masked, b == 1) if use_cache else (0, 0)
     return ModelTerms(
         per_layer=per_layer,
         per_layer_total=total,
@@ -581,22 +676,27 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     )
 
 
-def _checkpointed_masks(arch: Architecture, batch: Batch, windowed: bool) -> int:
-    """The boolean masks every checkpointed call keeps as an argument, alive until the first
-    layer's backward is done: the sliding-window mask of an unpadded batch is one (1, 1, s, s)
-    storage expanded over the batch; a padded batch's masks are (b, 1, s, s), one for the full
-    layers and one for the sliding-window layers (``create_causal_mask`` and
-    ``create_sliding_window_causal_mask`` each build their own)."""
+def _checkpointed_masks(arch: Architecture, batch: Batch, windowed: bool, d: Dtypes) -> int:
+    """The masks every checkpointed call keeps as an argument, alive until the first layer's
+    backward is done. For SDPA they are boolean: the sliding-window mask of an unpadded batch is
+    one (1, 1, s, s) storage expanded over the batch; a padded batch's masks are (b, 1, s, s),
+    one for the full layers and one for the sliding-window layers (``create_causal_mask`` and
+    ``create_sliding_window_causal_mask`` each build their own). Eager attention always takes a
+    mask: (b, 1, s, s) additive floats in the residual dtype (``eager_mask``), one per kind."""
     m = _m(arch)
     s = batch.seq_len
-    if not batch.padded:
-        return BOOL_BYTES * s * s if windowed else 0
     sliding = m.sliding_layers if m.sliding_window is not None else 0
     kinds = (sliding > 0) + (sliding < arch.layers)
+    if m.eager_attention:
+        return kinds * d.res * batch.micro_batch_size * s * s
+    if not batch.padded:
+        return BOOL_BYTES * s * s if windowed else 0
     return kinds * BOOL_BYTES * batch.micro_batch_size * s * s
 
 
-def _cache(arch: Architecture, t: int, d: Dtypes, regime: str, masked: int) -> tuple[int, int]:
+def _cache(
+    arch: Architecture, t: int, d: Dtypes, regime: str, masked: int, one_sequence: bool
+) -> tuple[int, int]:
     """(the ``DynamicCache``'s bytes, the part nothing saved for backward shares).
 
     ``cache_utils.py`` ``DynamicLayer.update``: torch.cat copies of the rotated k and of v per
@@ -614,6 +714,12 @@ def _cache(arch: Architecture, t: int, d: Dtypes, regime: str, masked: int) -> t
         return cache, arch.layers * d.res * t * mla.qk_rope_head_dim
     per_layer_cache = 2 * d.res * t * arch.kv_dim
     cache = arch.layers * per_layer_cache
+    if _m(arch).eager_attention:
+        # eager's bmm saves the cache's own k and v where every head has its own, or views of
+        # them where one key/value head serves one sequence; ``repeat_kv`` copies other
+        # grouped ones, autocast casts fp32 ones
+        copied = arch.n_kv_heads != arch.heads and not (arch.n_kv_heads == 1 and one_sequence)
+        return cache, cache if d.autocast or copied else 0
     expanded = arch.n_kv_heads != arch.heads  # SDPA saves repeat_kv copies instead
     # a windowed layer with one key/value head saves views of its cache (``_mqa_views``)
     viewed = masked * per_layer_cache if _mqa_views(arch, regime, bool(masked)) else 0

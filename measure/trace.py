@@ -126,12 +126,13 @@ def _config(hf_config: Mapping[str, Any]) -> Any:
 
 
 def build_model(hf_config: Mapping[str, Any], dtype: torch.dtype) -> PreTrainedModel:
-    """The model transformers builds for ``hf_config`` (call inside a fake or meta mode)."""
+    """The model transformers builds for ``hf_config`` (call inside a fake or meta mode), with
+    SDPA attention unless the body's ``attn_implementation`` says ``eager``."""
     from transformers import AutoModelForCausalLM
 
     config = _config(hf_config)
     model: PreTrainedModel = AutoModelForCausalLM.from_config(
-        config, attn_implementation="sdpa", dtype=dtype
+        config, attn_implementation=hf_config.get("attn_implementation") or "sdpa", dtype=dtype
     )
     if model._can_set_experts_implementation():
         # the default on CUDA (sm80+): one grouped matmul over the sorted assignments
@@ -209,6 +210,21 @@ def _gpu_sdpa(
         return efficient
 
 
+def _gpu_dropout(
+    own: Callable[..., torch.Tensor],
+    input: torch.Tensor,  # noqa: A002 (torch's parameter name, so keyword calls still bind)
+    p: float = 0.5,
+    training: bool = True,
+    inplace: bool = False,
+) -> torch.Tensor:
+    """Dropout as CUDA runs it in training: the fused ``native_dropout``, which saves a boolean
+    mask (``Dropout.cpp`` ``is_fused_kernel_acceptable``); on CPU ``dropout`` saves a mask in
+    the input's dtype instead."""
+    if training and 0 < p < 1 and not inplace:
+        return torch.native_dropout(input, p, True)[0]
+    return own(input, p, training, inplace)
+
+
 @contextlib.contextmanager
 def _gpu_behaviour(padded: bool = False) -> Iterator[None]:
     """Make the fake run take the branches a GPU run takes (see the module doc)."""
@@ -217,11 +233,13 @@ def _gpu_behaviour(padded: bool = False) -> Iterator[None]:
 
     saved = (
         torch.nn.functional.scaled_dot_product_attention,
+        torch.nn.functional.dropout,
         masking.find_packed_sequence_indices,
         masking._ignore_causal_mask_sdpa,
         moe._can_use_grouped_mm,
     )
     torch.nn.functional.scaled_dot_product_attention = _gpu_sdpa
+    torch.nn.functional.dropout = functools.partial(_gpu_dropout, saved[1])
     # position ids 0..s-1 are never a packed sequence; a fake tensor cannot show it, so the
     # check would build a mask that the GPU run does not have
     masking.find_packed_sequence_indices = lambda *_, **__: None
@@ -238,6 +256,7 @@ def _gpu_behaviour(padded: bool = False) -> Iterator[None]:
     finally:
         (
             torch.nn.functional.scaled_dot_product_attention,
+            torch.nn.functional.dropout,
             masking.find_packed_sequence_indices,
             masking._ignore_causal_mask_sdpa,
             moe._can_use_grouped_mm,

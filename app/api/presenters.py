@@ -90,8 +90,18 @@ PADDED_NOTE = (
     "(cuDNN attention in 16-bit, the memory-efficient kernel in fp32); the figures hold for any "
     "amount of padding, since the shapes do not change with it"
 )
+EAGER_NOTE = (
+    "activations follow transformers' eager attention (hf_config attn_implementation "
+    '"eager"): every layer keeps copies of q, k and v, the fp32 attention probabilities and a '
+    "16-bit copy of them, (batch, heads, seq, seq) each, and the softmax's backward holds three "
+    "more fp32 tensors of that size; every layer takes an additive mask, which it does not keep, "
+    "so padded and unpadded batches have the same figures. Measured under DDP and "
+    "ZeroRedundancyOptimizer (fp32 parameters under autocast) with checkpointing at 4,096 "
+    "tokens, the peak read 2.6-3.3 % low"
+)
 UNPADDED_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, UNPADDED_NOTE]
 PADDED_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, PADDED_NOTE]
+EAGER_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, EAGER_NOTE]
 
 
 BARE_PARAMS_NOTE = (
@@ -372,6 +382,8 @@ def _breakdown_notes(setup: TrainingSetup) -> list[str]:
     arch = setup.architecture
     if setup.batch is None or arch is None or arch.modelling is None:
         return BREAKDOWN_NOTES
+    if arch.modelling.eager_attention:
+        return EAGER_BREAKDOWN_NOTES
     return PADDED_BREAKDOWN_NOTES if setup.batch.padded else UNPADDED_BREAKDOWN_NOTES
 
 

@@ -78,7 +78,11 @@ class ModelSpec(StrictModel):
     ] = None
     hf_config: Annotated[
         JsonObject | None,
-        Field(description="The body of a Hugging Face config.json (llama, mistral, gpt2, ...)."),
+        Field(
+            description="The body of a Hugging Face config.json (llama, mistral, gpt2, ...); "
+            'add "attn_implementation": "eager" for a model built with eager attention '
+            "(SDPA otherwise)."
+        ),
     ] = None
 
     @classmethod

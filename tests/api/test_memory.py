@@ -138,6 +138,55 @@ def test_a_multimodal_config_points_to_its_text_config(client: TestClient) -> No
     assert "unsupported model_type 'llava'; supported:" in r.json()["detail"][0]["msg"]
 
 
+def test_eager_attention_is_taken_from_the_config(client: TestClient) -> None:
+    """``attn_implementation`` as transformers' configuration takes it: eager keeps the
+    (b, heads, s, s) probabilities, so the same run needs more; other kernels get a 422."""
+    cfg = json.loads((HF_CONFIGS / "llama-3.2-3b.json").read_text())
+    batch = {"micro_batch_size": 1, "seq_len": 2048}
+    peaks = {}
+    for impl in ("sdpa", "eager"):
+        for engine in ("torch", "deepspeed"):
+            body = {
+                "model": {"hf_config": {**cfg, "attn_implementation": impl}},
+                "dp": 4,
+                "stages": [3],
+                "engine": engine,
+                "batch": batch,
+            }
+            answer = post(client, body)
+            peaks[impl, engine] = answer["stages"][0]["per_device"]["peak"]
+            eager_notes = [n for n in answer["breakdown_notes"] if "eager attention" in n]
+            assert len(eager_notes) == (impl == "eager"), answer["breakdown_notes"]
+    # 28 layers x 24 heads x 2048^2 scores: fp32 probabilities and their bf16 cast saved
+    saved = 28 * 24 * 2048**2 * 6
+    for engine in ("torch", "deepspeed"):
+        assert peaks["eager", engine] - peaks["sdpa", engine] > saved, peaks
+    for config, field, words in (
+        ({**cfg, "attn_implementation": "flash_attention_2"}, "attn_implementation", "sdpa, eager"),
+        (
+            {
+                "model_type": "gpt2",
+                "n_layer": 2,
+                "n_embd": 64,
+                "n_head": 2,
+                "vocab_size": 64,
+                "attn_implementation": "eager",
+            },
+            "attn_implementation",
+            "canonical decoder",
+        ),
+        (
+            {**cfg, "attn_implementation": "eager", "attention_dropout": 1.5},
+            "attention_dropout",
+            "[0, 1)",
+        ),
+    ):
+        r = client.post("/v1/memory", json={"model": {"hf_config": config}, "dp": 4})
+        assert r.status_code == 422, r.text
+        (error,) = r.json()["detail"]
+        assert error["field"] == f"model.hf_config.{field}" and words in error["msg"], error
+
+
 def test_fp32_gradient_convention_is_18_bytes(client: TestClient) -> None:
     body = post(
         client, {"model": {"params": 10**9}, "dp": 1, "stages": [0], "gradients": "fp32_grads"}

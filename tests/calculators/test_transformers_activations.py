@@ -255,3 +255,30 @@ def test_padded_batches_over_sliding_windows_equal_the_trace(family: str, regime
     for checkpointing in Checkpointing.NONE, Checkpointing.FULL:
         _check(cfg, Batch(2, 40, checkpointing, padded=True), regime)  # the window reached
         _check(cfg, Batch(2, 12, checkpointing, padded=True), regime)  # under the window
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_eager_attention_equals_the_trace(family: str, regime: Regime) -> None:
+    # attn_implementation "eager": bmm's copies of q/k/v, the fp32 probabilities and their
+    # 16-bit cast (Gemma-2 also tanh's soft-capped scores); one sequence takes the views a
+    # single key/value head allows; checkpointed calls keep (b, 1, s, s) float masks
+    cfg = {**_config(family), "attn_implementation": "eager"}
+    _check(cfg, Batch(2, 24), regime)
+    _check(cfg, Batch(1, 12), regime)
+    _check(cfg, Batch(2, 24, Checkpointing.FULL, padded=True), regime)
+
+
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_eager_attention_over_sliding_windows_equals_the_trace(family: str) -> None:
+    cfg = {**_config(family), **WINDOWED[family], "attn_implementation": "eager"}
+    for checkpointing in Checkpointing.NONE, Checkpointing.FULL:
+        _check(cfg, Batch(2, 40, checkpointing), Regime.AUTOCAST)
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_eager_attention_dropout_equals_the_trace(family: str, regime: Regime) -> None:
+    # CUDA's fused dropout keeps a boolean mask (the trace runs native_dropout as CUDA does)
+    cfg = {**_config(family), "attn_implementation": "eager", "attention_dropout": 0.1}
+    _check(cfg, Batch(2, 20), regime)

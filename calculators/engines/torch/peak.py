@@ -48,7 +48,7 @@ from calculators.architecture import Architecture, Norm
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.errors import InputError
-from calculators.transformers_activations import experts_backward
+from calculators.transformers_activations import eager_attention_backward, experts_backward
 
 KIB = 1024
 CUBLAS_WORKSPACE_SM90 = 4096 * 8 * KIB
@@ -258,6 +258,19 @@ def step_memory(
         moments["block_backward"] = _block_backward(
             arch, batch, regime, acts, fsdp_backward, accumulated_gradients
         )
+    eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
+    if eager and not acts.recompute and not (fsdp_backward is not None and fsdp_backward.layers):
+        # the last layer's eager attention backward: the head's and the loss's saved tensors
+        # are freed, the residual stream's gradient enters the layer
+        res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
+        moments["attention_backward"] = (
+            end_of_forward
+            - acts.head
+            - acts.loss
+            + res * batch.tokens * arch.hidden
+            + eager
+            + accumulated_gradients
+        )
     if acts.recompute:
         # backward of the last checkpointed block: the saved block inputs, the caller's logits,
         # the recomputed block and the gradient flowing in and out of it.
@@ -282,11 +295,12 @@ def step_memory(
                 for i in {0, min(1, last), max(last - 1, 0), last}
             )
             if arch.modelling is not None:
-                # the recomputed block's experts' backward (no gradient leaves it yet)
+                # the recomputed block's experts' backward (no gradient leaves it yet), or its
+                # eager attention's
                 experts = experts_backward(arch, batch, regime.value)
-                recompute += max(experts - res * batch.tokens * arch.hidden, 0)
+                recompute += max(experts - res * batch.tokens * arch.hidden, eager, 0)
         else:
-            recompute += unsharded_after_forward + accumulated_gradients
+            recompute += unsharded_after_forward + accumulated_gradients + eager
         moments["recompute"] = recompute
     return StepMemory(
         activations=acts.end_of_forward,
@@ -326,6 +340,8 @@ def _block_backward(
     per_block = acts.layers // arch.layers
     last = fsdp.layers - 1
     experts = experts_backward(arch, batch, regime.value) if arch.modelling is not None else 0
+    # an eager attention's backward, later in the block: the MLP's saved tensors are freed
+    eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
     moments = []
     for i in {0, min(1, last), max(last - 1, 0), last}:
         below = acts.logits + acts.embedding + i * per_block
@@ -335,8 +351,9 @@ def _block_backward(
         if fsdp.prefetch:
             # before block i's backward
             moments.append(below + entering + fsdp.at_gather(i, accumulated_gradients))
-        if experts:
-            # in its experts' backward, block i - 1 prefetched, no gradient of the rest yet
+        if experts or eager:
+            # in its experts' (or eager attention's) backward, block i - 1 prefetched, no
+            # gradient of the rest yet
             start = fsdp.at_block_start(i, accumulated_gradients)
-            moments.append(below + entering + experts + start)
+            moments.append(below + entering + max(experts, eager) + start)
     return max(moments)
