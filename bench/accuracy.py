@@ -295,8 +295,12 @@ def hf_runs(path: Path) -> list[Run]:
         if shape is None:
             raise ValueError(f"{path.name}: no batch in workload {result['workload']!r}")
         padded = shape[3] is not None
+        hf_config = family_config(case["family"], data["size"])
+        attention = data.get("attn_implementation")  # validate_hf --attn-implementation
+        if attention:
+            hf_config["attn_implementation"] = attention
         body = {
-            "model": {"hf_config": family_config(case["family"], data["size"])},
+            "model": {"hf_config": hf_config},
             "dp": result["dp"],
             "stages": [r["stage"] for r in result["runs"]],
             "precision": result["precision"],
@@ -326,6 +330,7 @@ def hf_runs(path: Path) -> list[Run]:
             # sizes other than the small configs get their own rows, named by parameter count
             shown = r.family if data["size"] == "small" else f"{r.family} {size_label}"
             shown += PADDED if padded else ""
+            shown += f", {attention}" if attention else ""
             out.append(
                 Run(
                     r.source,
@@ -498,8 +503,8 @@ SOURCES = (
         "hf_nccl_*.json",
         hf_runs,
         "transformers 5.17, small configs unless the family names a size, micro-batch "
-        "2 × 1,024 tokens (some also 1 × 2,048), mixed bf16, ± full checkpointing, "
-        "H100/H200 (NCCL)",
+        "2 × 1,024 tokens (some also 1 × 2,048; eager attention also 1 × 4,096), mixed bf16, "
+        "± full checkpointing, H100/H200 (NCCL)",
         "bash bench/gpu/hf_round.sh",
     ),
     Source(

@@ -35,11 +35,18 @@ MIB = 2**20
 ENGINES = ("torch", "deepspeed")
 
 
+def _hf_config(family: str, a: argparse.Namespace) -> dict[str, Any]:
+    cfg = family_config(family, a.size)
+    if a.attn_implementation != "sdpa":
+        cfg["attn_implementation"] = a.attn_implementation
+    return cfg
+
+
 def _body(
     family: str, engine: str, checkpointing: str, a: argparse.Namespace, dp: int, mode: str
 ) -> dict[str, Any]:
     return {
-        "model": {"hf_config": family_config(family, a.size)},
+        "model": {"hf_config": _hf_config(family, a)},
         "dp": dp,
         "stages": a.stages,
         "precision": "mixed_bf16",
@@ -173,7 +180,8 @@ def _stem(a: argparse.Namespace, label: str) -> str:
     size = "" if a.size == "small" else f"_{a.size}"
     stages = "" if a.stages == [0, 1, 2, 3] else "_stage" + "".join(map(str, a.stages))
     padded = "_padded" if a.padded else ""
-    return f"hf_{label}{suffix}{size}{stages}{padded}"
+    attention = "" if a.attn_implementation == "sdpa" else f"_{a.attn_implementation}"
+    return f"hf_{label}{suffix}{size}{stages}{padded}{attention}"
 
 
 def _write(a: argparse.Namespace, label: str, results: list[dict[str, Any]]) -> None:
@@ -182,6 +190,8 @@ def _write(a: argparse.Namespace, label: str, results: list[dict[str, Any]]) -> 
     body: dict[str, Any] = {"world": label, "size": a.size, "cases": results}
     if a.engine_config:
         body["engine_config"] = a.engine_config
+    if a.attn_implementation != "sdpa":
+        body["attn_implementation"] = a.attn_implementation
     (out / f"{_stem(a, label)}.json").write_text(json.dumps(body, indent=1))
 
 
@@ -266,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="train on padded batches: an attention_mask with zeros (the last sequence padded "
         "from its middle)",
+    )
+    ap.add_argument(
+        "--attn-implementation",
+        default="sdpa",
+        choices=["sdpa", "eager"],
+        help="the attention transformers builds (the config body's attn_implementation)",
     )
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--steps", type=int, default=2)

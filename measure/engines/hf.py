@@ -5,6 +5,7 @@ The module is transformers' own modelling code::
     config = AutoConfig.for_model(model_type, **hf_config)   # use_cache as the body says
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
                                              dtype=torch.float32)  # random init, no download
+    # (attn_implementation="eager" where the body's "attn_implementation" says so)
     model.gradient_checkpointing_enable()   # when batch.activation_checkpointing is "full"
     loss = model(input_ids=x, labels=x).loss
     # a padded batch: model(input_ids=x, attention_mask=mask, labels=y), the last sequence
@@ -44,12 +45,14 @@ def hf_config(body: Mapping[str, Any]) -> Any:
 
 
 def build_hf(config: Any, device: torch.device, checkpointing: bool) -> nn.Module:
-    """``AutoModelForCausalLM.from_config`` on ``device``, fp32, SDPA attention, train mode."""
+    """``AutoModelForCausalLM.from_config`` on ``device``, fp32, train mode; SDPA attention
+    unless the config body's ``attn_implementation`` asked for eager."""
     from transformers import AutoModelForCausalLM
 
+    impl = getattr(config, "_attn_implementation", None) or "sdpa"
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(
-            config, attn_implementation="sdpa", dtype=torch.float32
+            config, attn_implementation=impl, dtype=torch.float32
         )
     model.train()
     if checkpointing:
@@ -136,6 +139,7 @@ def hf_workload(spec: MeasureSpec) -> Workload:
     return Workload(
         name=f"{body['model_type']} (transformers, b{micro} s{seq}"
         + (", padded" if padded else "")
+        + (", eager attention" if body.get("attn_implementation") == "eager" else "")
         + (", gradient checkpointing)" if full else ")"),
         architecture=spec.model.architecture,
         tensors=hf_tensors(body),
