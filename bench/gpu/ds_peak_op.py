@@ -14,7 +14,8 @@ import argparse
 import sys
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.gpu.op_memory import OpMemory
 
 MIB = 2**20
 
@@ -57,22 +58,13 @@ def main() -> int:
     ids = torch.randint(0, cfg["vocab_size"], (a.batch, a.seq), device=dev)
     log: list[tuple[str, int, int]] = []
 
-    class Mode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            torch.cuda.reset_peak_memory_stats()
-            out = func(*args, **(kwargs or {}))
-            log.append(
-                (str(func), torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())
-            )
-            return out
-
     def mark(name: str) -> None:
         now = torch.cuda.memory_allocated()
         log.append((name, now, now))
 
     for _ in range(3):
         log.clear()
-        with Mode():
+        with OpMemory(log):
             loss = engine(input_ids=ids, labels=ids).loss
             mark("== end of forward")
             engine.backward(loss)

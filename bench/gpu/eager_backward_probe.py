@@ -17,7 +17,8 @@ import argparse
 import sys
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.gpu.op_memory import OpMemory
 
 
 def main() -> int:
@@ -63,20 +64,11 @@ def _probe(
     scores = batch * cfg["num_attention_heads"] * seq * seq
     log: list[tuple[str, int, int]] = []
 
-    class Mode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            torch.cuda.reset_peak_memory_stats()
-            out = func(*args, **(kwargs or {}))
-            log.append(
-                (str(func), torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())
-            )
-            return out
-
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=dev)
     for _ in ("warm-up", "measured"):
         torch.cuda.synchronize()
         log.clear()
-        with Mode():
+        with OpMemory(log):
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                 loss = model(input_ids=ids, labels=ids).loss
             end_forward = torch.cuda.memory_allocated()
