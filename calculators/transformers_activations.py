@@ -49,6 +49,10 @@ What differs from the canonical decoder (``calculators/activations.py``):
 - Gradient checkpointing (``model.gradient_checkpointing_enable()``, non-reentrant): each layer
   keeps its ``hidden_states`` input, plus ``position_ids`` and ``cos``/``sin`` for all layers;
   ``use_cache`` is forced off.
+- Eager attention (``attn_implementation="eager"`` in the config body): ``eager_attention_forward``
+  keeps the (b, heads, s, s) probabilities in fp32 and in q's dtype beside copies of q, k and v
+  (``_eager_attention``), and its softmax backward holds three more fp32 tensors of that size
+  (``eager_attention_backward``).
 """
 
 from __future__ import annotations
