@@ -503,7 +503,7 @@ SOURCES = (
         "hf_nccl_*.json",
         hf_runs,
         "transformers 5.17, small configs unless the family names a size, micro-batch "
-        "2 × 1,024 tokens (some also 1 × 2,048; eager attention also 1 × 4,096), mixed bf16, "
+        "2 × 1,024 tokens (some also 1 × 2,048, 2 × 2,048 or 1 × 4,096), mixed bf16, "
         "± full checkpointing, H100/H200 (NCCL)",
         "bash bench/gpu/hf_round.sh",
     ),

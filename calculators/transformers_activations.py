@@ -644,6 +644,10 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
             for kind, _ in kinds
             for mask in {bool(masked), batch.padded}
         )
+        if d.res == FP32_BYTES:
+            # the recomputed input norm's x.to(float32) is the fp32 block input itself, which
+            # the checkpoint already keeps (counted in ``layers``)
+            recompute_total -= d.res * t * h
     elif batch.padded:
         layers = sum(
             n * _total(layer_terms(arch, batch, regime, use_cache, masked=True, dense=kind))

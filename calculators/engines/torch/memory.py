@@ -49,7 +49,12 @@ from calculators.engines.torch.allocator import (
     block_excess,
     rounding_only,
 )
-from calculators.engines.torch.peak import FsdpBackward, StepMemory, step_memory
+from calculators.engines.torch.peak import (
+    DdpBackwardGrads,
+    FsdpBackward,
+    StepMemory,
+    step_memory,
+)
 from calculators.errors import InputError
 from calculators.estimates import StageEstimate
 from calculators.model_states import Placement, TrainingSetup, ceil_div
@@ -414,10 +419,14 @@ def _step(
     # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach
     # updates in place.
     temporary = share.states * d.parameter if n_states == STATE_TENSORS[Optimizer.ADAM] else 0
+    ddp_grads = None
+    if stage < Stage.GRADIENTS and arch.modelling is not None:
+        ddp_grads = _ddp_backward_grads(setup, d.gradient)
     memory = step_memory(
         arch,
         batch,
         regime,
+        ddp_grads=ddp_grads,
         unsharded_after_forward=unsharded,
         step_gradients=step_grads,
         optimizer_temporary=temporary,
@@ -432,6 +441,48 @@ def _step(
     # input ids and targets (int64) of every micro-batch the loop holds
     runtime = 2 * INDEX_BYTES * batch.tokens * batch.grad_accumulation_steps
     return memory, runtime
+
+
+# a decoder layer's parameters whose gradients its attention core's backward comes before:
+# the input norm and the q/k/v projections (DeepSeek's latent ones) with their norms
+_BEFORE_ATTENTION = (
+    "input_layernorm",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "qkv_proj",
+    "q_norm",
+    "k_norm",
+    "q_a_proj",
+    "q_b_proj",
+    "q_a_layernorm",
+    "kv_a_proj_with_mqa",
+    "kv_a_layernorm",
+    "kv_b_proj",
+)
+
+
+def _ddp_backward_grads(setup: TrainingSetup, grad_bytes: int) -> DdpBackwardGrads | None:
+    """The ``param.grad`` tensors autograd has made by each block's backward under DDP.
+
+    With ``gradient_as_bucket_view=False`` (the default) each gradient is its own tensor,
+    allocated when its ``AccumulateGrad`` runs (the Reducer copies it into its bucket): when
+    block ``i``'s backward starts, the head's and the final norm's exist (a tied head's sits in
+    the shared weight's input buffer until the embedding's backward) and those of every block
+    after ``i``; by its attention core's backward, also its MLP's, its output projection's and
+    its post-attention norms'. The token embedding's comes last."""
+    ts = param_tensors(setup)
+    arch = setup.architecture
+    if not ts or arch is None:
+        return None
+    root, block = root_and_last_block(ts)
+    embedding = 0 if arch.tied_embeddings else arch.vocab_size * arch.hidden
+    before = sum(t.numel for t in block if t.name.split(".")[-2] not in _BEFORE_ATTENTION)
+    return DdpBackwardGrads(
+        grad_bytes * (sum(t.numel for t in root) - embedding),
+        grad_bytes * sum(t.numel for t in block),
+        grad_bytes * before,
+    )
 
 
 def root_and_last_block(

@@ -180,11 +180,23 @@ class FsdpBackward:
         return self.root_gathered + self.root_grads + self.block_grads + reduced
 
 
+@dataclass(frozen=True)
+class DdpBackwardGrads:
+    """The ``param.grad`` bytes DDP's backward has made by each block (see
+    ``memory._ddp_backward_grads``): the head's and the final norm's, one block's, and the part
+    of a block's made before its attention core's backward."""
+
+    root: int
+    block: int
+    block_before_attention: int
+
+
 def step_memory(
     arch: Architecture,
     batch: Batch,
     regime: Regime,
     *,
+    ddp_grads: DdpBackwardGrads | None = None,
     unsharded_after_forward: int,
     step_gradients: int,
     optimizer_temporary: int,
@@ -217,6 +229,9 @@ def step_memory(
         last_gather: the flat all-gather output still alive while a loss inside the root
             module runs (0: none).
         config: engine knobs (``holds_outputs``, ``cublas_workspace_bytes``).
+        ddp_grads: DDP's gradients made as backward goes (``None``: not DDP, or not a
+            transformers model); counted on the first micro-step, where they are not all
+            alive already.
     """
     acts = activations(arch, batch, regime)
     # logits + the loss scalar; a transformers model's key/value cache dies with its output
@@ -263,6 +278,9 @@ def step_memory(
         # the last layer's eager attention backward: the head's and the loss's saved tensors
         # are freed, the residual stream's gradient enters the layer
         res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
+        made = 0
+        if ddp_grads is not None and not accumulated_gradients:
+            made = ddp_grads.root + ddp_grads.block_before_attention
         moments["attention_backward"] = (
             end_of_forward
             - acts.head
@@ -270,6 +288,7 @@ def step_memory(
             + res * batch.tokens * arch.hidden
             + eager
             + accumulated_gradients
+            + made
         )
     if acts.recompute:
         # backward of the last checkpointed block: the saved block inputs, the caller's logits,
@@ -301,6 +320,12 @@ def step_memory(
                 recompute += max(experts - res * batch.tokens * arch.hidden, eager, 0)
         else:
             recompute += unsharded_after_forward + accumulated_gradients + eager
+            if ddp_grads is not None and not accumulated_gradients:
+                # block i's backward: the saved inputs of the blocks after it are gone, their
+                # gradients made (linear in i: the largest at the first block or the last)
+                own = ddp_grads.block_before_attention if eager else 0
+                net = ddp_grads.block - res * batch.tokens * arch.hidden
+                recompute += ddp_grads.root + own + max(net * (arch.layers - 1), 0)
         moments["recompute"] = recompute
     return StepMemory(
         activations=acts.end_of_forward,
