@@ -1093,6 +1093,8 @@ def calibrate(
 def assumptions(setup: PlanSetup) -> Assumptions:
     g = setup.gpu
     gf = setup.gpu_figures
+    modelling = setup.architecture.modelling
+    eager = modelling is not None and modelling.eager_attention
     return Assumptions(
         efficiency=setup.efficiency.value,
         efficiency_source=setup.efficiency.source,
@@ -1115,7 +1117,7 @@ def assumptions(setup: PlanSetup) -> Assumptions:
             + ("FP32 without tensor cores" if setup.precision is Precision.FP32 else "dense BF16")
             + f" ({g.source})"
         ),
-        causal_attention_fraction=1.0 if setup.padded else CAUSAL_FRACTION,
+        causal_attention_fraction=1.0 if setup.padded or eager else CAUSAL_FRACTION,
         attention_backward_factor=ATTENTION_BACKWARD_FACTOR,
         context_reserve=setup.context_reserve,
         allocator_margin=setup.allocator_margin,
@@ -1128,5 +1130,15 @@ def assumptions(setup: PlanSetup) -> Assumptions:
             ()
             if g.memory_bandwidth
             else ("no memory bandwidth given: the on-device optimizer step is counted as 0 s",)
+        )
+        + (
+            (
+                "eager attention (hf_config attn_implementation): its step time computes every "
+                "score (no causal half) at the attention efficiency stated for fused kernels "
+                "and counts its saved probabilities in the memory-bound passes; eager's step "
+                "time is not validated",
+            )
+            if eager
+            else ()
         ),
     )

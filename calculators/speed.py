@@ -437,8 +437,10 @@ def micro_step(
     kernel. ``params`` are those whose casts and gradients this rank streams (the whole model:
     FSDP2 unshards every block), ``ranks_in_group`` the ranks collectives span.
     """
+    # a padding mask, or eager attention's matmuls, compute every score
+    eager = arch.modelling is not None and arch.modelling.eager_attention
     flops = token_flops(
-        arch, batch.seq_len, batch.activation_checkpointing, causal=not batch.padded
+        arch, batch.seq_len, batch.activation_checkpointing, causal=not (batch.padded or eager)
     )
     tokens = batch.micro_batch_size * batch.seq_len
     attn_fwd = flops.attention_forward

@@ -144,6 +144,28 @@ def test_padded_batches_take_more_memory_and_every_attention_product(client: Tes
     assert peak(padded) - peak(plain) >= 5 * 2**30
 
 
+def test_eager_attention_computes_every_score_and_says_so(client: TestClient) -> None:
+    cfg = json.loads(open("bench/hf_configs/llama-3.1-8b.json").read())
+    body = {
+        "gpu": "h100-sxm",
+        "gpus": 8,
+        "global_batch_size": 64,
+        "seq_len": 4096,
+        "search": {"stages": [3], "micro_batch_size": [1], "activation_checkpointing": ["full"]},
+    }
+    sdpa = post(client, {**body, "model": {"hf_config": cfg}})
+    eager = post(client, {**body, "model": {"hf_config": {**cfg, "attn_implementation": "eager"}}})
+    assert sdpa["assumptions"]["causal_attention_fraction"] == 0.5
+    assert eager["assumptions"]["causal_attention_fraction"] == 1.0
+    assert any("eager attention" in n for n in eager["assumptions"]["notes"])
+    assert not any("eager attention" in n for n in sdpa["assumptions"]["notes"])
+    (s,), (e,) = sdpa["candidates"], eager["candidates"]
+    # twice the attention products, and passes over the saved probabilities
+    assert e["step_time"]["matmul"] > s["step_time"]["matmul"]
+    assert e["step_time"]["memory_bound"] > s["step_time"]["memory_bound"]
+    assert e["per_device"]["peak"] > s["per_device"]["peak"]
+
+
 def test_efficiency_from_the_request(client: TestClient) -> None:
     a = post(client, {**SMALL, "efficiency": 0.2})
     b = post(client, {**SMALL, "efficiency": 0.4})
