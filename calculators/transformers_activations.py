@@ -555,8 +555,10 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
     than after it, at s = 512, 1,024 and 2,048 on an H200). That is 12·S bytes written, less the
     2·S of the freed 16-bit copy, in 16-bit (and under autocast, whose cast for the matmul is
     that copy); in fp32 the probabilities are one tensor, freed only after ``softmax``'s
-    backward: 12·S. Dropout and soft-capping free more than they write before that point. The
-    gradients of ``o_proj``'s input and of v (expanded to every head) are alive beside them."""
+    backward: 12·S. Dropout and soft-capping free more than they write before that point.
+    ``o_proj``'s backward has freed the output copy it saved and the second ``bmm``'s the v it
+    saved, whose gradient (expanded to every head) is alive beside them (a live-storage count
+    of the step on the CPU, under autocast with checkpointing, holds these and no more)."""
     m = _m(arch)
     if not m.eager_attention:
         return 0
@@ -567,11 +569,20 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
     grads = (10 if sdpa == HALF_BYTES else 12) * scores
     mla = m.latent_attention
     width = arch.heads * mla.v_head_dim if mla is not None else arch.q_dim
-    grads += 2 * sdpa * t * width
+    grads += sdpa * t * width  # v's gradient, every head's
     dense = dense_layers(arch) >= arch.layers or arch.num_experts <= 1
     terms = layer_terms(arch, batch, regime, use_cache=False, masked=batch.padded, dense=dense)
     freed = terms.mlp + _mlp_inputs(arch, d, t, dense)
     freed += (3 if m.sandwich_norms else 1) * _norm_internal(arch, t, h, d.res)
+    # o_proj's backward freed its input (the output copy), the second bmm's the v it saved
+    freed += sdpa * t * width
+    if mla is not None:
+        one = batch.micro_batch_size == 1  # v a view of kv_b_proj's output, kept whole
+        nope = mla.qk_nope_head_dim
+        freed += d.lin * t * arch.heads * (nope + mla.v_head_dim) if one else sdpa * t * width
+    elif not (arch.n_kv_heads == 1 and batch.micro_batch_size == 1 and not d.autocast):
+        grouped = arch.n_kv_heads != arch.heads
+        freed += sdpa * t * (arch.q_dim if grouped else arch.kv_dim)
     return max(grads - freed, 0)
 
 

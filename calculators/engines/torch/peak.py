@@ -294,6 +294,9 @@ def step_memory(
         # backward of the last checkpointed block: the saved block inputs, the caller's logits,
         # the recomputed block and the gradient flowing in and out of it.
         res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
+        # an eager attention's backward inside the block, with the gradient entering it only
+        # (the one leaving it is not made yet)
+        in_block = eager - res * batch.tokens * arch.hidden if eager else 0
         recompute = (
             acts.layers
             + acts.embedding
@@ -317,9 +320,9 @@ def step_memory(
                 # the recomputed block's experts' backward (no gradient leaves it yet), or its
                 # eager attention's
                 experts = experts_backward(arch, batch, regime.value)
-                recompute += max(experts - res * batch.tokens * arch.hidden, eager, 0)
+                recompute += max(experts - res * batch.tokens * arch.hidden, in_block, 0)
         else:
-            recompute += unsharded_after_forward + accumulated_gradients + eager
+            recompute += unsharded_after_forward + accumulated_gradients + max(in_block, 0)
             if ddp_grads is not None and not accumulated_gradients:
                 # block i's backward: the saved inputs of the blocks after it are gone, their
                 # gradients made (linear in i: the largest at the first block or the last)
