@@ -10,12 +10,14 @@ checkpointing, at each batch shape. Needs torch and transformers (``pip install 
 ".[measure,hf]"``); about 20 s per config on one core. With ``--run-every-layer`` the trace,
 which plays the layers that repeat an earlier one (``measure/layer_repeats.py``), is also held
 equal to the trace that runs every layer (every figure, and the saved bytes per layer). With
-``--padded`` the batches carry a padding ``attention_mask`` (``Batch.padded``).
+``--padded`` the batches carry a padding ``attention_mask`` (``Batch.padded``); with
+``--attn-implementation eager`` the configs are read and traced with eager attention.
 
     python3 bench/hf_configs_check.py                      # every config, 1 × 2,048 and 2 × 4,096
     python3 bench/hf_configs_check.py bench/hf_configs/phi-4-mini.json --shapes 1x8192
     python3 bench/hf_configs_check.py --shapes 1x2048 --run-every-layer
     python3 bench/hf_configs_check.py --shapes 2x1000 --padded
+    python3 bench/hf_configs_check.py --shapes 1x600 --attn-implementation eager
 """
 
 from __future__ import annotations
@@ -37,10 +39,16 @@ CONFIGS = Path(__file__).resolve().parent / "hf_configs"
 
 
 def check(
-    path: Path, shapes: list[tuple[int, int]], run_every_layer: bool = False, padded: bool = False
+    path: Path,
+    shapes: list[tuple[int, int]],
+    run_every_layer: bool = False,
+    padded: bool = False,
+    attn_implementation: str = "sdpa",
 ) -> bool:
     """Print one config's comparisons; whether every one was equal."""
     cfg = json.loads(path.read_text())
+    if attn_implementation != "sdpa":
+        cfg["attn_implementation"] = attn_implementation
     arch = architecture_from_hf_config(cfg)
     ours, theirs = count_params(arch), trace.count_parameters(cfg)
     ok = ours == theirs
@@ -87,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also trace running every layer, and hold the played trace equal to it",
     )
     ap.add_argument("--padded", action="store_true", help="batches with a padding attention_mask")
+    ap.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "eager"])
     ns = ap.parse_args(argv)
     shapes = [(int(b), int(s)) for b, s in (shape.split("x") for shape in ns.shapes.split(","))]
     paths = ns.configs or sorted(CONFIGS.glob("*.json"))
-    results = [check(p, shapes, ns.run_every_layer, ns.padded) for p in paths]
+    results = [
+        check(p, shapes, ns.run_every_layer, ns.padded, ns.attn_implementation) for p in paths
+    ]
     print(f"{sum(results)} of {len(results)} configs equal throughout")
     return 0 if all(results) else 1
 
