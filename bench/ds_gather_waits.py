@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import deepspeed
 import torch
 from deepspeed.runtime.zero import partition_parameters as pp
-from transformers import AutoConfig, AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from measure.engines.hf import build_hf, hf_config  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent / "hf_configs" / "tinyllama-1.1b.json"
 
@@ -37,11 +41,7 @@ def run(layers: int, offload: bool, steps: int) -> list[tuple[int, int, list[str
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         body.pop(key, None)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model(**body), attn_implementation="sdpa", dtype=torch.float32
-    )
-    model.gradient_checkpointing_enable()
-    model.train()
+    model = build_hf(hf_config(body), torch.device("cpu"), checkpointing=True)
     names = {id(p): n for n, p in model.named_parameters()}
     h = int(body["hidden_size"])
     zero: dict[str, Any] = {

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def saved(model: Any, ids: Any, mask: Any) -> Counter[tuple[int, tuple[int, ...], str]]:
@@ -47,17 +50,15 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     a = ap.parse_args()
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from measure.engines.hf import build_hf, hf_config
 
     body = json.loads(Path(a.config).read_text())
     body.update(num_hidden_layers=a.layers, vocab_size=a.vocab)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         body.pop(key, None)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model(**body), attn_implementation="sdpa", dtype=torch.bfloat16
-    )
-    model.train()
+    model = build_hf(hf_config(body), torch.device("cpu"), checkpointing=False).to(torch.bfloat16)
     b, s = a.micro_batch_size, a.seq_len
     ids = torch.randint(3, a.vocab - 1, (b, s))
     ones = torch.ones(b, s, dtype=torch.long)
