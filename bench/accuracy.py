@@ -31,8 +31,10 @@ from typing import Any
 from bench.validate_deepspeed import OPS, predict
 from calculators.architecture import Architecture, count_params
 from calculators.batch import Batch, Checkpointing
+from calculators.config_resolution import Requested
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.torch.allocator import BLOCK_COMPONENTS
+from calculators.engines.torch.config import REDUCE_DTYPE, resolve_fsdp_config
 from calculators.hf_config import architecture_from_hf_config
 from calculators.memory import estimate
 from calculators.model_states import Offload, TrainingSetup
@@ -243,8 +245,9 @@ def _hf_engine_config(
     As ``RunSettings.engine_config`` builds it on a CUDA device: the loop holds its last outputs;
     torch ≥ 2.9's FSDP2 reshards the root when told to (every torch these files record); a
     DeepSpeed run gets its own config body (with ``given``, the ``engine_config`` every request
-    of the file carried: ``validate_hf --engine-config``), and no cuBLASLt workspace once an
-    earlier stage-3 engine of the process replaced ``F.linear``.
+    of the file carried: ``validate_hf --engine-config``; a torch run the body its FSDP2
+    settings decide), and no cuBLASLt workspace once an earlier stage-3 engine of the process
+    replaced ``F.linear``.
     """
     config: dict[str, Any] = {
         "holds_outputs": True,  # measure's default, which validate_hf keeps
@@ -267,6 +270,15 @@ def _hf_engine_config(
             config["cublaslt_workspace_bytes"] = 0
     else:
         config["fsdp_root_reshard_after_forward"] = True
+        if given:  # the FSDP2 settings every request carried, as measure resolved them
+            asked = Requested(
+                stages=(stage,),
+                precision=setup.precision,
+                offload=setup.offload,
+                optimizer=setup.optimizer,
+                dp=setup.dp,
+            )
+            config.update(resolve_fsdp_config(given, asked).config)
     return config
 
 
@@ -331,6 +343,8 @@ def hf_runs(path: Path) -> list[Run]:
             shown = r.family if data["size"] == "small" else f"{r.family} {size_label}"
             shown += PADDED if padded else ""
             shown += f", {attention}" if attention else ""
+            if engine == "torch" and REDUCE_DTYPE in config:  # FSDP2 reducing in 16 bits
+                shown += f", reduce {config[REDUCE_DTYPE]}"
             out.append(
                 Run(
                     r.source,
@@ -503,7 +517,7 @@ SOURCES = (
         "hf_nccl_*.json",
         hf_runs,
         "transformers 5.17, small configs unless the family names a size, micro-batch "
-        "2 × 1,024 tokens (some also 1 × 2,048, 2 × 2,048 or 1 × 4,096), mixed bf16, "
+        "2 × 1,024 tokens (some also 1 × 64 to 1 × 4,096), mixed bf16, "
         "± full checkpointing, H100/H200 (NCCL)",
         "bash bench/gpu/hf_round.sh",
     ),

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from calculators.conventions import Engine, Stage
+from calculators.engines.torch.config import REDUCE_DTYPE
 from calculators.errors import InputError
 from calculators.model_states import TrainingSetup
 from measure.compare import compare_run
@@ -67,6 +68,7 @@ class RunSettings:
     fsdp_root_reshards_after_forward: bool
     linear_patched: bool = False
     tensors: tuple[tuple[str, tuple[int, ...], str], ...] | None = None
+    reduce_dtype: str | None = None
 
     def engine_config(self, engine: Engine, ds_body: dict[str, Any] | None) -> dict[str, Any]:
         """The calculator's ``engine_config`` keys for these facts (its input format)."""
@@ -77,6 +79,8 @@ class RunSettings:
                 config["cublaslt_workspace_bytes"] = 0  # no cuBLASLt, or F.linear replaced
         else:
             config["fsdp_root_reshard_after_forward"] = self.fsdp_root_reshards_after_forward
+            if self.reduce_dtype is not None:
+                config[REDUCE_DTYPE] = self.reduce_dtype
         if self.compute_capability_major is not None:
             config["compute_capability_major"] = self.compute_capability_major
         if self.device_type != "cuda":
@@ -111,6 +115,8 @@ def run_settings(
         # model orders its parameters its own way, and ZeroRedundancyOptimizer's partition
         # and FSDP2's groups follow that order
         tensors=None if ms.model.kind is ModelKind.GPT else tuple(workload.tensors),
+        # FSDP2 reduces in the 16-bit dtype where the request's engine_config decided so
+        reduce_dtype=ms.engine_config.get(REDUCE_DTYPE) if ms.engine is Engine.TORCH else None,
     )
 
 

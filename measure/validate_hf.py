@@ -265,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         "--engine-config",
         type=json.loads,
         default=None,
-        help="JSON object every run's request carries as engine_config (DeepSpeed knobs)",
+        help="JSON object every run's request carries as engine_config (DeepSpeed knobs; FSDP2 "
+        "settings under engine torch)",
     )
     ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])

@@ -4,8 +4,9 @@ measured on one rank (build, warm up, count collectives, probe memory per phase,
 - stage 0: ``DistributedDataParallel`` over fp32 parameters with autocast (mixed precision);
 - stage 1: the same plus ``ZeroRedundancyOptimizer(optimizer_class=Adam)``;
 - stage 2 / 3: FSDP2 ``fully_shard`` on every block, then the root, with
-  ``MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)`` and
-  ``reshard_after_forward`` False / True.
+  ``MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)`` (or the 16-bit dtype where
+  the request's ``engine_config`` decides ``reduce_dtype``) and ``reshard_after_forward``
+  False / True.
 
 ``fp32`` uses no autocast and no policy; pure ``bf16`` casts the parameters to bf16.
 In a simulated world (the fake process group) DDP gets a communication hook that all-reduces
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from calculators.conventions import Optimizer, Precision, Stage
+from calculators.engines.torch.config import REDUCE_DTYPE
 from calculators.errors import InputError
 from calculators.traffic import GradSync
 from measure.comms import CommCounter
@@ -101,7 +103,10 @@ def build_engine(
     optimizer: Optimizer,
     device: torch.device,
     simulated: bool,
+    reduce_in_half: bool = False,
 ) -> Engine:
+    """The engine of ``stage``; ``reduce_in_half``: FSDP2 reduce-scatters in the 16-bit
+    param dtype instead of fp32 (mixed precision only)."""
     world = dist.get_world_size()
     half = half_dtype(precision)
     opt_cls, opt_kwargs = make_optimizer_class(optimizer)
@@ -137,7 +142,8 @@ def build_engine(
     mesh = init_device_mesh(device.type, (world,))
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": stage is Stage.PARAMETERS}
     if mixed:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+        reduce = half if reduce_in_half else torch.float32
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce)
     for unit in shard_units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
@@ -210,6 +216,7 @@ def _measure(
         spec.optimizer,
         device,
         simulated,
+        reduce_in_half=spec.engine_config.get(REDUCE_DTYPE) is not None,
     )
     sync(device)
     phases: dict[str, int] = {"after_init": mem.allocated()}

@@ -539,9 +539,15 @@ def test_fsdp2_settings_are_what_the_engine_models(
         ({"fsdp_sharding_strategy": "NO_SHARD"}, "engine_config.fsdp_sharding_strategy"),
         ({"fsdp_version": 1}, "engine_config.fsdp_version"),
         (
-            {"mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}},
+            {"mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float16"}},
             "engine_config.mixed_precision.reduce_dtype",
         ),
+        (
+            {"mixed_precision": {"param_dtype": None, "reduce_dtype": "bfloat16"}},
+            "engine_config.mixed_precision.reduce_dtype",
+        ),
+        # the request's precision is mixed_fp16 by default: a bf16 reduce is no param dtype
+        ({"reduce_dtype": "bfloat16"}, "engine_config.reduce_dtype"),
         (
             {
                 "mixed_precision": {
@@ -590,6 +596,43 @@ def test_fsdp2_contradictions_name_both_fields(
         client, "/v1/memory", {**TORCH, **request_fields, "engine_config": config}, status=422
     )
     assert fields(body) == named
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}},
+        {"mp_policy": {"param_dtype": "bf16"}},  # null: FSDP2 reduces in the gradients' dtype
+        {"mp_policy": {"param_dtype": "bfloat16", "reduce_dtype": None, "output_dtype": "bf16"}},
+        {"reduce_dtype": "bfloat16"},
+    ],
+)
+def test_fsdp2_reducing_in_16_bits_halves_what_the_reduce_scatter_moves(
+    client: TestClient, config: dict[str, Any]
+) -> None:
+    """FSDP2's reduce-scatter in the param dtype: its bytes and buffers halve, states stay."""
+    request = {
+        **TORCH,
+        "model": {"preset": "llama3-8b"},
+        "stages": [2, 3],
+        "precision": "mixed_bf16",
+    }
+    half = post(client, "/v1/memory", {**request, "engine_config": config})
+    full = post(client, "/v1/memory", request)
+    for h, f in zip(half["stages"], full["stages"], strict=True):
+        assert h["per_device"]["resident"] == f["per_device"]["resident"]
+        assert h["per_device"]["peak"] <= f["per_device"]["peak"]
+        block = "peak_candidate_block_backward"  # the moments holding a reduce-scatter input
+        assert h["components"][block] < f["components"][block]
+        assert any("reduce-scattered in 16-bit" in n for n in h["notes"])
+    question = {k: v for k, v in request.items() if k != "batch"}
+    sent = post(client, "/v1/communication", {**question, "engine_config": config})
+    plain = post(client, "/v1/communication", question)
+    for h, f in zip(sent["stages"], plain["stages"], strict=True):
+        rs = [c for c in h["collectives"] if c["op"] == "reduce_scatter"]
+        rs_full = [c for c in f["collectives"] if c["op"] == "reduce_scatter"]
+        assert [c["dtype"] for c in rs] == ["bf16"]
+        assert rs[0]["sent_bytes_per_rank"] * 2 == rs_full[0]["sent_bytes_per_rank"]
 
 
 def test_readme_deepspeed_example_runs(client: TestClient) -> None:

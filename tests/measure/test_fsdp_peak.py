@@ -28,6 +28,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from calculators.architecture import Architecture  # noqa: E402
 from calculators.batch import Batch  # noqa: E402
 from calculators.conventions import Engine, Optimizer, Precision, Stage  # noqa: E402
+from calculators.engines.torch.config import REDUCE_DTYPE  # noqa: E402
 from calculators.engines.torch.memory import estimate  # noqa: E402
 from calculators.model_states import TrainingSetup  # noqa: E402
 from measure.engines.pytorch import build_engine, root_reshards_after_forward  # noqa: E402
@@ -64,7 +65,7 @@ class PeakStorages(LiveStorages):
         return self.live_bytes()
 
 
-def _measured(world: int, stage: Stage) -> tuple[int, int]:
+def _measured(world: int, stage: Stage, reduce_in_half: bool = False) -> tuple[int, int]:
     """(resident, peak) of rank 0's third step, as measure's loop runs it."""
     arch = Architecture(**ARCH)
     workload = gpt_workload(arch, 1, TOKENS)
@@ -82,6 +83,7 @@ def _measured(world: int, stage: Stage) -> tuple[int, int]:
                 Optimizer.ADAM,
                 cpu,
                 True,
+                reduce_in_half=reduce_in_half,
             )
             held: list[torch.Tensor] = []
             for step in range(3):
@@ -99,7 +101,8 @@ def _measured(world: int, stage: Stage) -> tuple[int, int]:
         dist.destroy_process_group()
 
 
-def _predicted(world: int, stage: Stage) -> tuple[int, int, str]:
+def _predicted(world: int, stage: Stage, reduce_in_half: bool = False) -> tuple[int, int, str]:
+    reduce = {"reduce_dtype": "bfloat16"} if reduce_in_half else {}
     setup = TrainingSetup(
         params=1,
         dp=world,
@@ -113,6 +116,7 @@ def _predicted(world: int, stage: Stage) -> tuple[int, int, str]:
             "fsdp_root_reshard_after_forward": root_reshards_after_forward(),
             "cublas_workspace_bytes": 0,
             "caching_allocator": False,
+            **reduce,
         },
     )
     est = estimate(setup, stage)
@@ -140,6 +144,24 @@ def test_fsdp2_peak_matches_the_step(world: int, stage: Stage, moment: str) -> N
     assert p_moment == moment, (p_peak, peak)
 
 
+@pytest.mark.parametrize(
+    ("world", "stage", "moment"),
+    [
+        # with 16-bit reduce-scatter buffers the blocks' backward holds less: the root's own
+        # pre-backward, its flat all-gather output and its copy-out alive together, is larger
+        (64, Stage.PARAMETERS, "root_backward_gather"),
+        (4, Stage.PARAMETERS, "root_backward_gather"),
+        (64, Stage.GRADIENTS, "loss_backward"),
+    ],
+)
+def test_fsdp2_peak_reducing_in_16_bits(world: int, stage: Stage, moment: str) -> None:
+    resident, peak = _measured(world, stage, reduce_in_half=True)
+    p_resident, p_peak, p_moment = _predicted(world, stage, reduce_in_half=True)
+    assert abs(p_resident - resident) <= 0.005 * resident
+    assert abs(p_peak - peak) <= 0.005 * peak, (p_peak, peak)
+    assert p_moment == moment, (p_peak, peak)
+
+
 # the phase of the step each predicted moment belongs to
 PHASE = {
     "loss_forward": "forward",
@@ -148,21 +170,34 @@ PHASE = {
     "block_backward": "backward",
     "recompute": "backward",
     "root_reduction": "backward",
+    "root_backward_gather": "backward",
     "optimizer_step": "step",
 }
 
 
-def _hf_step(family: str, world: int, stage: Stage, checkpointing: str) -> dict[str, Any]:
+def _hf_step(
+    family: str,
+    world: int,
+    stage: Stage,
+    checkpointing: str,
+    engine_config: dict[str, Any] | None = None,
+    seq_len: int = 64,
+    vocab_size: int | None = None,
+) -> dict[str, Any]:
     """Rank 0's second step of a transformers model under FSDP2, as measure's loop runs it,
-    beside the calculator's prediction for the same request."""
+    beside the calculator's prediction for the same request (``engine_config``: the FSDP2
+    settings the request carries)."""
     from measure.engines.pytorch import build_engine as build
     from measure.hf_families import family_config
     from measure.runner import run_settings, training_setup
     from measure.spec import parse_spec
     from measure.workloads import build_workload
 
+    hf_config = family_config(family, "tiny")
+    if vocab_size is not None:
+        hf_config["vocab_size"] = vocab_size
     body = {
-        "model": {"hf_config": family_config(family, "tiny")},
+        "model": {"hf_config": hf_config},
         "dp": world,
         "stages": [int(stage)],
         "precision": "mixed_bf16",
@@ -170,9 +205,15 @@ def _hf_step(family: str, world: int, stage: Stage, checkpointing: str) -> dict[
         "engine": "torch",
         "mode": "simulated",
         "device": "cpu",
-        "batch": {"micro_batch_size": 2, "seq_len": 64, "activation_checkpointing": checkpointing},
+        "batch": {
+            "micro_batch_size": 2,
+            "seq_len": seq_len,
+            "activation_checkpointing": checkpointing,
+        },
         "allow_slow_cpu": True,
     }
+    if engine_config is not None:
+        body["engine_config"] = engine_config
     spec = parse_spec(body)
     workload = build_workload(spec)
     cpu = torch.device("cpu")
@@ -193,6 +234,7 @@ def _hf_step(family: str, world: int, stage: Stage, checkpointing: str) -> dict[
                 spec.optimizer,
                 cpu,
                 True,
+                reduce_in_half=REDUCE_DTYPE in spec.engine_config,
             )
             held: list[torch.Tensor] = []
             for step in range(2):
@@ -253,3 +295,30 @@ def test_fsdp2_peak_of_transformers_models(
     assert abs(got["p_peak"] - got["peak"]) <= 0.005 * got["peak"], got
     assert got["p_moment"] == moment, got
     assert got["phase"] == PHASE[moment], got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "stage", "engine_config", "moment"),
+    [
+        # a tied head's gradient, the embedding's dense one and autograd's sum of the two, all
+        # alive in the embedding's backward beside the root still gathered
+        ("qwen3", Stage.PARAMETERS, None, "block_backward"),
+        ("qwen3", Stage.GRADIENTS, None, "block_backward"),
+        # untied and reducing in 16 bits: the root's pre-backward copy-out
+        ("llama", Stage.PARAMETERS, {"mp_policy": {"param_dtype": "bfloat16"}}, None),
+    ],
+)
+def test_fsdp2_peak_with_a_large_vocabulary_and_few_tokens(
+    family: str, stage: Stage, engine_config: dict[str, Any] | None, moment: str | None
+) -> None:
+    """A vocabulary of 8,192 over a hidden size of 64 at 2 x 4 tokens, Nd 8: the root's
+    moments (embedding backward, the root's gather in backward) outgrow the blocks' and the
+    loss's."""
+    pytest.importorskip("transformers")
+    got = _hf_step(family, 8, stage, "none", engine_config, seq_len=4, vocab_size=8192)
+    assert abs(got["p_resident"] - got["resident"]) <= 0.005 * got["resident"], got
+    assert abs(got["p_peak"] - got["peak"]) <= 0.005 * got["peak"], got
+    if moment is not None:
+        assert got["p_moment"] == moment, got
+    assert got["phase"] == "backward", got

@@ -10,7 +10,13 @@ torch 2.11: ``reshard_after_forward``, ``mp_policy`` / ``mixed_precision`` as
 
 What the torch engine models: ``fully_shard`` on every block then the root, reshard after
 forward True (stage 3) or False (stage 2), ``MixedPrecisionPolicy(param_dtype=bf16 or fp16,
-reduce_dtype=fp32)`` or none (fp32), no CPU offload. Anything else is refused naming its key.
+reduce_dtype=fp32 or the param dtype)`` or none (fp32), no CPU offload. Anything else is
+refused naming its key.
+
+A policy that reduces in the 16-bit param dtype (``reduce_dtype`` equal to ``param_dtype``, or
+null, which FSDP2 reads as the gradients' dtype) is passed on to the engine model as
+``reduce_dtype`` in the decided body (:func:`reduce_bytes` reads it): the reduce-scatter then
+runs in 16 bits and each reduced shard is cast to the fp32 parameters' dtype.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from calculators.config_resolution import (
     contradiction,
     decided_stages,
 )
-from calculators.conventions import Precision, Stage
+from calculators.conventions import FP32_BYTES, HALF_BYTES, Precision, Stage
 from calculators.errors import InputError
 
 # Keys the torch engine model itself reads (calculators.engines.torch.memory / peak / traffic).
@@ -80,6 +86,10 @@ _DTYPES = {
     "torch.float32": "float32",
 }
 _MIXED = {"bfloat16": Precision.MIXED_BF16, "float16": Precision.MIXED_FP16}
+_HALF_OF = {mixed: name for name, mixed in _MIXED.items()}
+# The decided body's key for a 16-bit reduce (absent: FSDP2 reduces in fp32 under a mixed
+# precision, in the parameters' dtype otherwise); also the policy field's top-level spelling.
+REDUCE_DTYPE = "reduce_dtype"
 _WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP",)
 
 
@@ -169,6 +179,8 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
     stage_key = ""
     precision = req.precision
     checkpointing: bool | None = None
+    reduce_from: tuple[str, str | None] | None = None  # (where, 16-bit dtype or None: fp32)
+    top_reduce: tuple[str, str | None] | None = None
     for key, (where, value) in flat.items():
         if key in ENGINE_KEYS:
             body[key] = value
@@ -200,7 +212,10 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
             stage, stage_key = found, where
             values.append(Resolved(where, value, f"config: stage {int(found)}"))
         elif key in ("mixed_precision", "mp_policy", "mixed_precision_policy"):
-            precision = _mixed_precision(value, where, req, values)
+            precision, policy_reduce = _mixed_precision(value, where, req, values)
+            reduce_from = (f"{where}.reduce_dtype", policy_reduce)
+        elif key == REDUCE_DTYPE:
+            top_reduce = (where, _dtype(value, where))
         elif key in ("offload_policy", "fsdp_offload_params", "cpu_offload"):
             if not _is_off(value):
                 raise InputError(
@@ -239,8 +254,18 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
                 f"{CONFIG}.{where}", f"not an FSDP2 setting the torch engine reads ({accepted})"
             )
     stages, _ = decided_stages(req, stage, stage_key)
+    half = _reduce_in_half(precision, reduce_from, top_reduce)
     if not any(k in flat for k in ("mixed_precision", "mp_policy", "mixed_precision_policy")):
-        values.append(Resolved("mixed_precision", None, _precision_from_request(req)))
+        values.append(Resolved("mixed_precision", None, _precision_from_request(req, half)))
+    if half is not None:
+        body[REDUCE_DTYPE] = half
+    if top_reduce is not None:
+        reduced = half or ("float32" if precision.is_mixed else "the parameters' dtype")
+        values.append(
+            Resolved(
+                top_reduce[0], flat[REDUCE_DTYPE][1], f"config: gradients reduced in {reduced}"
+            )
+        )
     if checkpointing is not None:
         if req.checkpointing_full is None:
             notes.append(
@@ -273,12 +298,14 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
     )
 
 
-def _precision_from_request(req: Requested) -> str:
-    """How the request's precision reads as a MixedPrecisionPolicy (stages 2 and 3)."""
+def _precision_from_request(req: Requested, half: str | None) -> str:
+    """How the request's precision reads as a MixedPrecisionPolicy (stages 2 and 3), reducing
+    in ``half`` where the config's ``reduce_dtype`` says so."""
     default = "" if req.given("precision") else " (its default)"
+    reduce = half or "float32"
     policy = {
-        Precision.MIXED_BF16: "param_dtype bfloat16, reduce_dtype float32",
-        Precision.MIXED_FP16: "param_dtype float16, reduce_dtype float32",
+        Precision.MIXED_BF16: f"param_dtype bfloat16, reduce_dtype {reduce}",
+        Precision.MIXED_FP16: f"param_dtype float16, reduce_dtype {reduce}",
         Precision.FP32: "none (float32 throughout)",
         Precision.BF16: "none (parameters cast to bfloat16)",
     }[req.precision]
@@ -288,8 +315,11 @@ def _precision_from_request(req: Requested) -> str:
     )
 
 
-def _mixed_precision(value: Any, where: str, req: Requested, values: list[Resolved]) -> Precision:
-    """The precision a ``MixedPrecisionPolicy`` means for the torch engine."""
+def _mixed_precision(
+    value: Any, where: str, req: Requested, values: list[Resolved]
+) -> tuple[Precision, str | None]:
+    """The precision a ``MixedPrecisionPolicy`` means for the torch engine, and the 16-bit dtype
+    it reduces gradients in (``None``: float32)."""
     if not isinstance(value, Mapping):
         raise InputError(
             f"{CONFIG}.{where}", "must be an object: {param_dtype, reduce_dtype, output_dtype}"
@@ -299,11 +329,8 @@ def _mixed_precision(value: Any, where: str, req: Requested, values: list[Resolv
             raise InputError(f"{CONFIG}.{where}.{key}", "not a MixedPrecisionPolicy field")
     param = _dtype(value.get("param_dtype"), f"{where}.param_dtype")
     reduce = _dtype(value.get("reduce_dtype"), f"{where}.reduce_dtype")
-    if _dtype(value.get("output_dtype"), f"{where}.output_dtype") is not None:
-        raise InputError(
-            f"{CONFIG}.{where}.output_dtype",
-            "not modelled: the torch engine keeps the forward outputs' dtype (output_dtype null)",
-        )
+    output = _dtype(value.get("output_dtype"), f"{where}.output_dtype")
+    half: str | None = None
     if param in (None, "float32"):
         if reduce not in (None, "float32"):
             raise InputError(
@@ -311,15 +338,21 @@ def _mixed_precision(value: Any, where: str, req: Requested, values: list[Resolv
                 "not modelled: a 16-bit reduce under fp32 parameters",
             )
         decided = Precision.FP32
-    elif reduce != "float32":
+    elif reduce not in ("float32", None, param):
         raise InputError(
             f"{CONFIG}.{where}.reduce_dtype",
-            f"not modelled: the torch engine reduce-scatters gradients in float32 "
-            f"(reduce_dtype float32 with param_dtype {param}); "
-            f"{'null reduces in param_dtype' if reduce is None else f'{reduce} is not modelled'}",
+            f"not modelled: the torch engine reduce-scatters gradients in float32 or in the "
+            f"param_dtype ({param}), not {reduce}",
         )
     else:
         decided = _MIXED[param]
+        half = None if reduce == "float32" else param  # null: the gradients' dtype, param_dtype
+    if output not in (None, param if decided.is_mixed else "float32"):
+        raise InputError(
+            f"{CONFIG}.{where}.output_dtype",
+            "not modelled: the torch engine keeps the forward outputs' dtype (output_dtype null, "
+            "or the param_dtype the logits already have)",
+        )
     if req.given("precision") and req.precision is not decided:
         raise contradiction(
             "precision",
@@ -327,5 +360,58 @@ def _mixed_precision(value: Any, where: str, req: Requested, values: list[Resolv
             f"precision {req.precision.value} contradicts the config's MixedPrecisionPolicy "
             f"({decided.value})",
         )
-    values.append(Resolved(where, dict(value), f"config: precision {decided.value}"))
-    return decided
+    reduces = f", gradients reduced in {half or 'float32'}" if decided.is_mixed else ""
+    values.append(Resolved(where, dict(value), f"config: precision {decided.value}{reduces}"))
+    return decided, half
+
+
+def _reduce_in_half(
+    precision: Precision,
+    policy: tuple[str, str | None] | None,
+    top: tuple[str, str | None] | None,
+) -> str | None:
+    """The 16-bit dtype FSDP2 reduces in under ``precision`` (``None``: float32 under a mixed
+    precision; otherwise the parameters' own dtype), from the policy or a top-level
+    ``reduce_dtype``, which must agree with each other and with the precision."""
+    if top is None:
+        return None if policy is None else policy[1]
+    where, given = top
+    half = _HALF_OF.get(precision)
+    if half is None:
+        own = "bfloat16" if precision is Precision.BF16 else "float32"
+        if given not in (None, own):
+            raise InputError(
+                f"{CONFIG}.{where}",
+                f"not modelled: precision {precision.value} reduces in {own}",
+            )
+        return None
+    if given not in (None, "float32", half):
+        raise InputError(
+            f"{CONFIG}.{where}",
+            f"not modelled: the torch engine reduce-scatters gradients in float32 or in the "
+            f"param dtype ({half}), not {given}",
+        )
+    found = half if given in (None, half) else None
+    if policy is not None and policy[1] != found:
+        raise InputError(
+            f"{CONFIG}.{where}",
+            f"contradicts {CONFIG}.{policy[0]}",
+            also=(f"{CONFIG}.{policy[0]}",),
+        )
+    return found
+
+
+def reduce_bytes(config: Mapping[str, Any], precision: Precision) -> int:
+    """Element bytes of FSDP2's reduce-scatter under ``precision`` and the decided body
+    ``config``: fp32 under a mixed precision unless ``reduce_dtype`` names its 16-bit dtype;
+    the parameters' own dtype otherwise."""
+    value = config.get(REDUCE_DTYPE)
+    own = {Precision.FP32: "float32", Precision.BF16: "bfloat16"}.get(precision, "float32")
+    allowed = {own, _HALF_OF.get(precision, own)}
+    name = _dtype(value, REDUCE_DTYPE) if value is not None else own
+    if name not in allowed:
+        raise InputError(
+            f"{CONFIG}.{REDUCE_DTYPE}",
+            f"must be one of {', '.join(sorted(allowed))} under precision {precision.value}",
+        )
+    return FP32_BYTES if name == "float32" else HALF_BYTES

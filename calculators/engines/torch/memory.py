@@ -15,7 +15,10 @@
   ``padded_sharded_size = chunks[0].size()``), rank 0's chunk is full, so its gradient (a view
   of the reduce-scatter output, ``_fsdp_collectives.foreach_reduce``) and Adam states
   (``zeros_like`` of the local shard) are padded-sized too. ``MixedPrecisionPolicy(param_dtype,
-  reduce_dtype=fp32)``: all-gather in the 16-bit dtype, reduce-scatter in fp32.
+  reduce_dtype=fp32)``: all-gather in the 16-bit dtype, reduce-scatter in fp32; with
+  ``reduce_dtype`` the param dtype (``engine_config["reduce_dtype"]``) the reduce-scatter input
+  and output are 16-bit, and the output is cast to an fp32 shard
+  (``_to_dtype_if_needed(reduce_output, orig_dtype)``) before the 16-bit one is freed.
 
 ``resident`` is what stays allocated between steps after ``zero_grad(set_to_none=True)``.
 Adam's ``step`` counters live on the CPU unless ``capturable``/``fused`` (torch/optim/adam.py),
@@ -28,7 +31,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from calculators.activations import INDEX_BYTES, Regime
 from calculators.architecture import tensor_counts
@@ -49,6 +52,7 @@ from calculators.engines.torch.allocator import (
     block_excess,
     rounding_only,
 )
+from calculators.engines.torch.config import reduce_bytes
 from calculators.engines.torch.peak import (
     DdpBackwardGrads,
     FsdpBackward,
@@ -100,16 +104,20 @@ class Dtypes:
     """The gradient the optimizer reads (DDP buckets, FSDP2 reduce_dtype)."""
     compute: int
     """The copy forward runs on (FSDP2 all-gather dtype)."""
+    reduce: int
+    """FSDP2's reduce-scatter buffers (its ``reduce_dtype``)."""
 
 
-def dtypes(precision: Precision) -> Dtypes:
+def dtypes(precision: Precision, reduce: int | None = None) -> Dtypes:
+    """Element bytes under ``precision``; ``reduce``: FSDP2's reduce-scatter element bytes
+    (``calculators.engines.torch.config.reduce_bytes``; default: the gradients')."""
     if precision is Precision.FP32:
-        return Dtypes(FP32_BYTES, FP32_BYTES, FP32_BYTES)
+        return Dtypes(FP32_BYTES, FP32_BYTES, FP32_BYTES, reduce or FP32_BYTES)
     if precision is Precision.BF16:  # parameters cast to bf16, no policy: everything 16-bit
-        return Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES)
+        return Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES, reduce or HALF_BYTES)
     # mixed: fp32 params, autocast (DDP) or MixedPrecisionPolicy(param_dtype=16-bit,
-    # reduce_dtype=fp32) (FSDP2); DDP grads are in the parameter dtype (fp32)
-    return Dtypes(FP32_BYTES, FP32_BYTES, HALF_BYTES)
+    # reduce_dtype=fp32 or 16-bit) (FSDP2); DDP grads are in the parameter dtype (fp32)
+    return Dtypes(FP32_BYTES, FP32_BYTES, HALF_BYTES, reduce or FP32_BYTES)
 
 
 def _short_dim0(setup: TrainingSetup) -> str | None:
@@ -223,7 +231,10 @@ def _shares(setup: TrainingSetup, stage: Stage) -> Shares:
 def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
     """What rank 0 allocates under ``stage`` (module docstring)."""
     n_states = _check(setup)
-    d = dtypes(setup.precision)
+    fsdp = stage >= Stage.GRADIENTS
+    d = dtypes(setup.precision, reduce_bytes(setup.engine_config or {}, setup.precision))
+    if not fsdp:  # DDP reduces its fp32 buckets whatever an FSDP2 policy says
+        d = replace(d, reduce=d.gradient)
     share = _shares(setup, stage)
     params = share.params * d.parameter
     grads = share.grads * d.gradient
@@ -253,6 +264,11 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
             "gradients are freed by zero_grad(set_to_none=True)"
             + ("" if share.exact else "; padding ignored: no tensor shapes given"),
         ]
+        if d.reduce != d.gradient:
+            notes.append(
+                f"gradients reduce-scattered in {d.reduce * 8}-bit (reduce_dtype), each "
+                "reduced shard cast to the fp32 gradient the optimizer reads"
+            )
         excess, excess_note = _allocator_blocks(setup, d, n_states)
         if excess is not None:
             components[SHARD_BLOCKS] = excess.shards
@@ -365,7 +381,7 @@ def _step(
         regime = Regime.HALF  # FSDP2 MixedPrecisionPolicy: bf16 parameters and activations
     else:
         regime = Regime.AUTOCAST  # DDP: fp32 parameters under torch.autocast
-    unsharded = gathered_for_loss = 0
+    unsharded = gathered_for_loss = root_copy_out = 0
     if stage is Stage.GRADIENTS:
         # reshard_after_forward=False: every unit stays gathered (N × padded shard) until its
         # backward ends (_fsdp_param_group.py post_forward).
@@ -382,6 +398,10 @@ def _step(
             # prefetch gathers the last block (_fsdp_param_group.py pre_backward,
             # _backward_prefetch). Both stay alive through the loss gradients.
             gathered_for_loss = (0 if unsharded else root) + last_block
+        if not unsharded:
+            # the root's pre-backward copies its parameters out of the flat all-gather output
+            # (wait_for_unshard, foreach_all_gather_copy_out): both alive together
+            root_copy_out = 2 * root
     # DDP: each param.grad is its own tensor besides the bucket (gradient_as_bucket_view=False);
     # FSDP2: the sharded fp32 gradients.
     step_grads = share.grads * d.gradient
@@ -398,9 +418,12 @@ def _step(
         ts = param_tensors(setup) or []
         root_tensors, _ = root_and_last_block(ts)
         root_shard = fsdp_shard_total(root_tensors, setup.dp)
-        root_reduction = (
-            sum(t.numel for t in root_tensors) * d.compute + setup.dp * root_shard * d.gradient
-        )
+        root_input = setup.dp * root_shard * d.reduce
+        root_reduction = sum(t.numel for t in root_tensors) * d.compute + root_input
+        if d.reduce != d.gradient:
+            # after the copy-in the unsharded gradients are freed; the 16-bit output is cast
+            # to the fp32 shard while both are alive
+            root_reduction = max(root_reduction, root_input + root_shard * (d.reduce + d.gradient))
         if batch.grad_accumulation_steps == 1:
             root_reduction += step_grads - root_shard * d.gradient
         fsdp_backward = _fsdp_backward(setup, stage, d, ts)
@@ -432,6 +455,7 @@ def _step(
         optimizer_temporary=temporary,
         accumulated_gradients=step_grads if batch.grad_accumulation_steps > 1 else 0,
         gathered_for_loss=gathered_for_loss,
+        root_copy_out=root_copy_out,
         root_reduction=root_reduction,
         fsdp_backward=fsdp_backward,
         forward_gathered=forward_gathered,
@@ -546,15 +570,20 @@ def _fsdp_backward(
     # the final norm and head (the embedding's gradient, when the head is tied to it), whose
     # backward runs before the blocks'
     after_blocks = sum(t.numel * c for t, c in tensor_counts(arch) if t.stage_hint == "last")
+    embedding = arch.vocab_size * (arch.embed_proj_dim or arch.hidden)
+    # the embedding's dense gradient; tied, also the sum with the head's (autograd.InputBuffer)
+    embedding_grads = embedding * (2 if arch.tied_embeddings else 1)
     if arch.tied_embeddings:
-        after_blocks += arch.vocab_size * (arch.embed_proj_dim or arch.hidden)
+        after_blocks += embedding
     return FsdpBackward(
         layers=blocks(ts),
         root_gathered=n * root_shard * d.compute,
         root_grads=after_blocks * d.compute,
         block_gathered=n * block_shard * d.compute,
         block_grads=sum(t.numel for t in last) * d.compute,
-        reduce_input=n * block_shard * d.gradient,
+        reduce_input=n * block_shard * d.reduce,
         block_shard_grad=block_shard * d.gradient,
         prefetch=stage is Stage.PARAMETERS,
+        cast_output=block_shard * d.reduce if d.reduce != d.gradient else 0,
+        embedding_grads=embedding_grads * d.compute if arch.modelling is not None else 0,
     )

@@ -133,6 +133,11 @@ class FsdpBackward:
         block_shard_grad: one block's reduced gradient shard (padded shard, reduce dtype).
         prefetch: ``reshard_after_forward=True``: each block is gathered again for backward and
             the next one prefetched; ``False``: the blocks not yet run backward stay gathered.
+        cast_output: one block's 16-bit reduce-scatter output, alive while it is cast to the
+            fp32 shard (``reduce_dtype`` the param dtype; 0: the output is the shard).
+        embedding_grads: what the token embedding's backward adds to the root's gradients:
+            its dense weight gradient, and where the head is tied to it the sum autograd makes
+            of that and the head's gradient (``InputBuffer``, out of place), all three alive.
     """
 
     layers: int
@@ -143,6 +148,8 @@ class FsdpBackward:
     reduce_input: int
     block_shard_grad: int
     prefetch: bool
+    cast_output: int = 0
+    embedding_grads: int = 0
 
     def at_block_start(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds when block ``i``'s backward starts (no gradient of it yet)."""
@@ -157,6 +164,34 @@ class FsdpBackward:
         """Bytes FSDP2 holds while block ``i``'s post-backward copies its gradients into the
         reduce-scatter input: the block resharded, the previous input dropped."""
         return self._gathered(i, False) + self.reduce_input + self._common(i, accumulated_gradients)
+
+    def at_cast(self, i: int, accumulated_gradients: int) -> int:
+        """Bytes FSDP2 holds while block ``i``'s 16-bit reduce-scatter output is cast to its
+        fp32 shard (``_to_dtype_if_needed``): the unsharded gradients freed after the copy-in,
+        the input kept, both outputs alive."""
+        reduced = accumulated_gradients or (self.layers - 1 - i) * self.block_shard_grad
+        return (
+            self._gathered(i, False)
+            + self.reduce_input
+            + self.root_gathered
+            + self.root_grads
+            + reduced
+            + self.cast_output
+            + self.block_shard_grad
+        )
+
+    def at_embedding(self, accumulated_gradients: int) -> int:
+        """Bytes FSDP2 holds during the token embedding's backward, after every block's: the
+        root still gathered (its post-backward runs from the final callback), the gradients
+        of the root's parameters, block 0's reduce-scatter input and every block's shard."""
+        reduced = accumulated_gradients or self.layers * self.block_shard_grad
+        return (
+            self.root_gathered
+            + self.root_grads
+            + self.embedding_grads
+            + self.reduce_input
+            + reduced
+        )
 
     def at_gather(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds while block ``i``'s pre-backward copies its prefetched all-gather
@@ -202,6 +237,7 @@ def step_memory(
     optimizer_temporary: int,
     accumulated_gradients: int = 0,
     gathered_for_loss: int = 0,
+    root_copy_out: int = 0,
     root_reduction: int = 0,
     fsdp_backward: FsdpBackward | None = None,
     forward_gathered: int = 0,
@@ -221,6 +257,9 @@ def step_memory(
             backward (gradient accumulation).
         gathered_for_loss: 16-bit parameter bytes gathered again before the loss's backward
             (FSDP2 with ``reshard_after_forward=True`` when the loss is the root's output).
+        root_copy_out: bytes alive while the root's pre-backward copies its gathered
+            parameters out of the flat all-gather output, both together (FSDP2 with the root
+            resharded after forward; 0: none).
         root_reduction: bytes of gradients alive when FSDP2 reduces its root unit at the end of
             backward (0: no such moment).
         fsdp_backward: what FSDP2 holds during the blocks' backward (``None``: not FSDP2).
@@ -266,6 +305,15 @@ def step_memory(
             + hidden
             + (hidden if embeds else 0)
             + held
+        )
+    if root_copy_out:
+        # the root's pre-backward hook sits on its outputs: on the loss a transformers model
+        # returns, it runs before any gradient is made; on the logits of a model whose loss the
+        # caller computes, after the loss's backward, its saved tensors freed and the logits'
+        # gradient made
+        after_loss = 0 if arch.modelling is not None else acts.logits - acts.loss
+        moments["root_backward_gather"] = (
+            end_of_forward + after_loss + root_copy_out + accumulated_gradients
         )
     if root_reduction:
         moments["root_reduction"] = held + root_reduction + accumulated_gradients
@@ -375,6 +423,8 @@ def _block_backward(
         below = acts.logits + acts.embedding + i * per_block
         moments.append(below + in_block + fsdp.at_block_end(i, accumulated_gradients))
         moments.append(below + leaving + fsdp.at_reduce(i, accumulated_gradients))
+        if fsdp.cast_output:
+            moments.append(below + leaving + fsdp.at_cast(i, accumulated_gradients))
         entering = per_block + leaving  # block i's saved tensors and the gradient entering it
         if fsdp.prefetch:
             # before block i's backward
@@ -384,4 +434,8 @@ def _block_backward(
             # gradient of the rest yet
             start = fsdp.at_block_start(i, accumulated_gradients)
             moments.append(below + entering + max(experts, eager) + start)
+    if fsdp.embedding_grads:
+        # the token embedding's backward: the gradient leaving block 0 enters it
+        below = acts.logits + acts.embedding
+        moments.append(below + leaving + fsdp.at_embedding(accumulated_gradients))
     return max(moments)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from calculators.conventions import FP32_BYTES, HALF_BYTES, PRECISION_BYTES, OffloadDevice, Stage
+from calculators.engines.torch.config import reduce_bytes
 from calculators.errors import InputError
 from calculators.model_states import ceil_div
 from calculators.parameters import ParamList, ParamTensor, fsdp_padded_total, implied_note
@@ -34,7 +35,7 @@ TRAFFIC_CONVENTION = (
     "forward, reduce-scatter); stage 3 FSDP2 reshard_after_forward=True (all-gather forward "
     "and backward, reduce-scatter), dim 0 padded to a multiple of N; mixed precision = "
     "fp32 parameters with autocast for DDP, MixedPrecisionPolicy(param_dtype=16-bit, "
-    "reduce_dtype=fp32) for FSDP2."
+    "reduce_dtype=fp32, or the param dtype where engine_config says so) for FSDP2."
 )
 
 # torch/csrc/distributed/c10d/reducer.hpp: kDefaultFirstBucketBytes = 1 MiB,
@@ -102,11 +103,12 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
     dp_group, shard, replica = process_groups(setup)
     k, r = micro_steps(setup), reductions(setup)
     # Mixed precision: DDP and ZeroRedundancyOptimizer keep fp32 parameters under autocast;
-    # FSDP2 MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32).
+    # FSDP2 MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32 or the param dtype).
     if t.precision.is_mixed:
-        ddp_b, gather_b, reduce_b = FP32_BYTES, HALF_BYTES, FP32_BYTES
+        ddp_b, gather_b = FP32_BYTES, HALF_BYTES
     else:
-        ddp_b = gather_b = reduce_b = PRECISION_BYTES[t.precision].parameter
+        ddp_b = gather_b = PRECISION_BYTES[t.precision].parameter
+    reduce_b = reduce_bytes(t.engine_config or {}, t.precision)
     numels = elements(params, psi)
     out: list[Collective] = []
     implied = implied_note(t.params) if t.architecture is None and params is not None else None
