@@ -106,13 +106,15 @@ def test_phi3_builds_its_output_projection_first() -> None:
     assert sorted(order) == sorted(t.name for t in architecture_params(arch))
 
 
-def _fresh_fsdp_runs() -> list[tuple[str, str, str, int, int, int]]:
-    """(file, size, family, stage, world, measured excess) of every committed FSDP2 run over
-    NCCL whose process had allocated nothing before it (baseline below 100 MiB: the cuBLAS
-    workspaces only, no cache left by an earlier stage)."""
+def _fresh_fsdp_runs() -> list[tuple[str, str, str, int, int, int, bool]]:
+    """(file, size, family, stage, world, measured excess, after another family) of every
+    committed FSDP2 run over NCCL whose process had allocated nothing before it (baseline below
+    100 MiB: the cuBLAS workspaces only, no cache left by an earlier stage). The last field: an
+    earlier case of the same file (one process) built another family."""
     out = []
     for path in sorted(RESULTS.glob("hf_nccl_nd*_torch*.json")):
         data = json.loads(path.read_text())
+        first_family = data["cases"][0]["family"] if data["cases"] else None
         for case in data["cases"]:
             runs = (case.get("result") or {}).get("runs", [])
             arch = architecture_from_hf_config(family_config(case["family"], data["size"]))
@@ -123,7 +125,10 @@ def _fresh_fsdp_runs() -> list[tuple[str, str, str, int, int, int]]:
                     continue
                 world = run["world_size"]
                 measured = m["after_init"] - m["baseline"] - 4 * fsdp_shard_total(ts, world)
-                out.append((path.name, data["size"], case["family"], run["stage"], world, measured))
+                later = case["family"] != first_family
+                out.append(
+                    (path.name, data["size"], case["family"], run["stage"], world, measured, later)
+                )
     return out
 
 
@@ -131,7 +136,7 @@ def test_committed_runs_allocated_what_the_replay_hands_out() -> None:
     runs = _fresh_fsdp_runs()
     assert len(runs) >= 150
     errors = []
-    for _name, size, family, _stage, world, measured in runs:
+    for _name, size, family, _stage, world, measured, _later in runs:
         arch = architecture_from_hf_config(family_config(family, size))
         assert arch.modelling is not None
         build = Build(
@@ -147,9 +152,21 @@ def test_committed_runs_allocated_what_the_replay_hands_out() -> None:
     exact = [e for e in errors if 0 <= e < 16 * 1024]
     assert len(exact) >= 0.8 * len(errors)  # 202 of 239 (docs/VALIDATION.md)
     assert statistics.median(abs(e) for e in errors) < 16 * 1024
-    # the rest, within 1 MiB but for one family at ~1.7B (docs/VALIDATION.md)
-    off = [(run[1], run[2], e) for run, e in zip(runs, errors, strict=True) if abs(e) > 1.01 * MIB]
-    assert {(size, family) for size, family, _ in off} <= {("medium", "qwen2_moe")}
+    # the rest, within 1 MiB but for one family at ~1.7B (docs/VALIDATION.md) and for runs
+    # whose process had built other families first: the blocks it kept cached after them
+    # (small gemma and gemma3_text after phi3 and qwen2_moe, 1.38 MiB) are not replayed
+    off = [
+        (run[1], run[2])
+        for run, e in zip(runs, errors, strict=True)
+        if abs(e) > 1.01 * MIB and not run[6]
+    ]
+    assert set(off) <= {("medium", "qwen2_moe")}
+    later = [
+        abs(e)
+        for run, e in zip(runs, errors, strict=True)
+        if run[6] and (run[1], run[2]) != ("medium", "qwen2_moe")
+    ]
+    assert max(later) < 1.5 * MIB
 
 
 def test_states_are_cut_after_the_shards_in_parameter_order() -> None:
