@@ -711,3 +711,20 @@ def test_auto_values_match_transformers_trainer(client: TestClient) -> None:
         assert node == value, key
         compared += 1
     assert compared >= 8
+
+
+def test_an_accelerate_config_without_a_policy_says_how_accelerate_reduces(
+    client: TestClient,
+) -> None:
+    """accelerate's own policy reduces in the param dtype; the figures keep fp32 and say so."""
+    config = {"fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": True}}
+    request = {**TORCH, "precision": "mixed_bf16"}
+    body = post(client, "/v1/memory", {**request, "engine_config": config})
+    assert any("reduce_dtype" in n for n in body["resolved_config"]["notes"])
+    config["fsdp_config"]["reduce_dtype"] = "bfloat16"
+    body = post(client, "/v1/memory", {**request, "engine_config": config})
+    assert body["resolved_config"]["notes"] == []
+    plain = post(
+        client, "/v1/memory", {**request, "engine_config": {"reshard_after_forward": True}}
+    )
+    assert plain["resolved_config"]["notes"] == []

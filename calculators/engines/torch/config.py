@@ -257,6 +257,14 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
     half = _reduce_in_half(precision, reduce_from, top_reduce)
     if not any(k in flat for k in ("mixed_precision", "mp_policy", "mixed_precision_policy")):
         values.append(Resolved("mixed_precision", None, _precision_from_request(req, half)))
+        accelerate = any(k.startswith("fsdp_") and k not in ENGINE_KEYS for k in flat)
+        if half is None and precision.is_mixed and accelerate:
+            notes.append(
+                "accelerate's FSDP2 plugin, given no mixed_precision_policy, reduces gradients "
+                "in the param dtype (MixedPrecisionPolicy(param_dtype=reduce_dtype=bf16 or "
+                "fp16), utils/dataclasses.py set_mixed_precision); these figures reduce in "
+                'float32: add "reduce_dtype": "bfloat16" (or the fp16 dtype) to model that'
+            )
     if half is not None:
         body[REDUCE_DTYPE] = half
     if top_reduce is not None:
