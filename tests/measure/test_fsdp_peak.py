@@ -126,37 +126,26 @@ def _predicted(world: int, stage: Stage, reduce_in_half: bool = False) -> tuple[
 
 
 @pytest.mark.parametrize(
-    ("world", "stage", "moment"),
+    ("world", "stage", "reduce_in_half", "moment"),
     [
         # the root unit gathered again for the head's backward and kept through every block's
         # backward, beside the block's parameters, gradients and reduce-scatter buffers
-        (64, Stage.PARAMETERS, "block_backward"),
-        (8, Stage.PARAMETERS, "block_backward"),
+        (64, Stage.PARAMETERS, False, "block_backward"),
+        (8, Stage.PARAMETERS, False, "block_backward"),
         # reshard_after_forward=False: every unit stays gathered from forward to the loss
-        (64, Stage.GRADIENTS, "loss_backward"),
-    ],
-)
-def test_fsdp2_peak_matches_the_step(world: int, stage: Stage, moment: str) -> None:
-    resident, peak = _measured(world, stage)
-    p_resident, p_peak, p_moment = _predicted(world, stage)
-    assert abs(p_resident - resident) <= 0.005 * resident
-    assert abs(p_peak - peak) <= 0.005 * peak, (p_peak, peak)
-    assert p_moment == moment, (p_peak, peak)
-
-
-@pytest.mark.parametrize(
-    ("world", "stage", "moment"),
-    [
+        (64, Stage.GRADIENTS, False, "loss_backward"),
         # with 16-bit reduce-scatter buffers the blocks' backward holds less: the root's own
         # pre-backward, its flat all-gather output and its copy-out alive together, is larger
-        (64, Stage.PARAMETERS, "root_backward_gather"),
-        (4, Stage.PARAMETERS, "root_backward_gather"),
-        (64, Stage.GRADIENTS, "loss_backward"),
+        (64, Stage.PARAMETERS, True, "root_backward_gather"),
+        (4, Stage.PARAMETERS, True, "root_backward_gather"),
+        (64, Stage.GRADIENTS, True, "loss_backward"),
     ],
 )
-def test_fsdp2_peak_reducing_in_16_bits(world: int, stage: Stage, moment: str) -> None:
-    resident, peak = _measured(world, stage, reduce_in_half=True)
-    p_resident, p_peak, p_moment = _predicted(world, stage, reduce_in_half=True)
+def test_fsdp2_peak_matches_the_step(
+    world: int, stage: Stage, reduce_in_half: bool, moment: str
+) -> None:
+    resident, peak = _measured(world, stage, reduce_in_half)
+    p_resident, p_peak, p_moment = _predicted(world, stage, reduce_in_half)
     assert abs(p_resident - resident) <= 0.005 * resident
     assert abs(p_peak - peak) <= 0.005 * peak, (p_peak, peak)
     assert p_moment == moment, (p_peak, peak)
