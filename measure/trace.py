@@ -42,7 +42,11 @@ call as saved, and nothing from inside it.
 A decoder layer that repeats an earlier one (the same modules and settings, called with the
 same masks and rotary tables) is played from that layer's recipe rather than run
 (``measure/layer_repeats.py``): an 8B config traces in about half the time, the same figures.
-``traced_regime`` keeps the last ``TRACES_KEPT`` traces for the questions that ask again.
+``traced_regime`` keeps the last ``TRACES_KEPT`` traces for the questions that ask again, and
+the fake model of the last ``MODELS_KEPT`` configs and dtypes with its fake mode: a new batch
+of a config traced before runs its forward on the same modules (building a 48-layer mixture of
+experts costs as much as tracing it), each trace taking the model alone and leaving it as built
+(its layer hooks removed, its layers' ``forward`` and checkpointing restored).
 
 Run ``python -m measure.trace config.json --batch 1 --seq 4096 --regime half`` for a summary.
 """
@@ -54,6 +58,7 @@ import contextlib
 import functools
 import json
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -307,6 +312,51 @@ def _is_weight_copy(t: torch.Tensor) -> bool:
     return False
 
 
+MODELS_KEPT = 4
+
+
+@dataclass
+class _Built:
+    """A fake model as built, with the fake mode its tensors belong to; one trace at a time."""
+
+    mode: FakeTensorMode
+    model: PreTrainedModel
+    layers: list[torch.nn.Module]
+    param_keys: set[int]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@functools.lru_cache(maxsize=MODELS_KEPT)
+def _built(body: str, dtype: torch.dtype) -> _Built:
+    """The model transformers builds for the config ``body`` under a fake mode of its own."""
+    mode = FakeTensorMode()
+    with mode:
+        model = build_model(json.loads(body), dtype)
+        _static_rotary_frequencies(model)
+    keys = {_key(p) for p in model.parameters()} | {_key(b) for b in model.buffers()}
+    return _Built(mode, model, _decoder_layers(model), keys)
+
+
+@contextlib.contextmanager
+def _restored(built: _Built) -> Iterator[list[torch.utils.hooks.RemovableHandle]]:
+    """Leave the model as built after a trace: the hooks it registered (the list yielded)
+    removed, each layer's ``forward`` (wrapped to play repeats) and checkpointing undone."""
+    forwards = [layer.__dict__.get("forward") for layer in built.layers]
+    hooks: list[torch.utils.hooks.RemovableHandle] = []
+    try:
+        yield hooks
+    finally:
+        for handle in hooks:
+            handle.remove()
+        for layer, forward in zip(built.layers, forwards, strict=True):
+            if forward is None:
+                layer.__dict__.pop("forward", None)
+            else:
+                layer.forward = forward
+        if built.model.is_gradient_checkpointing:
+            built.model.gradient_checkpointing_disable()
+
+
 def trace(
     hf_config: Mapping[str, Any],
     micro_batch_size: int,
@@ -340,14 +390,14 @@ def trace(
         record(t)
         return t
 
-    with FakeTensorMode(), _gpu_behaviour(padded):
-        model = build_model(hf_config, param_dtype)
-        _static_rotary_frequencies(model)
-        param_keys = {_key(p) for p in model.parameters()} | {_key(b) for b in model.buffers()}
-        layers = _decoder_layers(model)
+    built = _built(json.dumps(dict(hf_config), sort_keys=True), param_dtype)
+    with built.lock, built.mode, _gpu_behaviour(padded), _restored(built) as hooks:
+        model, param_keys, layers = built.model, built.param_keys, built.layers
         for i, layer in enumerate(layers):
-            layer.register_forward_pre_hook(functools.partial(_enter, current_layer, i))
-            layer.register_forward_hook(functools.partial(_leave, current_layer))
+            hooks.append(
+                layer.register_forward_pre_hook(functools.partial(_enter, current_layer, i))
+            )
+            hooks.append(layer.register_forward_hook(functools.partial(_leave, current_layer)))
         repeats = None
         if play_repeats:
             repeats = LayerRepeats(
