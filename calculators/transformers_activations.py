@@ -539,6 +539,26 @@ def layer_backward(arch: Architecture, batch: Batch, dense: bool, moved: bool = 
     return max(candidates)
 
 
+def dense_layer_backward(arch: Architecture, batch: Batch, regime: str) -> int:
+    """What a dense layer's first backward ops hold at their largest beyond its saved tensors
+    and the gradient entering it, with each weight gradient kept where autograd makes it (FSDP2
+    keeps a block's unsharded gradients until its post-backward): ``down``'s backward writes its
+    input's gradient and weight gradient and frees that saved input, then the product's
+    backward writes both factors' gradients (:func:`layer_backward`'s dense MLP, with
+    ``down_proj``'s weight gradient alive); Gemma-2/3's post-feedforward norm's backward runs
+    before it (:func:`_norm_backward`). 0 for a model without dense layers."""
+    if arch.modelling is None or (arch.num_experts > 1 and dense_layers(arch) == 0):
+        return 0
+    x = dtypes(regime).lin
+    t, h = batch.tokens, arch.hidden
+    m = _m(arch)
+    f = (m.dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
+    candidates = [2 * x * t * f + x * f * h]
+    if m.sandwich_norms:
+        candidates.append(_norm_backward(arch, t, h, x))
+    return max(candidates)
+
+
 def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     """What a layer's eager attention backward holds at its largest beyond the layer's saved
     tensors and the gradient entering the layer (0: SDPA, whose backward holds gradients of

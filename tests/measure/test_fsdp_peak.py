@@ -311,3 +311,15 @@ def test_fsdp2_peak_with_a_large_vocabulary_and_few_tokens(
     if moment is not None:
         assert got["p_moment"] == moment, got
     assert got["phase"] == "backward", got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "phi3", "qwen3"])
+def test_fsdp2_recomputed_dense_mlp_backward_at_nd_64(family: str) -> None:
+    """Nd 64: the model states per rank so small that the recomputed block's dense MLP backward
+    sets the peak (down_proj's input and weight gradients, then both factors')."""
+    pytest.importorskip("transformers")
+    got = _hf_step(family, 64, Stage.PARAMETERS, "full")
+    assert abs(got["p_peak"] - got["peak"]) <= 0.005 * got["peak"], got
+    assert got["p_moment"] == "recompute", got
+    assert got["phase"] == "backward", got

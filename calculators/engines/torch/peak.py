@@ -48,7 +48,11 @@ from calculators.architecture import Architecture, Norm
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.errors import InputError
-from calculators.transformers_activations import eager_attention_backward, experts_backward
+from calculators.transformers_activations import (
+    dense_layer_backward,
+    eager_attention_backward,
+    experts_backward,
+)
 
 KIB = 1024
 CUBLAS_WORKSPACE_SM90 = 4096 * 8 * KIB
@@ -365,10 +369,13 @@ def step_memory(
                 for i in {0, min(1, last), max(last - 1, 0), last}
             )
             if arch.modelling is not None:
-                # the recomputed block's experts' backward (no gradient leaves it yet), or its
-                # eager attention's
-                experts = experts_backward(arch, batch, regime.value)
-                recompute += max(experts - res * batch.tokens * arch.hidden, in_block, 0)
+                # the recomputed block's experts' (or dense MLP's, or sandwich norm's) backward
+                # (no gradient leaves it yet), or its eager attention's
+                layer = max(
+                    experts_backward(arch, batch, regime.value),
+                    dense_layer_backward(arch, batch, regime.value),
+                )
+                recompute += max(layer - res * batch.tokens * arch.hidden, in_block, 0)
         else:
             recompute += unsharded_after_forward + accumulated_gradients + max(in_block, 0)
             if ddp_grads is not None and not accumulated_gradients:
