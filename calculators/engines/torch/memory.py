@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from calculators.activations import INDEX_BYTES, Regime
 from calculators.architecture import tensor_counts
@@ -231,10 +231,11 @@ def _shares(setup: TrainingSetup, stage: Stage) -> Shares:
 def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
     """What rank 0 allocates under ``stage`` (module docstring)."""
     n_states = _check(setup)
-    fsdp = stage >= Stage.GRADIENTS
-    d = dtypes(setup.precision, reduce_bytes(setup.engine_config or {}, setup.precision))
-    if not fsdp:  # DDP reduces its fp32 buckets whatever an FSDP2 policy says
-        d = replace(d, reduce=d.gradient)
+    # an FSDP2 policy's reduce dtype; DDP reduces its buckets in the gradients' dtype
+    reduce = None
+    if stage >= Stage.GRADIENTS:
+        reduce = reduce_bytes(setup.engine_config or {}, setup.precision)
+    d = dtypes(setup.precision, reduce)
     share = _shares(setup, stage)
     params = share.params * d.parameter
     grads = share.grads * d.gradient

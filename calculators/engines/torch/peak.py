@@ -171,15 +171,11 @@ class FsdpBackward:
 
     def at_cast(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds while block ``i``'s 16-bit reduce-scatter output is cast to its
-        fp32 shard (``_to_dtype_if_needed``): the unsharded gradients freed after the copy-in,
-        the input kept, both outputs alive."""
-        reduced = accumulated_gradients or (self.layers - 1 - i) * self.block_shard_grad
+        fp32 shard (``_to_dtype_if_needed``): as :meth:`at_reduce`, the unsharded gradients
+        freed after the copy-in, both outputs alive."""
         return (
-            self._gathered(i, False)
-            + self.reduce_input
-            + self.root_gathered
-            + self.root_grads
-            + reduced
+            self.at_reduce(i, accumulated_gradients)
+            - self.block_grads
             + self.cast_output
             + self.block_shard_grad
         )
@@ -187,15 +183,10 @@ class FsdpBackward:
     def at_embedding(self, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds during the token embedding's backward, after every block's: the
         root still gathered (its post-backward runs from the final callback), the gradients
-        of the root's parameters, block 0's reduce-scatter input and every block's shard."""
-        reduced = accumulated_gradients or self.layers * self.block_shard_grad
-        return (
-            self.root_gathered
-            + self.root_grads
-            + self.embedding_grads
-            + self.reduce_input
-            + reduced
-        )
+        of the root's parameters, block 0's reduce-scatter input and every block's shard (the
+        common terms of a block below block 0, without its gradients)."""
+        common = self._common(-1, accumulated_gradients) - self.block_grads
+        return common + self.embedding_grads + self.reduce_input
 
     def at_gather(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds while block ``i``'s pre-backward copies its prefetched all-gather
