@@ -24,7 +24,7 @@ import re
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from calculators.config_resolution import Requested
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.torch.allocator import BLOCK_COMPONENTS
 from calculators.engines.torch.config import REDUCE_DTYPE, resolve_fsdp_config
+from calculators.engines.torch.peak import CUBLASLT_WORKSPACE, biased_linear_threads
 from calculators.hf_config import architecture_from_hf_config
 from calculators.memory import estimate
 from calculators.model_states import Offload, TrainingSetup
@@ -150,6 +151,18 @@ def _validate_run(
     )
 
 
+def warmup_workspace(env: Mapping[str, Any], setup: TrainingSetup) -> dict[str, int]:
+    """The cuBLASLt workspaces of a torch run whose process made one before its baseline
+    whatever the model: results without ``warmup_linear_bias`` were measured after a biased
+    warm-up linear, which made the main thread's (``measure.session.runtime_warmup`` now makes
+    only those the model makes); a checkpointed model with biased linears makes autograd's
+    thread's one too."""
+    if env.get("device_type") != "cuda" or "warmup_linear_bias" in env:
+        return {}
+    threads = max(1, biased_linear_threads(setup.architecture, setup.batch))
+    return {"cublaslt_workspace_bytes": threads * CUBLASLT_WORKSPACE}
+
+
 def torch_peak_runs(path: Path) -> list[Run]:
     """``python -m measure.validate --part peak``: the GPT cases of ``PEAK_CASES``."""
     out = []
@@ -164,8 +177,12 @@ def torch_peak_runs(path: Path) -> list[Run]:
                 engine=Engine.TORCH,
                 architecture=arch,
                 batch=Batch(micro, seq, Checkpointing(ckpt)),
-                engine_config={"fsdp_root_reshard_after_forward": True},
             )
+            config = {
+                "fsdp_root_reshard_after_forward": True,
+                **warmup_workspace(item["result"]["environment"], setup),
+            }
+            setup = replace(setup, engine_config=config)
             out.append(_validate_run(path, item["case"], run, setup, GPT))
     return out
 
@@ -239,6 +256,7 @@ def _hf_engine_config(
     linear_patched: bool,
     compute_capability_major: int,
     given: Mapping[str, Any] | None = None,
+    environment: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``engine_config`` that ``measure.runner`` hands the calculators for one HF run.
 
@@ -247,7 +265,8 @@ def _hf_engine_config(
     DeepSpeed run gets its own config body (with ``given``, the ``engine_config`` every request
     of the file carried: ``validate_hf --engine-config``; a torch run the body its FSDP2
     settings decide), and no cuBLASLt workspace once an earlier stage-3 engine of the process
-    replaced ``F.linear``.
+    replaced ``F.linear``; a torch run the cuBLASLt workspace its process made before the
+    baseline (:func:`warmup_workspace` of the result's ``environment``).
     """
     config: dict[str, Any] = {
         "holds_outputs": True,  # measure's default, which validate_hf keeps
@@ -270,6 +289,7 @@ def _hf_engine_config(
             config["cublaslt_workspace_bytes"] = 0
     else:
         config["fsdp_root_reshard_after_forward"] = True
+        config.update(warmup_workspace(environment or {"device_type": "cuda"}, setup))
         if given:  # the FSDP2 settings every request carried, as measure resolved them
             asked = Requested(
                 stages=(stage,),
@@ -328,6 +348,20 @@ def hf_runs(path: Path) -> list[Run]:
             },
             "allow_slow_cpu": True,
         }
+        offloaded = False
+        if given and case["engine"] == "torch":  # CPUOffloadPolicy, as measure resolved it
+            decided = resolve_fsdp_config(
+                given,
+                Requested(
+                    stages=tuple(Stage(r["stage"]) for r in result["runs"]),
+                    precision=Precision(result["precision"]),
+                    offload=Offload(),
+                    optimizer=Optimizer(result["optimizer"]),
+                    dp=result["dp"],
+                ),
+            ).offload
+            offloaded = decided.params is not OffloadDevice.NONE
+            body["offload"] = {"optimizer": decided.optimizer.value, "params": decided.params.value}
         size_label = f"{result['params'] / 1e9:.1f}B"
         major = next(v for k, v in CAPABILITY.items() if env["device_name"].startswith(k))
         engine = case["engine"]
@@ -335,7 +369,7 @@ def hf_runs(path: Path) -> list[Run]:
         for run in result["runs"]:
             stage = Stage(run["stage"])
             bare, family = spec_setup(body, run["world_size"], None)
-            config = _hf_engine_config(bare, stage, patched, major, given)
+            config = _hf_engine_config(bare, stage, patched, major, given, env)
             setup, _ = spec_setup(body, run["world_size"], config)
             label = f"{case['family']} ckpt={case['checkpointing']}"
             r = _validate_run(path, f"{data['world']} | {label}", run, setup, family)
@@ -345,6 +379,7 @@ def hf_runs(path: Path) -> list[Run]:
             shown += f", {attention}" if attention else ""
             if engine == "torch" and REDUCE_DTYPE in config:  # FSDP2 reducing in 16 bits
                 shown += f", reduce {config[REDUCE_DTYPE]}"
+            shown += ", CPU offload" if offloaded else ""
             out.append(
                 Run(
                     r.source,
@@ -422,7 +457,9 @@ def real_model_setups(path: Path) -> list[RealModelRun]:
         for run in result["runs"]:
             stage = Stage(run["stage"])
             bare, _ = spec_setup(body, run["world_size"], None)
-            config = _hf_engine_config(bare, stage, False, major, checked.engine_config)
+            config = _hf_engine_config(
+                bare, stage, False, major, checked.engine_config, result["environment"]
+            )
             setup, _ = spec_setup(body, run["world_size"], config)
             out.append(RealModelRun(entry["name"], family, f"{engine} {version}", run, setup))
     return out

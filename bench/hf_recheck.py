@@ -27,12 +27,14 @@ import json
 import re
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.accuracy import warmup_workspace  # noqa: E402
 from calculators.conventions import Stage  # noqa: E402
 from calculators.memory import estimate  # noqa: E402
 from measure.compare import predicted_memory, relative_error  # noqa: E402
@@ -105,9 +107,11 @@ def recheck(path: Path, clean: bool) -> list[dict[str, Any]]:
             workload = build_workload(ms)
             stage = Stage(run["stage"])
             tensors = tuple(workload.tensors)
-            setup = training_setup(
-                ms, workload, run["world_size"], stored_settings(run, tensors), stage
-            )
+            settings = stored_settings(run, tensors)
+            setup = training_setup(ms, workload, run["world_size"], settings, stage)
+            if run["engine"] == "torch":  # the cuBLASLt workspace an older warm-up made
+                made = warmup_workspace(result["environment"], setup)
+                setup = replace(setup, engine_config={**setup.engine_config, **made})
             after = predicted_memory(estimate(setup, [stage]).stages[0])
             before = run["predicted"]
             meas = dict(run["measured"])

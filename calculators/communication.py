@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from fractions import Fraction
 
-from calculators.conventions import Stage
+from calculators.conventions import Engine, Stage
 from calculators.cost import Ring, cost, transfer_time
 from calculators.engines import engine_model
 from calculators.model_states import Offload, TrainingSetup, check_offload
@@ -53,8 +53,11 @@ from calculators.traffic import (
 
 
 def engine_traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
-    """The collectives (and offload transfers) of one optimizer step under ``stage``."""
-    check_offload(setup.training.offload, stage)
+    """The collectives (and offload transfers) of one optimizer step under ``stage``; the
+    torch engines check their own offload (FSDP2's CPUOffloadPolicy runs at stages 2 and 3),
+    the others ZeRO's (parameter offload at stage 3)."""
+    if setup.training.engine is not Engine.TORCH:
+        check_offload(setup.training.offload, stage)
     return engine_model(setup.training.engine).traffic(setup, stage)
 
 

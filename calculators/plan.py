@@ -89,7 +89,7 @@ class OffloadChoice(StrEnum):
         if self is OffloadChoice.NONE:
             return True
         if engine is not Engine.DEEPSPEED:
-            return False  # the torch engines run without offload here
+            return False  # FSDP2 CPUOffloadPolicy: its host optimizer step is not timed
         if self is OffloadChoice.OPTIMIZER:
             return stage >= Stage.OPTIMIZER
         return stage >= Stage.PARAMETERS

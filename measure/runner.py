@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from calculators.conventions import Engine, Stage
-from calculators.engines.torch.config import REDUCE_DTYPE
+from calculators.engines.torch.config import REDUCE_DTYPE, offloads
+from calculators.engines.torch.peak import biased_linear_threads
 from calculators.errors import InputError
 from calculators.model_states import TrainingSetup
 from measure.compare import compare_run
@@ -81,6 +82,8 @@ class RunSettings:
             config["fsdp_root_reshard_after_forward"] = self.fsdp_root_reshards_after_forward
             if self.reduce_dtype is not None:
                 config[REDUCE_DTYPE] = self.reduce_dtype
+            if self.device_type != "cuda" or self.linear_patched:
+                config["cublaslt_workspace_bytes"] = 0  # no cuBLASLt, or F.linear replaced
         if self.compute_capability_major is not None:
             config["compute_capability_major"] = self.compute_capability_major
         if self.device_type != "cuda":
@@ -107,8 +110,7 @@ def run_settings(
             ms.engine is Engine.TORCH and root_reshards_after_forward()
         ),
         linear_patched=(
-            ms.engine is Engine.DEEPSPEED
-            and stage is not Stage.PARAMETERS
+            (ms.engine is Engine.TORCH or stage is not Stage.PARAMETERS)
             and deepspeed_linear_patched()
         ),
         # the built module's own list where it is not the canonical decoder: a Hugging Face
@@ -232,6 +234,12 @@ def _measure_stage(
     )
 
 
+def warmup_threads(ms: MeasureSpec, workload: Workload) -> int:
+    """The threads whose cuBLASLt workspace the torch warm-up makes before the baseline: those
+    where the model's own biased linears make one."""
+    return biased_linear_threads(workload.architecture, ms.batch)
+
+
 def _stage_runs(
     ms: MeasureSpec, device: torch.device, simulated: bool, progress: Progress, mode: str
 ) -> list[dict[str, Any]]:
@@ -240,7 +248,7 @@ def _stage_runs(
     workload = build_workload(ms)
     if ms.engine is Engine.TORCH:
         # not for DeepSpeed: its convention counts the cuBLAS workspaces the first step makes
-        runtime_warmup(device, half_dtype(ms.precision))
+        runtime_warmup(device, half_dtype(ms.precision), warmup_threads(ms, workload))
     runs = []
     share = len(ms.stages)
     for i, stage in enumerate(ms.stages):
@@ -287,6 +295,9 @@ def _result(
     from calculators.engines import engine_model
 
     env = environment(device)
+    workload = build_workload(ms)
+    if ms.engine is Engine.TORCH and device.type == "cuda":
+        env["warmup_linear_bias"] = warmup_threads(ms, workload) > 0
     if ms.engine is Engine.DEEPSPEED:
         import deepspeed
 
@@ -295,7 +306,6 @@ def _result(
         import transformers
 
         env["transformers"] = transformers.__version__
-    workload = build_workload(ms)
     result: dict[str, Any] = {
         "workload": workload.name,
         "params": workload.params,
@@ -488,6 +498,12 @@ def run(spec: dict[str, Any], progress: Progress = _noop) -> dict[str, Any]:
     """
     ms = parse_spec(spec)
     device = _device(ms.device)
+    if ms.engine is Engine.TORCH and device.type != "cuda" and offloads(ms.offload):
+        raise InputError(
+            "offload.params",
+            "FSDP2's CPUOffloadPolicy moves the shards from a CUDA device to pinned host "
+            "memory: it is measured on a GPU only",
+        )
     mode = _resolve_mode(ms, device)
     progress(0.0, f"checking the request: {mode} dp={ms.dp} on {device.type}")
     cpu_seconds = check_cpu_run(ms) if mode != "torchrun" or device.type == "cpu" else None

@@ -13,19 +13,34 @@ import torch
 Progress = Callable[[float, str], None]
 
 
-def runtime_warmup(device: torch.device, dtype: torch.dtype | None) -> None:
+def runtime_warmup(
+    device: torch.device, dtype: torch.dtype | None, biased_threads: int = 0
+) -> None:
     """Run a tiny forward/backward so that per-thread runtime workspaces (cuBLAS handles on the
-    main and the autograd thread) exist before the baseline is read."""
+    main and the autograd thread) exist before the baseline is read, after dropping those an
+    earlier run of this process made.
+
+    ``biased_threads``: the threads whose biased linears make torch's cuBLASLt workspace in
+    the measured model's step (``calculators.engines.torch.peak.biased_linear_threads``): 1,
+    the caller's forward; 2, also autograd's thread, where checkpointed blocks run forward again.
+    The warm-up makes those and no others, so the process holds what a training process of that
+    model holds; results record it as ``environment["warmup_linear_bias"]`` (earlier ones, which
+    lack the key, had a biased warm-up linear whatever the model)."""
     if device.type != "cuda":
         return
-    lin = torch.nn.Linear(64, 64, device=device)
+    drop_cublas_workspaces(device)
+    lin = torch.nn.Linear(64, 64, bias=biased_threads > 0, device=device)
     x = torch.randn(8, 64, device=device, requires_grad=True)
     for dt in {dtype, None}:
         ctx = torch.autocast("cuda", dtype=dt) if dt is not None else contextlib.nullcontext()
         with ctx:
-            y = lin(x) @ lin.weight
+            if biased_threads > 1:  # forward again in backward, in autograd's thread
+                h = torch.utils.checkpoint.checkpoint(lin, x, use_reentrant=False)
+            else:
+                h = lin(x)
+            y = h @ lin.weight
         y.float().sum().backward()
-    del lin, x, y
+    del lin, x, y, h
     torch.cuda.synchronize(device)
 
 

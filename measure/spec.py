@@ -28,7 +28,7 @@ from calculators.capacity import MAX_PARAMS
 from calculators.config_resolution import CONFIG, Decided, Requested
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.deepspeed.config import resolve_config
-from calculators.engines.torch.config import ENGINE_KEYS, resolve_fsdp_config
+from calculators.engines.torch.config import ENGINE_KEYS, check_offload, resolve_fsdp_config
 from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import Offload
@@ -369,14 +369,11 @@ def _engine(body: Mapping[str, Any]) -> Engine:
     return engine
 
 
-def _offload(body: Mapping[str, Any], engine: Engine) -> Offload:
+def _offload(body: Mapping[str, Any]) -> Offload:
     offload = _object(body, "offload")
     out = {}
     for key in ("optimizer", "params"):
-        value = _enum(OffloadDevice, offload.get(key) or "none", f"offload.{key}")
-        if value is not OffloadDevice.NONE and engine is not Engine.DEEPSPEED:
-            raise InputError(f"offload.{key}", "the torch engines here run without offload")
-        out[key] = value
+        out[key] = _enum(OffloadDevice, offload.get(key) or "none", f"offload.{key}")
     return Offload(optimizer=out["optimizer"], params=out["params"])
 
 
@@ -560,7 +557,7 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
             raise InputError(key, "measure runs data parallelism alone (tp = pp = 1)")
     if body.get("k") is not None:
         raise InputError("k", "measure runs a real optimizer; its states are what they are")
-    offload = _offload(body, engine)
+    offload = _offload(body)
     engine_config = dict(_object(body, "engine_config"))
     batch = _batch(body.get("batch"))
     stages_in = body.get("stages", [0, 1, 2, 3])
@@ -630,6 +627,9 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
         check_precision(precision)
         for stage in stages:  # every stage's config body is checked before anything runs
             spec.ds_config(stage)
+    else:
+        for stage in stages:  # FSDP2's CPUOffloadPolicy, stages 2 and 3
+            check_offload(offload, stage)
     return spec
 
 

@@ -17,8 +17,16 @@ StageNumber = Annotated[StrictInt, Field(ge=0, le=3)]
 class OffloadIn(StrictModel):
     """Where optimizer states and parameters are offloaded."""
 
-    optimizer: OffloadDevice = Field(OffloadDevice.NONE, description="none, cpu or nvme.")
-    params: OffloadDevice = Field(OffloadDevice.NONE, description="none, cpu or nvme (stage 3).")
+    optimizer: OffloadDevice = Field(
+        OffloadDevice.NONE,
+        description="none, cpu or nvme (engine deepspeed). Engine torch: cpu with params only.",
+    )
+    params: OffloadDevice = Field(
+        OffloadDevice.NONE,
+        description="none, cpu or nvme (engine deepspeed: stage 3). Engine torch: cpu is FSDP2's "
+        "CPUOffloadPolicy (stages 2 and 3): the shards, their gradients and the optimizer's "
+        "states in host memory, the optimizer stepping there.",
+    )
 
 
 class TrainingIn(StrictModel):

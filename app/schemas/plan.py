@@ -86,7 +86,9 @@ class SearchIn(StrictModel):
     offload: Annotated[list[OffloadChoice], Field(min_length=1, max_length=3)] = Field(
         default_factory=lambda: list(OffloadChoice),
         description="none, optimizer (CPU; stage >= 1), optimizer_and_params (CPU; stage 3). "
-        "The torch engines run without offload: they try none only.",
+        "The torch engines try none only: FSDP2's CPUOffloadPolicy is modelled for memory and "
+        "traffic (/v1/memory, /v1/communication), but not the step time of torch's optimizer "
+        "on the host.",
     )
     hsdp: StrictBool = Field(
         True,

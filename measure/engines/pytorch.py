@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from calculators.conventions import Optimizer, Precision, Stage
-from calculators.engines.torch.config import REDUCE_DTYPE
+from calculators.engines.torch.config import REDUCE_DTYPE, offloads
 from calculators.errors import InputError
 from calculators.traffic import GradSync
 from measure.comms import CommCounter
@@ -104,9 +104,11 @@ def build_engine(
     device: torch.device,
     simulated: bool,
     reduce_in_half: bool = False,
+    offload: bool = False,
 ) -> Engine:
     """The engine of ``stage``; ``reduce_in_half``: FSDP2 reduce-scatters in the 16-bit
-    param dtype instead of fp32 (mixed precision only)."""
+    param dtype instead of fp32 (mixed precision only); ``offload``: FSDP2 with
+    ``CPUOffloadPolicy`` (the shards, their gradients and the optimizer on the CPU)."""
     world = dist.get_world_size()
     half = half_dtype(precision)
     opt_cls, opt_kwargs = make_optimizer_class(optimizer)
@@ -137,10 +139,14 @@ def build_engine(
         return Engine(stage, name, ddp, opt, autocast)
 
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (world,))
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": stage is Stage.PARAMETERS}
+    if offload:
+        # pinned host shards (the default): fully_shard moves each unit to the device, shards it
+        # and copies the shards to host memory; the optimizer is then built on them
+        kwargs["offload_policy"] = CPUOffloadPolicy()
     if mixed:
         reduce = half if reduce_in_half else torch.float32
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce)
@@ -149,7 +155,9 @@ def build_engine(
     fully_shard(model, **kwargs)
     opt = opt_cls(model.parameters(), **opt_kwargs)
     flag = "True" if stage is Stage.PARAMETERS else "False"
-    return Engine(stage, f"FSDP2 fully_shard(reshard_after_forward={flag})", model, opt, autocast)
+    policy = ", offload_policy=CPUOffloadPolicy()" if offload else ""
+    name = f"FSDP2 fully_shard(reshard_after_forward={flag}{policy})"
+    return Engine(stage, name, model, opt, autocast)
 
 
 # --- one stage on one rank ---------------------------------------------------------------------
@@ -217,6 +225,7 @@ def _measure(
         device,
         simulated,
         reduce_in_half=spec.engine_config.get(REDUCE_DTYPE) is not None,
+        offload=offloads(spec.offload),
     )
     sync(device)
     phases: dict[str, int] = {"after_init": mem.allocated()}

@@ -95,6 +95,27 @@ def test_deepspeed_config_and_offload_through_http(client: TestClient) -> None:
     assert bwd and all(c["link"] == "intra_node" for c in bwd)
 
 
+def test_fsdp2_cpu_offload_moves_shards_at_stages_2_and_3(client: TestClient) -> None:
+    # CPUOffloadPolicy runs at reshard_after_forward False (stage 2) too: the shards go up for
+    # every all-gather (once at stage 2, twice at 3), the reduced gradients come down
+    body = post(
+        client,
+        {
+            "model": {"preset": "llama3-8b"},
+            "dp": 8,
+            "engine": "torch",
+            "precision": "mixed_bf16",
+            "engine_config": {"offload_policy": "cpu"},
+        },
+    )
+    s2, s3 = body["stages"]
+    assert (s2["stage"], s3["stage"]) == (2, 3)
+    up = [
+        sum(t["bytes"] for t in s["offload_transfers"] if t["direction"] == "h2d") for s in (s2, s3)
+    ]
+    assert up[1] == 2 * up[0] > 0
+
+
 def test_custom_links(client: TestClient) -> None:
     slow = post(
         client,

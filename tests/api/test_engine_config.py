@@ -505,6 +505,20 @@ TORCH: dict[str, Any] = {
             {"stages": [2]},
         ),
         ({"fsdp_sharding_strategy": "FULL_SHARD"}, {"stages": [3]}),
+        # FSDP2's CPUOffloadPolicy: stages 2 and 3 (DDP's are left out), both parts on the CPU
+        *(
+            (config, {"stages": [2, 3], "offload": {"optimizer": "cpu", "params": "cpu"}})
+            for config in (
+                {"offload_policy": "cpu"},
+                {"offload_policy": {"pin_memory": True}},
+                {"offload_policy": {"type": "CPUOffloadPolicy", "pin_memory": False}},
+                {"fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": True}},
+            )
+        ),
+        (
+            {"fsdp_reshard_after_forward": True, "fsdp_offload_params": "true"},
+            {"stages": [3], "offload": {"optimizer": "cpu", "params": "cpu"}},
+        ),
         ({"fsdp_sharding_strategy": 2}, {"stages": [2]}),
         (
             {"fsdp_reshard_after_forward": True, "fsdp_activation_checkpointing": True},
@@ -529,12 +543,9 @@ def test_fsdp2_settings_are_what_the_engine_models(
     ("config", "field"),
     [
         ({"reshard_after_forward": 8}, "engine_config.reshard_after_forward"),
-        ({"offload_policy": "cpu"}, "engine_config.offload_policy"),
-        ({"offload_policy": {"pin_memory": True}}, "engine_config.offload_policy"),
-        (
-            {"fsdp_config": {"fsdp_offload_params": True}},
-            "engine_config.fsdp_config.fsdp_offload_params",
-        ),
+        ({"offload_policy": 3}, "engine_config.offload_policy"),
+        ({"offload_policy": {"pin_memory": "yes"}}, "engine_config.offload_policy.pin_memory"),
+        ({"offload_policy": {"type": "NVMeOffload"}}, "engine_config.offload_policy.type"),
         ({"fsdp_sharding_strategy": "HYBRID_SHARD"}, "engine_config.fsdp_sharding_strategy"),
         ({"fsdp_sharding_strategy": "NO_SHARD"}, "engine_config.fsdp_sharding_strategy"),
         ({"fsdp_version": 1}, "engine_config.fsdp_version"),
@@ -586,6 +597,21 @@ def test_fsdp2_settings_not_modelled_are_refused(
             {},
             {"reshard_after_forward": True, "fsdp_sharding_strategy": "SHARD_GRAD_OP"},
             {"engine_config.reshard_after_forward", "engine_config.fsdp_sharding_strategy"},
+        ),
+        (
+            {},
+            {"offload_policy": "cpu", "fsdp_config": {"fsdp_offload_params": False}},
+            {"engine_config.offload_policy", "engine_config.fsdp_config.fsdp_offload_params"},
+        ),
+        (
+            {"offload": {"params": "none"}},
+            {"offload_policy": {"pin_memory": True}},
+            {"offload.params", "engine_config.offload_policy"},
+        ),
+        (
+            {"stages": [1, 2]},
+            {"fsdp_offload_params": True},
+            {"stages", "engine_config.fsdp_offload_params"},
         ),
     ],
 )

@@ -13,7 +13,7 @@ from calculators.engines import engine_model
 from calculators.engines.torch import MODEL
 from calculators.engines.torch.memory import zero_partition
 from calculators.errors import InputError
-from calculators.memory import estimate
+from calculators.memory import StageEstimate, estimate
 from calculators.model_states import Offload, TrainingSetup
 from calculators.parameters import ParamTensor
 
@@ -127,7 +127,10 @@ def test_given_tensor_list_is_used() -> None:
     ("field", "kw"),
     [
         ("optimizer", {"optimizer": Optimizer.ADAFACTOR}),
-        ("offload", {"offload": Offload(optimizer=OffloadDevice.CPU)}),
+        # FSDP2's CPUOffloadPolicy moves the parameters and the optimizer together, at stage 2+
+        ("offload.optimizer", {"offload": Offload(optimizer=OffloadDevice.CPU)}),
+        ("offload.params", {"offload": Offload(params=OffloadDevice.CPU)}),
+        ("offload", {"offload": Offload(params=OffloadDevice.NVME)}),
     ],
 )
 def test_unmodelled_inputs_name_their_field(field: str, kw: dict[str, object]) -> None:
@@ -135,6 +138,75 @@ def test_unmodelled_inputs_name_their_field(field: str, kw: dict[str, object]) -
     with pytest.raises(InputError) as err:
         MODEL.estimate(setup, Stage.OPTIMIZER)
     assert err.value.field == field
+
+
+def _offload_pair(stage: Stage, dp: int, **batch: object) -> tuple[StageEstimate, StageEstimate]:
+    from calculators.batch import Batch
+
+    arch = Architecture(layers=4, hidden=256, heads=4, vocab_size=1000, max_seq_len=256)
+    kw: dict[str, object] = {
+        "params": sum(t.numel for t in tensors(arch)),
+        "dp": dp,
+        "precision": Precision.MIXED_BF16,
+        "optimizer": Optimizer.ADAMW,
+        "engine": Engine.TORCH,
+        "architecture": arch,
+        "batch": Batch(**{"micro_batch_size": 1, "seq_len": 256, **batch}),  # type: ignore[arg-type]
+    }
+    on = Offload(optimizer=OffloadDevice.CPU, params=OffloadDevice.CPU)
+    return (
+        MODEL.estimate(TrainingSetup(**kw), stage),  # type: ignore[arg-type]
+        MODEL.estimate(TrainingSetup(**kw, offload=on), stage),  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("stage", [Stage.GRADIENTS, Stage.PARAMETERS])
+@pytest.mark.parametrize("dp", [2, 8])
+def test_cpu_offload_moves_the_sharded_states_to_host_memory(stage: Stage, dp: int) -> None:
+    # CPUOffloadPolicy: the shards, their gradients and the optimizer's states in host memory;
+    # the optimizer steps there, and the device keeps only what a step gathers and makes
+    plain, off = _offload_pair(stage, dp)
+    assert off.cpu == plain.device
+    assert off.device.total == 0
+    c, p = off.components, plain.components
+    blocks = p["allocator_shard_blocks"] + p["allocator_state_blocks"]
+    assert off.resident == plain.resident - p["model_states_resident"]
+    states = plain.device.parameters + plain.device.optimizer_states
+    assert p["model_states_resident"] == states + blocks
+    assert c["peak_candidate_optimizer_step"] == c["held_outputs"]
+    # the root's reduction no longer finds the blocks' reduced shards
+    root = p["peak_candidate_root_reduction"] - c["peak_candidate_root_reduction"]
+    assert 0 < root < plain.device.gradients
+    assert off.peak < plain.peak - p["model_states_resident"] + 1
+    assert any("CPUOffloadPolicy" in n for n in off.notes)
+
+
+def test_cpu_offload_prefetch_holds_the_inputs_copied_up() -> None:
+    # reshard_after_forward=True: block i's pre-backward prefetches block i-1, whose shards are
+    # copied up from the CPU and cast before its flat all-gather output is made
+    import dataclasses
+
+    from calculators.engines.torch.peak import FsdpBackward
+
+    fsdp = FsdpBackward(
+        layers=4,
+        root_gathered=100,
+        root_grads=10,
+        block_gathered=40,
+        block_grads=40,
+        reduce_input=80,
+        block_shard_grad=20,
+        prefetch=True,
+        keeps_shards=False,
+        gather_inputs=20,
+    )
+    assert fsdp.at_prefetch(0, 0) == 0
+    for i in (1, 2, 3):
+        assert fsdp.at_prefetch(i, 0) == fsdp.at_gather(i, 0) + 20
+    # the reduced shards went to the CPU: none of the three after block 0 is held there
+    kept = dataclasses.replace(fsdp, keeps_shards=True)
+    assert fsdp.at_block_end(0, 0) == 40 + 80 + 100 + 10 + 40
+    assert kept.at_block_end(0, 0) == fsdp.at_block_end(0, 0) + 3 * 20
 
 
 def sent_bytes_per_rank(setup: TrainingSetup, stage: Stage) -> int:

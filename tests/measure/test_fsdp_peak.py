@@ -115,6 +115,7 @@ def _predicted(world: int, stage: Stage, reduce_in_half: bool = False) -> tuple[
             "holds_outputs": True,
             "fsdp_root_reshard_after_forward": root_reshards_after_forward(),
             "cublas_workspace_bytes": 0,
+            "cublaslt_workspace_bytes": 0,  # no cuBLAS on the CPU
             "caching_allocator": False,
             **reduce,
         },

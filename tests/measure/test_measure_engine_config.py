@@ -251,9 +251,11 @@ def test_accelerate_checkpointing_turns_on_full_recomputation() -> None:
     ("extra", "named"),
     [
         (
-            {"engine_config": {"offload_policy": {"pin_memory": True}}},
-            ("engine_config.offload_policy",),
+            {"stages": [1, 3], "engine_config": {"offload_policy": {"pin_memory": True}}},
+            ("stages", "engine_config.offload_policy"),
         ),
+        ({"stages": [3], "offload": {"optimizer": "cpu"}}, ("offload.optimizer",)),
+        ({"stages": [2], "offload": {"params": "nvme"}}, ("offload",)),
         ({"engine_config": {"holds_outputs": False}}, ("engine_config.holds_outputs",)),
         (
             {

@@ -103,6 +103,9 @@ def test_plain_param_count_cannot_be_measured() -> None:
         ({"tp": 2}, "tp"),
         ({"k": 12}, "k"),
         ({"offload": {"optimizer": "cpu", "params": "none"}}, "offload.optimizer"),
+        ({"offload": {"params": "cpu"}}, "offload.params"),  # DDP's stages 0 and 1 listed
+        # FSDP2's CPUOffloadPolicy pins host memory: a CUDA device only
+        ({"offload": {"params": "cpu"}, "stages": [2, 3]}, "offload.params"),
         ({"grad_sync": "sometimes"}, "grad_sync"),
         ({"grad_sync": "per_step"}, "grad_sync"),  # FSDP2 stages 2-3 are in the default list
     ],
@@ -179,6 +182,24 @@ def test_cuda_simulated_mixed_bf16() -> None:
         assert m["peak"] >= m["resident"] > 0
         assert abs(r["relative_error"]["model_state_resident"]) < 0.02
         assert abs(r["communication"]["relative_error"]) < 0.02
+
+
+@pytest.mark.gpu
+def test_cuda_fsdp2_cpu_offload_keeps_no_model_state_on_the_device() -> None:
+    spec = _spec(
+        {"architecture": SMALL_GPT},
+        device="cuda",
+        stages=[2, 3],
+        precision="mixed_bf16",
+        engine_config={"offload_policy": "cpu"},
+        batch={"micro_batch_size": 2, "seq_len": 32},
+        steps=1,
+    )
+    for r in run(spec)["runs"]:
+        m = r["measured"]
+        assert m["parameters"] == m["gradients"] == m["optimizer_states"] == 0
+        assert "CPUOffloadPolicy" in r["engine_name"]
+        assert abs(r["relative_error"]["resident"]) < 0.02
 
 
 @pytest.mark.parametrize("stage", [0, 3])

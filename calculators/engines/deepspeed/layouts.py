@@ -36,7 +36,11 @@ from calculators.engines.deepspeed.stage3 import (
     stage3_trace,
     view_saved,
 )
-from calculators.engines.torch.peak import holds_outputs
+from calculators.engines.torch.peak import (
+    CUBLASLT_WORKSPACE,
+    biased_linear_threads,
+    holds_outputs,
+)
 from calculators.model_states import NOWHERE, Placement, TrainingSetup, placement
 from calculators.parameters import (
     ParamList,
@@ -1125,15 +1129,10 @@ class Stage3:
 
 # --- runtime workspaces -------------------------------------------------------------------------
 
-# torch's cuBLASLt workspace, CUBLASLT_WORKSPACE_SIZE default 1024 KiB
-# (aten/src/ATen/cuda/CublasHandlePool.cpp parseCUDABlasLtWorkspaceSize). It is allocated
-# through the caching allocator by the first addmm with a bias epilogue (gemm_and_bias), which
-# is what F.linear on a biased nn.Linear runs in forward.
-CUBLASLT_WORKSPACE = 1024 * 1024
-
 
 def cublaslt_workspace_bytes(setup: TrainingSetup, stage: Stage, knobs: Knobs) -> int:
-    """The cuBLASLt workspace, when forward runs a biased linear through addmm.
+    """The cuBLASLt workspaces, when forward runs a biased linear through addmm (a second one
+    where checkpointed blocks run forward again in autograd's thread).
 
     Stage 3 does not: DeepSpeedZeRoOffload wraps the module with ``zero.Init(module=...)``
     (parameter_offload.py:270), which replaces ``torch.nn.functional.linear`` with
@@ -1145,10 +1144,6 @@ def cublaslt_workspace_bytes(setup: TrainingSetup, stage: Stage, knobs: Knobs) -
     value = knobs.extra.get("cublaslt_workspace_bytes")
     if value is not None:
         return whole(value, "engine_config.cublaslt_workspace_bytes")
-    arch = setup.architecture
-    if arch is None:
-        return 0
     if stage is Stage.PARAMETERS and knobs.memory_efficient_linear:
         return 0
-    biased = arch.bias or arch.has_qkv_bias or arch.lm_head_bias
-    return CUBLASLT_WORKSPACE if biased else 0
+    return CUBLASLT_WORKSPACE * biased_linear_threads(setup.architecture, setup.batch)

@@ -10,8 +10,9 @@ torch 2.11: ``reshard_after_forward``, ``mp_policy`` / ``mixed_precision`` as
 
 What the torch engine models: ``fully_shard`` on every block then the root, reshard after
 forward True (stage 3) or False (stage 2), ``MixedPrecisionPolicy(param_dtype=bf16 or fp16,
-reduce_dtype=fp32 or the param dtype)`` or none (fp32), no CPU offload. Anything else is
-refused naming its key.
+reduce_dtype=fp32 or the param dtype)`` or none (fp32), with or without ``CPUOffloadPolicy``
+(offload ``params`` and ``optimizer`` to the CPU: FSDP2 keeps the shards, their gradients and so
+the optimizer's states in host memory). Anything else is refused naming its key.
 
 A policy that reduces in the 16-bit param dtype (``reduce_dtype`` equal to ``param_dtype``, or
 null, which FSDP2 reads as the gradients' dtype) is passed on to the engine model as
@@ -32,13 +33,15 @@ from calculators.config_resolution import (
     contradiction,
     decided_stages,
 )
-from calculators.conventions import FP32_BYTES, HALF_BYTES, Precision, Stage
+from calculators.conventions import FP32_BYTES, HALF_BYTES, OffloadDevice, Precision, Stage
 from calculators.errors import InputError
+from calculators.model_states import Offload
 
 # Keys the torch engine model itself reads (calculators.engines.torch.memory / peak / traffic).
 ENGINE_KEYS = (
     "holds_outputs",
     "cublas_workspace_bytes",
+    "cublaslt_workspace_bytes",
     "compute_capability_major",
     "tensors",
     "fsdp_root_reshard_after_forward",
@@ -157,6 +160,88 @@ def _is_off(value: Any) -> bool:
     return value is None or value is False or value == {} or value in ("none", "no", "")
 
 
+_CPU_OFFLOAD = ("cpu", "true", "cpuoffloadpolicy")
+_CPU_POLICY = "CPUOffloadPolicy (parameters and optimizer states on the CPU)"
+
+
+def _offloads(value: Any, where: str) -> bool:
+    """Whether an offload setting means ``CPUOffloadPolicy`` (true, ``"cpu"``,
+    ``"CPUOffloadPolicy"``, ``{"pin_memory": ...}`` with an optional ``"type":
+    "CPUOffloadPolicy"``) rather than none."""
+    if _is_off(value) or (isinstance(value, str) and value.lower() == "false"):
+        return False
+    if value is True or (isinstance(value, str) and value.lower() in _CPU_OFFLOAD):
+        return True
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {"type", "pin_memory", "offload_params"})
+        if unknown:
+            raise InputError(
+                f"{CONFIG}.{where}.{unknown[0]}",
+                "not a CPUOffloadPolicy field (pin_memory, and type CPUOffloadPolicy)",
+            )
+        kind = value.get("type", "CPUOffloadPolicy")
+        if not isinstance(kind, str) or kind.lower() not in ("cpuoffloadpolicy", "offloadpolicy"):
+            raise InputError(
+                f"{CONFIG}.{where}.type", "must be CPUOffloadPolicy (or OffloadPolicy: none)"
+            )
+        pin = value.get("pin_memory", True)
+        if not isinstance(pin, bool):
+            raise InputError(f"{CONFIG}.{where}.pin_memory", "must be true or false")
+        on = value.get("offload_params", True)  # FSDP1's CPUOffload(offload_params=...)
+        if not isinstance(on, bool):
+            raise InputError(f"{CONFIG}.{where}.offload_params", "must be true or false")
+        return kind.lower() == "cpuoffloadpolicy" and on
+    raise InputError(
+        f"{CONFIG}.{where}",
+        'must be true / false, "cpu" / "none", or a CPUOffloadPolicy object ({"pin_memory": true})',
+    )
+
+
+def offloads(offload: Offload) -> bool:
+    """Whether ``offload`` is FSDP2's ``CPUOffloadPolicy`` (parameters on the CPU)."""
+    return offload.params is OffloadDevice.CPU
+
+
+def check_offload(offload: Offload, stage: Stage) -> None:
+    """Offload the torch engines run: FSDP2 ``CPUOffloadPolicy``, which keeps the sharded
+    parameters, their gradients and (the optimizer stepping them there) its states in host
+    memory, at stages 2 and 3."""
+    if offload.optimizer is not OffloadDevice.NONE and offload.params is OffloadDevice.NONE:
+        raise InputError(
+            "offload.optimizer",
+            "torch engines offload optimizer state only "
+            "with parameters (FSDP2 CPUOffloadPolicy); set offload.params too",
+        )
+    if OffloadDevice.NVME in (offload.optimizer, offload.params):
+        raise InputError("offload", "torch engines offload to CPU only")
+    if offload.params is not OffloadDevice.NONE and stage < Stage.GRADIENTS:
+        raise InputError(
+            "offload.params",
+            f"torch offload is FSDP2's CPUOffloadPolicy (stages 2 and 3); stage {int(stage)} "
+            "is DDP: remove stages 0 and 1 from stages",
+        )
+
+
+def _offload(req: Requested, found: tuple[str, bool] | None) -> Offload:
+    """The offload the request means: the config's ``CPUOffloadPolicy`` (parameters and
+    optimizer states on the CPU) where it has a setting, else the request's own, which must
+    agree where sent explicitly."""
+    if found is None:
+        return req.offload
+    where, on = found
+    device = OffloadDevice.CPU if on else OffloadDevice.NONE
+    for part in ("params", "optimizer"):
+        asked = getattr(req.offload, part)
+        if req.given(f"offload.{part}") and asked is not device:
+            raise contradiction(
+                f"offload.{part}",
+                where,
+                f"offload.{part} {asked.value} contradicts the config's "
+                + (_CPU_POLICY if on else "no offload"),
+            )
+    return Offload(optimizer=device, params=device)
+
+
 def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
     """What FSDP2 settings decide for one request of the torch engine.
 
@@ -181,6 +266,7 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
     checkpointing: bool | None = None
     reduce_from: tuple[str, str | None] | None = None  # (where, 16-bit dtype or None: fp32)
     top_reduce: tuple[str, str | None] | None = None
+    offload_from: tuple[str, bool] | None = None  # (where, CPUOffloadPolicy)
     for key, (where, value) in flat.items():
         if key in ENGINE_KEYS:
             body[key] = value
@@ -217,13 +303,24 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
         elif key == REDUCE_DTYPE:
             top_reduce = (where, _dtype(value, where))
         elif key in ("offload_policy", "fsdp_offload_params", "cpu_offload"):
-            if not _is_off(value):
+            on = _offloads(value, where)
+            if offload_from is not None and offload_from[1] is not on:
                 raise InputError(
                     f"{CONFIG}.{where}",
-                    "not modelled: the torch engine does not model FSDP2's CPUOffloadPolicy "
-                    "(sharded parameters, gradients and optimizer states in host memory)",
+                    f"contradicts {CONFIG}.{offload_from[0]}",
+                    also=(f"{CONFIG}.{offload_from[0]}",),
                 )
-            values.append(Resolved(where, value, "config: no offload"))
+            offload_from = (where, on)
+            values.append(
+                Resolved(
+                    where,
+                    value,
+                    "config: CPUOffloadPolicy, parameters, gradients and optimizer states on "
+                    "the CPU"
+                    if on
+                    else "config: no offload",
+                )
+            )
         elif key == "fsdp_auto_wrap_policy":
             if value not in _WRAP_POLICIES:
                 raise InputError(
@@ -254,6 +351,19 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
                 f"{CONFIG}.{where}", f"not an FSDP2 setting the torch engine reads ({accepted})"
             )
     stages, _ = decided_stages(req, stage, stage_key)
+    if offload_from is not None and offload_from[1]:
+        low = [s for s in stages if s < Stage.GRADIENTS]
+        if low and req.given("stages"):
+            raise contradiction(
+                "stages",
+                offload_from[0],
+                f"CPUOffloadPolicy is FSDP2's (stages 2 and 3); stage {int(low[0])} is asked for",
+            )
+        if low:
+            stages = tuple(s for s in stages if s >= Stage.GRADIENTS)
+            notes.append(
+                "CPUOffloadPolicy is FSDP2's: stages 0 and 1 (DDP) are left out of the answer"
+            )
     half = _reduce_in_half(precision, reduce_from, top_reduce)
     if not any(k in flat for k in ("mixed_precision", "mp_policy", "mixed_precision_policy")):
         values.append(Resolved("mixed_precision", None, _precision_from_request(req, half)))
@@ -293,7 +403,7 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
         stages=stages,
         stage=stage,
         precision=precision,
-        offload=req.offload,
+        offload=_offload(req, offload_from),
         optimizer=req.optimizer,
         micro_batch=req.micro_batch,
         grad_accumulation=req.grad_accumulation,

@@ -20,6 +20,12 @@
   and output are 16-bit, and the output is cast to an fp32 shard
   (``_to_dtype_if_needed(reduce_output, orig_dtype)``) before the 16-bit one is freed.
 
+``CPUOffloadPolicy`` (``offload.params`` cpu, stages 2 and 3): the padded shards are copied to
+pinned host memory when ``fully_shard`` shards them, so the optimizer built on them keeps its
+states there and steps there, and each reduced gradient shard is copied down as
+``foreach_reduce`` makes it. None of the model states stays on the device; a step adds the
+shards copied up and cast for each all-gather (``FSDPParam.all_gather_inputs``).
+
 ``resident`` is what stays allocated between steps after ``zero_grad(set_to_none=True)``.
 Adam's ``step`` counters live on the CPU unless ``capturable``/``fused`` (torch/optim/adam.py),
 so they are not device bytes. Runtime allocations outside the engine (the cuBLAS workspace, the
@@ -38,7 +44,6 @@ from calculators.architecture import tensor_counts
 from calculators.conventions import (
     FP32_BYTES,
     HALF_BYTES,
-    OffloadDevice,
     Optimizer,
     Precision,
     Stage,
@@ -52,7 +57,7 @@ from calculators.engines.torch.allocator import (
     block_excess,
     rounding_only,
 )
-from calculators.engines.torch.config import reduce_bytes
+from calculators.engines.torch.config import check_offload, offloads, reduce_bytes
 from calculators.engines.torch.peak import (
     DdpBackwardGrads,
     FsdpBackward,
@@ -180,18 +185,14 @@ def rank0_partition(numels: Sequence[int], world: int) -> list[int]:
     return [i for i, rank in _greedy(numels, world) if rank == 0]
 
 
-def _check(setup: TrainingSetup) -> int:
+def _check(setup: TrainingSetup, stage: Stage) -> int:
     """State tensors per parameter; rejects what the torch engines here do not run."""
     if setup.k is not None:
         raise InputError("k", "the torch engine derives optimizer states from the optimizer")
     if setup.optimizer not in STATE_TENSORS:
         known = ", ".join(o.value for o in STATE_TENSORS)
         raise InputError("optimizer", f"the torch engine models {known}")
-    if (
-        setup.offload.optimizer is not OffloadDevice.NONE
-        or setup.offload.params is not OffloadDevice.NONE
-    ):
-        raise InputError("offload", "the torch engine profile does not model CPU offload yet")
+    check_offload(setup.offload, stage)
     for name in ("tp", "pp"):
         if getattr(setup, name) != 1:
             raise InputError(
@@ -230,7 +231,8 @@ def _shares(setup: TrainingSetup, stage: Stage) -> Shares:
 
 def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
     """What rank 0 allocates under ``stage`` (module docstring)."""
-    n_states = _check(setup)
+    n_states = _check(setup, stage)
+    offload = offloads(setup.offload)
     # an FSDP2 policy's reduce dtype; DDP reduces its buckets in the gradients' dtype
     reduce = None
     if stage >= Stage.GRADIENTS:
@@ -257,6 +259,16 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
                 "ZeroRedundancyOptimizer: rank 0's greedy partition (largest first)"
                 + ("" if share.exact else ", taken as Ψ/N: no tensor shapes given")
             )
+    elif offload:
+        components = {}
+        resident = 0
+        notes = [
+            "FSDP2 CPUOffloadPolicy: the sharded parameters (pinned), their gradients and the "
+            "optimizer's states live in host memory and the optimizer steps there; the device "
+            "holds what a step gathers and makes (each shard copied up and cast for its "
+            "all-gather, each reduced gradient shard copied down as it is made)"
+            + ("" if share.exact else "; padding ignored: no tensor shapes given"),
+        ]
     else:
         components = {"sharded_params": params, "optimizer_states": states}
         resident = params + states
@@ -265,12 +277,13 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
             "gradients are freed by zero_grad(set_to_none=True)"
             + ("" if share.exact else "; padding ignored: no tensor shapes given"),
         ]
+    if stage >= Stage.GRADIENTS:
         if d.reduce != d.gradient:
             notes.append(
                 f"gradients reduce-scattered in {d.reduce * 8}-bit (reduce_dtype), each "
                 "reduced shard cast to the fp32 gradient the optimizer reads"
             )
-        excess, excess_note = _allocator_blocks(setup, d, n_states)
+        excess, excess_note = (None, "") if offload else _allocator_blocks(setup, d, n_states)
         if excess is not None:
             components[SHARD_BLOCKS] = excess.shards
             components[STATE_BLOCKS] = excess.states
@@ -286,12 +299,15 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
     if not share.exact:
         notes.append("approximate: give an architecture for the exact per-tensor split")
     device = Placement(parameters=params, gradients=grads, optimizer_states=states)
+    cpu = Placement()
+    if offload:
+        device, cpu = Placement(), device
     step = _step(setup, stage, share, d, n_states)
     if step is None:
         return StageEstimate(
             stage=stage,
             device=device,
-            cpu=Placement(),
+            cpu=cpu,
             nvme=Placement(),
             resident=resident,
             components=components,
@@ -316,7 +332,7 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
     return StageEstimate(
         stage=stage,
         device=device,
-        cpu=Placement(),
+        cpu=cpu,
         nvme=Placement(),
         resident=base + memory.held_outputs,
         activations=memory.activations,
@@ -376,6 +392,7 @@ def _step(
     if arch is None or batch is None or setup.tp != 1 or setup.pp != 1:
         return None
     config = setup.engine_config or {}
+    offload = offloads(setup.offload)
     if setup.precision is Precision.FP32:
         regime = Regime.FP32
     elif setup.precision is Precision.BF16 or stage >= Stage.GRADIENTS:
@@ -403,9 +420,13 @@ def _step(
             # the root's pre-backward copies its parameters out of the flat all-gather output
             # (wait_for_unshard, foreach_all_gather_copy_out): both alive together
             root_copy_out = 2 * root
+            if offload:
+                # then it prefetches the last block: under CPUOffloadPolicy its shards are
+                # copied up and cast (the all-gather inputs) before its flat output is made
+                root_copy_out = max(root_copy_out, root + last_block + last_block // setup.dp)
     # DDP: each param.grad is its own tensor besides the bucket (gradient_as_bucket_view=False);
-    # FSDP2: the sharded fp32 gradients.
-    step_grads = share.grads * d.gradient
+    # FSDP2: the sharded fp32 gradients (in host memory under CPUOffloadPolicy).
+    step_grads = 0 if offload else share.grads * d.gradient
     root_reduction = 0
     fsdp_backward = None
     if stage >= Stage.GRADIENTS:
@@ -425,7 +446,7 @@ def _step(
             # after the copy-in the unsharded gradients are freed; the 16-bit output is cast
             # to the fp32 shard while both are alive
             root_reduction = max(root_reduction, root_input + root_shard * (d.reduce + d.gradient))
-        if batch.grad_accumulation_steps == 1:
+        if batch.grad_accumulation_steps == 1 and not offload:
             root_reduction += step_grads - root_shard * d.gradient
         fsdp_backward = _fsdp_backward(setup, stage, d, ts)
     last_gather = forward_gathered = 0
@@ -442,7 +463,9 @@ def _step(
     # foreach Adam/AdamW (the CUDA default): one temporary list the size of the local params
     # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach
     # updates in place.
-    temporary = share.states * d.parameter if n_states == STATE_TENSORS[Optimizer.ADAM] else 0
+    # Under CPUOffloadPolicy the optimizer steps the shards in host memory.
+    adam = n_states == STATE_TENSORS[Optimizer.ADAM]
+    temporary = share.states * d.parameter if adam and not offload else 0
     ddp_grads = None
     if stage < Stage.GRADIENTS and arch.modelling is not None:
         ddp_grads = _ddp_backward_grads(setup, d.gradient)
@@ -565,6 +588,7 @@ def _fsdp_backward(
     arch = setup.architecture
     assert arch is not None  # _step has an architecture
     n = setup.dp
+    offload = offloads(setup.offload)
     root, last = root_and_last_block(ts)
     block_shard = fsdp_shard_total(last, n)
     root_shard = fsdp_shard_total(root, n)
@@ -587,4 +611,6 @@ def _fsdp_backward(
         prefetch=stage is Stage.PARAMETERS,
         cast_output=block_shard * d.reduce if d.reduce != d.gradient else 0,
         embedding_grads=embedding_grads * d.compute if arch.modelling is not None else 0,
+        keeps_shards=not offload,
+        gather_inputs=block_shard * d.compute if offload and stage is Stage.PARAMETERS else 0,
     )

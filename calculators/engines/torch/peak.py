@@ -34,7 +34,8 @@ Runtime allocations that ``torch.cuda.memory_allocated`` also counts: the cuBLAS
 one per (handle, stream), and a handle per thread — the forward runs in the caller's thread and
 backward in autograd's device thread, so two. Their size is ``4096 × 8 KiB`` = 32 MiB on sm_90
 and newer (``aten/src/ATen/cuda/CublasHandlePool.cpp``, ``parseChosenWorkspaceSize``), else
-``4096 KiB × 2 + 16 KiB × 8``.
+``4096 KiB × 2 + 16 KiB × 8``. A model with biased linears also makes the 1 MiB cuBLASLt
+workspace (:data:`CUBLASLT_WORKSPACE`), two under activation checkpointing.
 """
 
 from __future__ import annotations
@@ -73,6 +74,43 @@ def cublas_workspace_bytes(config: Mapping[str, Any]) -> int:
         raise InputError("engine_config.compute_capability_major", "must be an integer >= 1")
     per_handle = CUBLAS_WORKSPACE_SM90 if major >= 9 else CUBLAS_WORKSPACE_OLDER
     return CUBLAS_HANDLES * per_handle
+
+
+# torch's cuBLASLt workspace, CUBLASLT_WORKSPACE_SIZE default 1024 KiB
+# (aten/src/ATen/cuda/CublasHandlePool.cpp parseCUDABlasLtWorkspaceSize). It is allocated
+# through the caching allocator by the first addmm with a bias epilogue (gemm_and_bias), which
+# is what F.linear on a biased nn.Linear runs in forward; an unbiased model never makes it. One
+# is kept per (cuBLAS handle, stream) (getCUDABlasLtWorkspace), and handles are per thread: a
+# forward recomputed by activation checkpointing runs in autograd's device thread and makes a
+# second one there.
+CUBLASLT_WORKSPACE = 1024 * 1024
+
+
+def runs_biased_linear(arch: Architecture | None) -> bool:
+    """Whether forward runs an ``nn.Linear`` with a bias (``addmm``'s bias epilogue)."""
+    return arch is not None and (arch.bias or arch.has_qkv_bias or arch.lm_head_bias)
+
+
+def biased_linear_threads(arch: Architecture | None, batch: Batch | None) -> int:
+    """Threads whose biased linears make a cuBLASLt workspace: the caller's forward, and
+    autograd's device thread where checkpointed blocks run forward again (0: no biased
+    linear)."""
+    if not runs_biased_linear(arch):
+        return 0
+    recompute = batch is not None and batch.activation_checkpointing is Checkpointing.FULL
+    return 2 if recompute else 1
+
+
+def cublaslt_workspace_bytes(
+    config: Mapping[str, Any], arch: Architecture | None, batch: Batch | None
+) -> int:
+    """The cuBLASLt workspaces the step's biased linears make (0 without one, or on CPU)."""
+    if "cublaslt_workspace_bytes" in config:
+        value = config["cublaslt_workspace_bytes"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError("engine_config.cublaslt_workspace_bytes", "must be a byte count >= 0")
+        return value
+    return CUBLASLT_WORKSPACE * biased_linear_threads(arch, batch)
 
 
 def holds_outputs(config: Mapping[str, Any]) -> bool:
@@ -142,6 +180,12 @@ class FsdpBackward:
         embedding_grads: what the token embedding's backward adds to the root's gradients:
             its dense weight gradient, and where the head is tied to it the sum autograd makes
             of that and the head's gradient (``InputBuffer``, out of place), all three alive.
+        keeps_shards: whether each reduced gradient shard stays on the device (``False`` under
+            ``CPUOffloadPolicy``: each is copied to the CPU as it is made, the device copy freed).
+        gather_inputs: ``CPUOffloadPolicy``: one block's all-gather inputs, its shards copied up
+            from the CPU and cast to the compute dtype (padded shard), alive while the flat
+            all-gather output they are copied into is allocated (0: no offload; the shards on
+            the device are copied straight into it).
     """
 
     layers: int
@@ -154,6 +198,8 @@ class FsdpBackward:
     prefetch: bool
     cast_output: int = 0
     embedding_grads: int = 0
+    keeps_shards: bool = True
+    gather_inputs: int = 0
 
     def at_block_start(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds when block ``i``'s backward starts (no gradient of it yet)."""
@@ -199,6 +245,15 @@ class FsdpBackward:
         common = self._common(i, accumulated_gradients) - self.block_grads
         return 2 * self.block_gathered + held_input + common
 
+    def at_prefetch(self, i: int, accumulated_gradients: int) -> int:
+        """Bytes FSDP2 holds when block ``i``'s pre-backward, its copy-out done (the flat output
+        freed), prefetches block ``i - 1`` under ``CPUOffloadPolicy``: the inputs copied up from
+        the CPU and block ``i - 1``'s flat output beside block ``i``'s parameters (0 for block 0,
+        which prefetches nothing, and without offload, where no inputs are made)."""
+        if i == 0 or not self.gather_inputs:
+            return 0
+        return self.at_gather(i, accumulated_gradients) + self.gather_inputs
+
     def _gathered(self, i: int, with_block: bool) -> int:
         own = self.block_gathered if with_block else 0
         if self.prefetch:  # block i-1 prefetched (none below block 0)
@@ -206,7 +261,8 @@ class FsdpBackward:
         return own + self.block_gathered * i  # blocks 0..i-1 still gathered since forward
 
     def _common(self, i: int, accumulated_gradients: int) -> int:
-        reduced = accumulated_gradients or (self.layers - 1 - i) * self.block_shard_grad
+        kept = (self.layers - 1 - i) * self.block_shard_grad if self.keeps_shards else 0
+        reduced = accumulated_gradients or kept
         return self.root_gathered + self.root_grads + self.block_grads + reduced
 
 
@@ -379,7 +435,7 @@ def step_memory(
     return StepMemory(
         activations=acts.end_of_forward,
         held_outputs=held,
-        workspaces=cublas_workspace_bytes(config),
+        workspaces=cublas_workspace_bytes(config) + cublaslt_workspace_bytes(config, arch, batch),
         end_of_forward=end_of_forward,
         step_gradients=step_gradients,
         moments=moments,
@@ -427,6 +483,7 @@ def _block_backward(
         if fsdp.prefetch:
             # before block i's backward
             moments.append(below + entering + fsdp.at_gather(i, accumulated_gradients))
+            moments.append(below + entering + fsdp.at_prefetch(i, accumulated_gradients))
         if experts or eager:
             # in its experts' (or eager attention's) backward, block i - 1 prefetched, no
             # gradient of the rest yet

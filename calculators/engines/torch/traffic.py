@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from calculators.conventions import FP32_BYTES, HALF_BYTES, PRECISION_BYTES, OffloadDevice, Stage
-from calculators.engines.torch.config import reduce_bytes
+from calculators.engines.torch.config import check_offload, reduce_bytes
 from calculators.errors import InputError
 from calculators.model_states import ceil_div
 from calculators.parameters import ParamList, ParamTensor, fsdp_padded_total, implied_note
@@ -93,7 +93,7 @@ def _fsdp_groups(params: Sequence[ParamTensor] | None) -> int:
 
 def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
     """The collectives and offload transfers of one optimizer step under ``stage``."""
-    check_offload(setup, stage)
+    check_offload(setup.training.offload, stage)
     t = setup.training
     if setup.zeropp.any:
         raise InputError("zeropp", "ZeRO++ is a DeepSpeed feature; use engine deepspeed or paper")
@@ -258,19 +258,3 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
             )
         )
     return EngineTraffic(tuple(out), tuple(transfers), tuple(notes))
-
-
-def check_offload(setup: CommunicationSetup, stage: Stage) -> None:
-    """Offload the torch engines run: FSDP2 ``CPUOffloadPolicy`` (parameters and optimizer
-    state together, to CPU, stages 2 and 3)."""
-    off = setup.training.offload
-    if off.optimizer is not OffloadDevice.NONE and off.params is OffloadDevice.NONE:
-        raise InputError(
-            "offload.optimizer",
-            "torch engines offload optimizer state only "
-            "with parameters (FSDP2 CPUOffloadPolicy); set offload.params too",
-        )
-    if OffloadDevice.NVME in (off.optimizer, off.params):
-        raise InputError("offload", "torch engines offload to CPU only")
-    if off.params is not OffloadDevice.NONE and stage < Stage.GRADIENTS:
-        raise InputError("offload.params", "torch offload needs FSDP2 (stages 2 and 3)")
