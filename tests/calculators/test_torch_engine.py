@@ -33,6 +33,22 @@ def _setup(dp: int, precision: Precision = Precision.MIXED_BF16, **kw: object) -
     )
 
 
+def _adamw(arch: Architecture, batch: object, dp: int = 4, **kw: object) -> TrainingSetup:
+    """FSDP2's usual setup: mixed bf16, AdamW, the architecture's own parameter count."""
+    from calculators.parameters import architecture_params
+
+    return TrainingSetup(
+        params=sum(t.numel for t in architecture_params(arch)),
+        dp=dp,
+        precision=Precision.MIXED_BF16,
+        optimizer=Optimizer.ADAMW,
+        engine=Engine.TORCH,
+        architecture=arch,
+        batch=batch,  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
 def test_registered_as_the_torch_engine() -> None:
     assert engine_model(Engine.TORCH) is MODEL
     assert estimate(_setup(4), [0, 3]).convention.startswith("torch")
@@ -144,19 +160,11 @@ def _offload_pair(stage: Stage, dp: int, **batch: object) -> tuple[StageEstimate
     from calculators.batch import Batch
 
     arch = Architecture(layers=4, hidden=256, heads=4, vocab_size=1000, max_seq_len=256)
-    kw: dict[str, object] = {
-        "params": sum(t.numel for t in tensors(arch)),
-        "dp": dp,
-        "precision": Precision.MIXED_BF16,
-        "optimizer": Optimizer.ADAMW,
-        "engine": Engine.TORCH,
-        "architecture": arch,
-        "batch": Batch(**{"micro_batch_size": 1, "seq_len": 256, **batch}),  # type: ignore[arg-type]
-    }
+    micro = Batch(**{"micro_batch_size": 1, "seq_len": 256, **batch})  # type: ignore[arg-type]
     on = Offload(optimizer=OffloadDevice.CPU, params=OffloadDevice.CPU)
     return (
-        MODEL.estimate(TrainingSetup(**kw), stage),  # type: ignore[arg-type]
-        MODEL.estimate(TrainingSetup(**kw, offload=on), stage),  # type: ignore[arg-type]
+        MODEL.estimate(_adamw(arch, micro, dp), stage),
+        MODEL.estimate(_adamw(arch, micro, dp, offload=on), stage),
     )
 
 
@@ -319,15 +327,7 @@ def test_fsdp2_reduces_the_root_last_with_its_unsharded_gradients_alive(stage: S
 
     arch = Architecture(layers=2, hidden=256, heads=4, vocab_size=1000, max_seq_len=128)
     ts = architecture_params(arch)
-    setup = TrainingSetup(
-        params=sum(t.numel for t in ts),
-        dp=4,
-        precision=Precision.MIXED_BF16,
-        optimizer=Optimizer.ADAMW,
-        engine=Engine.TORCH,
-        architecture=arch,
-        batch=Batch(micro_batch_size=1, seq_len=128),
-    )
+    setup = _adamw(arch, Batch(micro_batch_size=1, seq_len=128))
     c = estimate(setup, [stage]).stages[0].components
     root = fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], 4)
     blocks = fsdp_shard_total(ts, 4) - root
@@ -364,3 +364,26 @@ def test_without_the_caching_allocator_the_tensors_count_as_they_ask() -> None:
     with pytest.raises(InputError) as err:
         MODEL.estimate(setup(caching_allocator="no"), Stage.PARAMETERS)
     assert err.value.field == "engine_config.caching_allocator"
+
+
+@pytest.mark.parametrize("stage", [Stage.GRADIENTS, Stage.PARAMETERS])
+def test_fsdp2_forward_gathers_block_0_with_the_roots_flat_output_kept(stage: Stage) -> None:
+    # every unit is resharded when backward ends: forward gathers the root, runs the embedding
+    # and gathers block 0 while the root's flat all-gather output is still kept, the loop's
+    # last outputs alive
+    from calculators.activations import Regime, activations
+    from calculators.batch import Batch
+    from calculators.parameters import ROOT_GROUP, architecture_params, fsdp_shard_total
+
+    arch = Architecture(layers=3, hidden=256, heads=4, vocab_size=8000, max_seq_len=128)
+    ts = architecture_params(arch)
+    batch = Batch(micro_batch_size=1, seq_len=64)
+    setup = _adamw(arch, batch)
+    c = estimate(setup, [stage]).stages[0].components
+    root = 4 * fsdp_shard_total([t for t in ts if t.group == ROOT_GROUP], 4)
+    block0 = 4 * fsdp_shard_total([t for t in ts if t.group == "blocks.0"], 4)
+    embedded = 2 * 64 * 256 + activations(arch, batch, Regime.HALF).embedding
+    expected = 2 * 2 * (root + block0) + embedded + c["held_outputs"]
+    assert c["peak_candidate_first_block_gather"] == expected
+    ddp = estimate(setup, [Stage.OPTIMIZER]).stages[0].components
+    assert "peak_candidate_first_block_gather" not in ddp

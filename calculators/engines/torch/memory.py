@@ -449,9 +449,15 @@ def _step(
         if batch.grad_accumulation_steps == 1 and not offload:
             root_reduction += step_grads - root_shard * d.gradient
         fsdp_backward = _fsdp_backward(setup, stage, d, ts)
-    last_gather = forward_gathered = 0
+    last_gather = forward_gathered = first_gather = 0
     if stage >= Stage.GRADIENTS:
         root, block = _root_and_last_block(setup, d.compute)
+        # every unit is resharded when backward ends, so forward gathers the root again, then
+        # block 0: at block 0's copy-out the root's flat all-gather output is still kept (the
+        # same rule as below), beside the root's parameters and block 0's flat output and
+        # parameters (N × padded shard each)
+        first = setup.dp * fsdp_shard_total(first_block(param_tensors(setup) or []), setup.dp)
+        first_gather = 2 * root + 2 * first * d.compute
         # FSDP2 in forward keeps each all-gather's flat output (N × padded shard) until the
         # next unit's copy-out is done, and the last one until the root's post-forward
         # (_fsdp_param_group.py wait_for_unshard, _fsdp_state.py _post_forward): at the last
@@ -484,6 +490,7 @@ def _step(
         fsdp_backward=fsdp_backward,
         forward_gathered=forward_gathered,
         last_gather=last_gather,
+        first_gather=first_gather,
         config=config,
     )
     # input ids and targets (int64) of every micro-batch the loop holds
@@ -560,6 +567,26 @@ def root_and_last_block(
         *tensors[expert : expert + kind.post],
     ]
     return root, last
+
+
+def first_block(ts: Sequence[ParamTensor]) -> list[ParamTensor]:
+    """The tensors of the first block (shaped as its kind's first block, each expert's tensors
+    once per expert), the unit forward gathers after the root."""
+    if not isinstance(ts, ParamList):
+        groups = [t.group for t in ts if t.group != ROOT_GROUP]
+        return [t for t in ts if groups and t.group == groups[0]]
+    template = ts.template
+    if not template.kinds:
+        return []
+    kind = template.kinds[0]
+    start = template.first
+    pre, expert = start + kind.pre, start + kind.pre + kind.expert
+    tensors = template.tensors
+    return [
+        *tensors[start:pre],
+        *tensors[pre:expert] * template.experts,
+        *tensors[expert : expert + kind.post],
+    ]
 
 
 def blocks(ts: Sequence[ParamTensor]) -> int:

@@ -16,7 +16,8 @@ tensors whose lifetimes come from autograd and the engines' source:
   fp32 ``tokens × vocab`` gradients of the loss (nll_loss's grad input and log_softmax's).
 - ``loss_forward`` and ``last_block_gather`` (FSDP2, the last block's all-gather in forward)
   also find the last step's ``logits`` and ``loss``: the loop rebinds them only when forward
-  returns.
+  returns; so does ``first_block_gather`` (FSDP2, block 0's all-gather, the root's flat output
+  still kept beside the root's parameters).
 - ``recompute`` (activation checkpointing): the first block recomputed in backward.
 - ``block_backward`` (FSDP2): the end of a block's backward, before its post-backward hook
   reshards it (:class:`FsdpBackward`): the root unit gathered again for the head's backward and
@@ -293,6 +294,7 @@ def step_memory(
     fsdp_backward: FsdpBackward | None = None,
     forward_gathered: int = 0,
     last_gather: int = 0,
+    first_gather: int = 0,
     config: Mapping[str, Any],
 ) -> StepMemory:
     """The moments of one step, in bytes above the resident model states.
@@ -318,6 +320,9 @@ def step_memory(
             forward, its flat all-gather output and the previous block's included (0: none).
         last_gather: the flat all-gather output still alive while a loss inside the root
             module runs (0: none).
+        first_gather: FSDP2's gathered bytes at block 0's all-gather in forward: the root's
+            parameters and flat all-gather output, block 0's flat output and parameters (0:
+            none).
         config: engine knobs (``holds_outputs``, ``cublas_workspace_bytes``).
         ddp_grads: DDP's gradients made as backward goes (``None``: not DDP, or not a
             transformers model); counted on the first micro-step, where they are not all
@@ -356,6 +361,13 @@ def step_memory(
             + hidden
             + (hidden if embeds else 0)
             + held
+        )
+    if first_gather:
+        # forward has run the token embedding only: its output (the hidden state entering
+        # block 0) and what it saved, beside the last step's outputs the loop still holds
+        res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
+        moments["first_block_gather"] = (
+            first_gather + acts.embedding + res * batch.tokens * arch.hidden + held
         )
     if root_copy_out:
         # the root's pre-backward hook sits on its outputs: on the loss a transformers model
