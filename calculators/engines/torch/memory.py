@@ -637,7 +637,7 @@ def _fsdp_backward(
         block_shard_grad=block_shard * d.gradient,
         prefetch=stage is Stage.PARAMETERS,
         cast_output=block_shard * d.reduce if d.reduce != d.gradient else 0,
-        embedding_grads=embedding_grads * d.compute if arch.modelling is not None else 0,
+        embedding_grads=embedding_grads * d.compute,
         keeps_shards=not offload,
         gather_inputs=block_shard * d.compute if offload and stage is Stage.PARAMETERS else 0,
     )
