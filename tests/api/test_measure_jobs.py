@@ -114,7 +114,7 @@ def gone(pid: int) -> bool:
     """No such process, or a zombie (an orphan our container's init may never reap)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or while, it was read
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
