@@ -73,8 +73,9 @@ class TrainingIn(StrictModel):
             "it decides stage, fp16/bf16, offload, optimizer, micro-batch, accumulation and "
             'every ZeRO knob, "auto" filled as transformers\' Trainer fills it. Engine torch: '
             "FSDP2 settings (reshard_after_forward, mixed_precision as MixedPrecisionPolicy "
-            "with reduce_dtype float32 or the param_dtype, accelerate's fsdp_config "
-            "keys) and holds_outputs, cublas_workspace_bytes, compute_capability_major, "
+            "with reduce_dtype float32 or the param_dtype, offload_policy CPUOffloadPolicy, "
+            "accelerate's fsdp_config keys) and holds_outputs, cublas_workspace_bytes, "
+            "cublaslt_workspace_bytes, compute_capability_major, "
             "caching_allocator (false: bytes as the tensors ask, no CUDA caching allocator's "
             "blocks). Request "
             "fields sent explicitly must agree with it; resolved_config in the response lists "
