@@ -480,10 +480,17 @@ def check_cpu_run(ms: MeasureSpec) -> float | None:
     """Seconds of arithmetic the run needs if it runs on this host's CPU (``None`` on a GPU).
 
     Raises:
-        InputError: a long CPU run without ``allow_slow_cpu``.
+        InputError: a long CPU run without ``allow_slow_cpu``, or FSDP2's CPU offload asked of
+            the CPU.
     """
     if _device(ms.device).type != "cpu":
         return None
+    if ms.engine is Engine.TORCH and offloads(ms.offload):
+        raise InputError(
+            "offload.params",
+            "FSDP2's CPUOffloadPolicy moves the shards from a CUDA device to pinned host "
+            "memory: it is measured on a GPU only",
+        )
     params = model_params(ms)
     if params is None:
         params = build_workload(ms).params  # the Hugging Face model, counted on the meta device
@@ -498,12 +505,6 @@ def run(spec: dict[str, Any], progress: Progress = _noop) -> dict[str, Any]:
     """
     ms = parse_spec(spec)
     device = _device(ms.device)
-    if ms.engine is Engine.TORCH and device.type != "cuda" and offloads(ms.offload):
-        raise InputError(
-            "offload.params",
-            "FSDP2's CPUOffloadPolicy moves the shards from a CUDA device to pinned host "
-            "memory: it is measured on a GPU only",
-        )
     mode = _resolve_mode(ms, device)
     progress(0.0, f"checking the request: {mode} dp={ms.dp} on {device.type}")
     cpu_seconds = check_cpu_run(ms) if mode != "torchrun" or device.type == "cpu" else None
