@@ -259,17 +259,8 @@ def test_model_parallelism_is_refused(field: str) -> None:
 
 def _loss_backward(arch: Architecture, dp: int, stage: Stage) -> int:
     from calculators.batch import Batch
-    from calculators.parameters import architecture_params
 
-    setup = TrainingSetup(
-        params=sum(t.numel for t in architecture_params(arch)),
-        dp=dp,
-        precision=Precision.MIXED_BF16,
-        optimizer=Optimizer.ADAMW,
-        engine=Engine.TORCH,
-        architecture=arch,
-        batch=Batch(micro_batch_size=2, seq_len=1024),
-    )
+    setup = _adamw(arch, Batch(micro_batch_size=2, seq_len=1024), dp)
     return estimate(setup, [stage]).stages[0].components["peak_candidate_loss_backward"]
 
 
