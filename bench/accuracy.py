@@ -151,7 +151,9 @@ def _validate_run(
     )
 
 
-def warmup_workspace(env: Mapping[str, Any], setup: TrainingSetup) -> dict[str, int]:
+def warmup_workspace(
+    env: Mapping[str, Any], arch: Architecture | None, batch: Batch | None
+) -> dict[str, int]:
     """The cuBLASLt workspaces of a torch run whose process made one before its baseline
     whatever the model: results without ``warmup_linear_bias`` were measured after a biased
     warm-up linear, which made the main thread's (``measure.session.runtime_warmup`` now makes
@@ -159,7 +161,7 @@ def warmup_workspace(env: Mapping[str, Any], setup: TrainingSetup) -> dict[str, 
     thread's one too."""
     if env.get("device_type") != "cuda" or "warmup_linear_bias" in env:
         return {}
-    threads = max(1, biased_linear_threads(setup.architecture, setup.batch))
+    threads = max(1, biased_linear_threads(arch, batch))
     return {"cublaslt_workspace_bytes": threads * CUBLASLT_WORKSPACE}
 
 
@@ -180,7 +182,7 @@ def torch_peak_runs(path: Path) -> list[Run]:
             )
             config = {
                 "fsdp_root_reshard_after_forward": True,
-                **warmup_workspace(item["result"]["environment"], setup),
+                **warmup_workspace(item["result"]["environment"], arch, setup.batch),
             }
             setup = replace(setup, engine_config=config)
             out.append(_validate_run(path, item["case"], run, setup, GPT))
@@ -289,7 +291,8 @@ def _hf_engine_config(
             config["cublaslt_workspace_bytes"] = 0
     else:
         config["fsdp_root_reshard_after_forward"] = True
-        config.update(warmup_workspace(environment or {"device_type": "cuda"}, setup))
+        env = environment or {"device_type": "cuda"}
+        config.update(warmup_workspace(env, setup.architecture, setup.batch))
         if given:  # the FSDP2 settings every request carried, as measure resolved them
             asked = Requested(
                 stages=(stage,),

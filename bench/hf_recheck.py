@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.accuracy import warmup_workspace  # noqa: E402
 from calculators.conventions import Stage  # noqa: E402
+from calculators.engines.torch.config import REDUCE_DTYPE  # noqa: E402
 from calculators.memory import estimate  # noqa: E402
 from measure.compare import predicted_memory, relative_error  # noqa: E402
 from measure.runner import RunSettings, training_setup  # noqa: E402
@@ -101,6 +102,10 @@ def recheck(path: Path, clean: bool) -> list[dict[str, Any]]:
             device=result["environment"]["device_type"],
             warmup_steps=1,
             steps=1,
+            stages=[r["stage"] for r in result["runs"]],
+            padded="padded" in result["workload"],
+            attn_implementation=data.get("attn_implementation", "sdpa"),
+            engine_config=data.get("engine_config"),
         )
         for run in result["runs"]:
             ms = _spec(case, args, run)
@@ -108,9 +113,11 @@ def recheck(path: Path, clean: bool) -> list[dict[str, Any]]:
             stage = Stage(run["stage"])
             tensors = tuple(workload.tensors)
             settings = stored_settings(run, tensors)
+            if run["engine"] == "torch":  # the FSDP2 reduce dtype the file's config decided
+                settings = replace(settings, reduce_dtype=ms.engine_config.get(REDUCE_DTYPE))
             setup = training_setup(ms, workload, run["world_size"], settings, stage)
             if run["engine"] == "torch":  # the cuBLASLt workspace an older warm-up made
-                made = warmup_workspace(result["environment"], setup)
+                made = warmup_workspace(result["environment"], setup.architecture, setup.batch)
                 setup = replace(setup, engine_config={**setup.engine_config, **made})
             after = predicted_memory(estimate(setup, [stage]).stages[0])
             before = run["predicted"]

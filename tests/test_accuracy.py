@@ -29,6 +29,7 @@ from bench.accuracy import (
     stated,
     summarise,
     validate_runs,
+    warmup_workspace,
 )
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import Stage
@@ -140,7 +141,7 @@ def _cublaslt_since(data: dict[str, Any], case: dict[str, Any], gpu: dict[str, A
     """The cuBLASLt bytes today's torch prediction of one run counts beyond those the GPU's
     counted (its ``runtime_workspaces`` less the two cuBLAS ones): results without
     ``warmup_linear_bias`` were measured after a biased warm-up linear had made the main
-    thread's, which ``bench.accuracy`` counts for them whatever the model."""
+    thread's, which ``bench.accuracy.warmup_workspace`` counts for them whatever the model."""
     result = case["result"]
     if case["engine"] != "torch":
         return 0
@@ -148,11 +149,10 @@ def _cublaslt_since(data: dict[str, Any], case: dict[str, Any], gpu: dict[str, A
     shape = re.search(r"b(\d+) s(\d+)", result["workload"])
     assert shape is not None
     batch = Batch(int(shape[1]), int(shape[2]), Checkpointing(case["checkpointing"]))
-    threads = biased_linear_threads(arch, batch)
-    if "warmup_linear_bias" not in result["environment"]:
-        threads = max(1, threads)
+    made = warmup_workspace(result["environment"], arch, batch).get("cublaslt_workspace_bytes")
+    today = made if made is not None else CUBLASLT_WORKSPACE * biased_linear_threads(arch, batch)
     counted = gpu["predicted"]["components"]["runtime_workspaces"] - 2 * CUBLAS_WORKSPACE_SM90
-    return CUBLASLT_WORKSPACE * threads - counted
+    return today - counted
 
 
 def test_hf_requests_are_rebuilt_as_the_gpu_run_built_them() -> None:

@@ -342,3 +342,31 @@ def test_fsdp2_recomputed_dense_mlp_backward_at_nd_64(family: str) -> None:
     assert abs(got["p_peak"] - got["peak"]) <= 0.005 * got["peak"], got
     assert got["p_moment"] == "recompute", got
     assert got["phase"] == "backward", got
+
+
+def canonical_at_few_tokens() -> list[str]:
+    """Measured and predicted peaks of the canonical decoder at few tokens over a large
+    vocabulary, tied and untied, stages 2 and 3, simulated Nd 8 (the figures
+    ``python3 -m tests.measure.test_fsdp_peak`` prints)."""
+    global ARCH, TOKENS
+    kept = ARCH, TOKENS
+    rows = []
+    try:
+        for tied in (False, True):
+            for vocab, tokens in ((32000, 16), (50257, 8)):
+                ARCH, TOKENS = {**kept[0], "vocab_size": vocab, "tied_embeddings": tied}, tokens
+                for stage in (Stage.GRADIENTS, Stage.PARAMETERS):
+                    _, peak = _measured(8, stage)
+                    _, p_peak, moment = _predicted(8, stage)
+                    rows.append(
+                        f"tied={tied} vocab={vocab} tokens={tokens} Nd=8 stage={int(stage)}: "
+                        f"measured {peak:,} B, predicted {p_peak:,} B "
+                        f"({100 * (p_peak - peak) / peak:+.2f} %, {moment})"
+                    )
+    finally:
+        ARCH, TOKENS = kept
+    return rows
+
+
+if __name__ == "__main__":
+    print("\n".join(canonical_at_few_tokens()))  # noqa: T201 (a script's report)

@@ -551,35 +551,29 @@ def root_and_last_block(
     """
     if not isinstance(ts, ParamList):
         root = [t for t in ts if t.group == ROOT_GROUP]
-        blocks = [t.group for t in ts if t.group != ROOT_GROUP]
-        return root, [t for t in ts if blocks and t.group == blocks[-1]]
-    template = ts.template
-    root = [t for t in template.tensors if t.group == ROOT_GROUP]
-    if not template.kinds:
-        return root, []
-    kind = template.kinds[-1]
-    start = template.first + sum(k.pre + k.expert + k.post for k in template.kinds[:-1])
-    pre, expert = start + kind.pre, start + kind.pre + kind.expert
-    tensors = template.tensors
-    last = [
-        *tensors[start:pre],
-        *tensors[pre:expert] * template.experts,
-        *tensors[expert : expert + kind.post],
-    ]
-    return root, last
+        return root, _block(ts, -1)
+    root = [t for t in ts.template.tensors if t.group == ROOT_GROUP]
+    return root, _block(ts, -1)
 
 
 def first_block(ts: Sequence[ParamTensor]) -> list[ParamTensor]:
-    """The tensors of the first block (shaped as its kind's first block, each expert's tensors
-    once per expert), the unit forward gathers after the root."""
+    """The tensors of the first block, the unit forward gathers after the root (shaped as
+    :func:`root_and_last_block` shapes the last)."""
+    return _block(ts, 0)
+
+
+def _block(ts: Sequence[ParamTensor], which: int) -> list[ParamTensor]:
+    """The tensors of the first (``which`` 0) or last (-1) block: a :class:`ParamList`'s as the
+    first block of that kind in its template, each expert's tensors once per expert."""
     if not isinstance(ts, ParamList):
         groups = [t.group for t in ts if t.group != ROOT_GROUP]
-        return [t for t in ts if groups and t.group == groups[0]]
+        return [t for t in ts if groups and t.group == groups[which]]
     template = ts.template
     if not template.kinds:
         return []
-    kind = template.kinds[0]
-    start = template.first
+    kinds = template.kinds[:which] if which else []
+    kind = template.kinds[which]
+    start = template.first + sum(k.pre + k.expert + k.post for k in kinds)
     pre, expert = start + kind.pre, start + kind.pre + kind.expert
     tensors = template.tensors
     return [
