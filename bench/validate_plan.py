@@ -88,6 +88,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--micro", type=_ints, default=(2, 8), help="micro-batch sizes to try")
     ap.add_argument("--stages", type=_ints, default=(0, 1, 2, 3))
     ap.add_argument("--checkpointing", default="none", help="comma list: none,selective,full")
+    ap.add_argument(
+        "--offload",
+        default="none",
+        help="comma list: none,optimizer,optimizer_and_params (torch: FSDP2's CPU offload, "
+        "stages 2-3)",
+    )
     ap.add_argument("--steps", type=int, default=5, help="timed steps per run")
     ap.add_argument("--max-runs", type=int, default=8, help="measure at most this many")
     ap.add_argument("--out", default="bench/results")
@@ -230,7 +236,9 @@ def plan_setup(args: argparse.Namespace, arch: Architecture, gpu: Gpu, nd: int) 
             activation_checkpointing=tuple(
                 Checkpointing(x) for x in args.checkpointing.split(",") if x
             ),
-            offload=(OffloadChoice.NONE,),
+            offload=tuple(
+                OffloadChoice(x) for x in getattr(args, "offload", "none").split(",") if x
+            ),
             hsdp=False,
         ),
         # as the runs reduce: measure's loop reduces every micro-step unless --grad-sync per_step
@@ -308,6 +316,7 @@ def report_files(args: argparse.Namespace) -> int:
                 "--checkpointing",
                 ",".join(sorted({c.activation_checkpointing.value for c in configs})),
                 "--grad-sync", body.get("grad_sync", "per_micro_step"),
+                "--offload", ",".join(sorted({c.offload.value for c in configs})),
             ]
         )  # fmt: skip
         arch = architecture_from_body(body["model_body"])

@@ -62,6 +62,24 @@ ALLOCATOR_MARGIN = 0.10
 # DeepSpeed's CPU Adam (csrc/adam/cpu_adam_impl.cpp) streams each state once per step with
 # AVX: memory-bound on the host. A two-socket host's ~300 GB/s DDR5 shared by 8 ranks.
 HOST_OPTIMIZER_BANDWIDTH = 300 * 10**9 // 8
+HOST_OPTIMIZER_SOURCE = (
+    "DeepSpeed's CPU Adam (AVX, its own threads): a two-socket host's ~300 GB/s shared by 8 "
+    "ranks, stated"
+)
+# FSDP2's CPUOffloadPolicy steps torch's own optimizer on the host: on the CPU it takes the
+# single-tensor loop (the foreach kernels serve CUDA-like devices only), on one thread per rank
+# (torchrun and accelerate launch set OMP_NUM_THREADS=1). bench/host_adam.py, a 1.5B Llama's
+# shards at world 4 on a 64-core H200 host, 4 ranks stepping at once: 7.85 ns per parameter
+# = 10.2 GB/s at AdamW's 80 B (bench/results/host_adam/h200x4.json).
+TORCH_HOST_OPTIMIZER_BANDWIDTH = 10.2e9
+TORCH_HOST_OPTIMIZER_SOURCE = (
+    "torch's single-tensor AdamW on one host thread per rank (OMP_NUM_THREADS=1, as torchrun "
+    "and accelerate launch set it): 10.2 GB/s per rank with 4 ranks stepping at once on an "
+    "H200 host (bench/results/host_adam), stated"
+)
+# FSDP2 accumulates an offloaded gradient on the host (_fsdp_collectives.py foreach_reduce:
+# sharded_param.grad._local_tensor += the copied shard): fp32 read 4 + read 4 + write 4.
+HOST_ACCUMULATE_BYTES = 12
 # Bounded work: the engines walk every parameter tensor once per configuration (about 7 µs a
 # tensor on one core), so a search is capped at this many configuration × tensor visits (~2 s).
 MAX_TENSOR_VISITS = 250_000
@@ -72,9 +90,12 @@ class OffloadChoice(StrEnum):
 
     NONE = "none"
     OPTIMIZER = "optimizer"
-    """Optimizer states (and, from stage 2, the gradient partition) in CPU memory; CPU Adam."""
+    """Optimizer states (and, from stage 2, the gradient partition) in CPU memory; CPU Adam
+    (DeepSpeed ZeRO-Offload)."""
     OPTIMIZER_AND_PARAMS = "optimizer_and_params"
-    """Also the stage-3 parameter partition (ZeRO-Infinity, CPU)."""
+    """Also the parameter partition: DeepSpeed's stage-3 ZeRO-Infinity (CPU), or FSDP2's
+    ``CPUOffloadPolicy`` at stages 2 and 3 (shards, gradients and torch's optimizer on the
+    host)."""
 
     @property
     def offload(self) -> Offload:
@@ -89,7 +110,8 @@ class OffloadChoice(StrEnum):
         if self is OffloadChoice.NONE:
             return True
         if engine is not Engine.DEEPSPEED:
-            return False  # FSDP2 CPUOffloadPolicy: its host optimizer step is not timed
+            # FSDP2's CPUOffloadPolicy moves the parameters with their optimizer, stages 2-3
+            return self is OffloadChoice.OPTIMIZER_AND_PARAMS and stage >= Stage.GRADIENTS
         if self is OffloadChoice.OPTIMIZER:
             return stage >= Stage.OPTIMIZER
         return stage >= Stage.PARAMETERS
@@ -160,7 +182,8 @@ class PlanSetup:
         gpu_figures: the other GPU-side figures (attention and memory efficiency, passes).
         context_reserve: device bytes outside the allocator (CUDA context, NCCL).
         allocator_margin: fraction of the device kept free for the allocator's rounding.
-        host_optimizer_bandwidth: host bytes/s one rank's CPU optimizer streams.
+        host_optimizer_bandwidth: host bytes/s one rank's CPU optimizer streams (None: the
+            engine's stated figure, ``host_optimizer``).
         grad_sync: when DDP (torch stages 0-1) reduces gradients under accumulation (a loop
             without ``no_sync`` reduces on every micro-step); FSDP2 (stages 2-3) is planned
             reducing on every micro-step, the accounting its memory figures follow.
@@ -184,7 +207,7 @@ class PlanSetup:
     gpu_figures: GpuFigures = field(default_factory=GpuFigures)
     context_reserve: int = CONTEXT_RESERVE
     allocator_margin: float = ALLOCATOR_MARGIN
-    host_optimizer_bandwidth: float = HOST_OPTIMIZER_BANDWIDTH
+    host_optimizer_bandwidth: float | None = None
     grad_sync: GradSync = GradSync.PER_STEP
 
     def __post_init__(self) -> None:
@@ -235,6 +258,16 @@ class PlanSetup:
     def gpu_side(self) -> GpuFigures:
         """The GPU-side figures with the efficiency's GEMM efficiency."""
         return replace(self.gpu_figures, gemm_efficiency=self.efficiency.value)
+
+    @property
+    def host_optimizer(self) -> tuple[float, str]:
+        """Host bytes/s of one rank's offloaded optimizer step, and where the figure comes from:
+        DeepSpeed's CPU Adam, or torch's own optimizer under FSDP2's CPU offload."""
+        if self.host_optimizer_bandwidth is not None:
+            return self.host_optimizer_bandwidth, "given"
+        if self.engine is Engine.TORCH:
+            return TORCH_HOST_OPTIMIZER_BANDWIDTH, TORCH_HOST_OPTIMIZER_SOURCE
+        return HOST_OPTIMIZER_BANDWIDTH, HOST_OPTIMIZER_SOURCE
 
     @property
     def host_side(self) -> HostFigures:
@@ -354,6 +387,7 @@ class Assumptions:
     allocator_margin: float
     usable_memory: int
     host_optimizer_bandwidth: float
+    host_optimizer_source: str
     offload_transfer_overlapped: bool
     compute_slowdown_from_overlap: float
     notes: tuple[str, ...]
@@ -386,6 +420,12 @@ ASSUMPTION_NOTES = (
     "overlapped collectives cost one call's time that cannot hide (the first all-gather, the "
     "last gradient bucket) plus whatever exceeds the compute of their phase",
     "offload transfers are not hidden behind compute; the CPU optimizer runs after backward",
+    "FSDP2's CPU offload (engine torch): torch's optimizer steps the host shards at the host "
+    "optimizer bandwidth (80 B per parameter for AdamW, 72 for Adam); under gradient "
+    "accumulation each later micro-step adds its copied gradient on the host (12 B per "
+    "parameter) and waits for its reduce-scatters, which are then not hidden; ranks launched "
+    "with torch's default thread count oversubscribe the host's cores in that step (measured "
+    "10 × slower on 4 ranks of a 64-CPU host): set OMP_NUM_THREADS as torchrun does",
     "under gradient accumulation DDP candidates reduce as grad_sync says (per_step: no_sync on "
     "all but the last micro-step); FSDP2 candidates reduce-scatter on every micro-step, as "
     "their memory is counted: set_requires_gradient_sync(False) would keep every parameter's "
@@ -528,6 +568,17 @@ def configs(setup: PlanSetup) -> list[Config]:
             "stages, micro_batch_size, activation_checkpointing or offload",
         )
     return out
+
+
+def _blocking_backward(phase: PhaseComm, micro_steps: int, window: float) -> float:
+    """Exposed backward communication of FSDP2 with CPU offload over ``micro_steps``
+    accumulating micro-steps: the first hides its reduce-scatters as without offload, each
+    later one waits for them (``_fsdp_collectives.py`` ``foreach_reduce``: the copy to the
+    host is ``non_blocking`` only when the parameter holds no gradient yet)."""
+    first = exposed_seconds(
+        PhaseComm(phase.repeated_seconds, phase.repeated_calls), 1, window, overlapped=True
+    )
+    return first + (micro_steps - 1) * phase.repeated_seconds + phase.once_seconds
 
 
 def tensor_count(arch: Architecture) -> int:
@@ -684,6 +735,13 @@ class _Evaluator:
         windows = {Phase.FORWARD: fwd, Phase.BACKWARD: bwd, Phase.STEP: 0.0}
         flags = {Phase.FORWARD: ov.forward, Phase.BACKWARD: ov.backward, Phase.STEP: ov.step}
         exposed = sum(exposed_seconds(comm.phases[p], ga, windows[p], flags[p]) for p in Phase)
+        torch_offload = s.engine is Engine.TORCH and c.offload is not OffloadChoice.NONE
+        if torch_offload and ga > 1:
+            # foreach_reduce copies a gradient to the host without blocking only while the
+            # parameter holds none: from the second micro-step on the copy blocks the host
+            # until its reduce-scatter is done, so those reduce-scatters are not hidden
+            b = comm.phases[Phase.BACKWARD]
+            exposed += _blocking_backward(b, ga, bwd) - exposed_seconds(b, ga, bwd, ov.backward)
         collective = sum(comm.phases[p].total(ga) for p in Phase)
 
         # the optimizer updates the whole model at stage 0, its partition from stage 1 on
@@ -693,9 +751,15 @@ class _Evaluator:
             per_param = optimizer_bytes_per_param(s.precision, self.k, s.engine, s.optimizer)
             bandwidth = float(s.gpu.memory_bandwidth) * s.gpu_figures.memory_efficiency
             optimizer = shard * per_param / bandwidth if bandwidth > 0 else 0.0
+        elif s.engine is Engine.TORCH:
+            # torch's own optimizer over the host shards, and (accumulating) each later
+            # micro-step's host add of the copied gradient
+            per_param = optimizer_bytes_per_param(s.precision, self.k, s.engine, s.optimizer)
+            host = per_param + (ga - 1) * HOST_ACCUMULATE_BYTES
+            optimizer = shard * host / s.host_optimizer[0]
         else:
             per_param = optimizer_bytes_per_param(s.precision, self.k)
-            optimizer = shard * per_param / s.host_optimizer_bandwidth
+            optimizer = shard * per_param / s.host_optimizer[0]
         step = StepTime(
             compute=micro.seconds * ga,
             recompute=self.recompute_seconds(c, micro) * ga,
@@ -966,6 +1030,21 @@ def _probe_host(
     return _ProbeFit(high, dispatches, micro.gpu, other)
 
 
+def _offload_note(
+    setup: PlanSetup, config: Config, step: StepTime, measured: float
+) -> tuple[str, ...]:
+    """What calibrating on an offloaded run takes as given."""
+    if config.offload is OffloadChoice.NONE:
+        return ()
+    bandwidth, source = setup.host_optimizer
+    return (
+        f"the run offloads: its host optimizer step ({step.optimizer_step:.3g} s of the measured "
+        f"{measured:.3g} s) and offload transfers are taken as predicted "
+        f"({bandwidth / 1e9:.3g} GB/s: {source}), so their error goes into the calibrated "
+        "figures; a run without offload calibrates them cleanly",
+    )
+
+
 def calibrate(
     setup: PlanSetup,
     config: Config,
@@ -1007,9 +1086,9 @@ def calibrate(
             host *= per_micro / micro.host
         else:
             eff = _gemm_efficiency(setup, micro, per_micro)
-        skipped: tuple[str, ...] = ()
+        skipped: tuple[str, ...] = _offload_note(setup, config, step, measured_seconds)
         if probe is not None:
-            skipped = ("figure gpu: the host probe was not used",)
+            skipped += ("figure gpu: the host probe was not used",)
         return Calibration(
             efficiency=eff,
             host_seconds_per_kernel=host,
@@ -1023,8 +1102,8 @@ def calibrate(
     eff, host = prior.value, prior.host_seconds_per_kernel
     fit = _probe_host(setup, config, probe, communicated)
     set_gpu = False
-    notes: list[str] = []
     per_micro, other, step = _micro_seconds(setup, config, measured_seconds, communicated)
+    notes = list(_offload_note(setup, config, step, measured_seconds))
     for _ in range(2):  # each figure solved with the other's latest value
         host = prior.host_seconds_per_kernel if fit.host is None else fit.host
         if learn is Learned.HOST:
@@ -1122,7 +1201,8 @@ def assumptions(setup: PlanSetup) -> Assumptions:
         context_reserve=setup.context_reserve,
         allocator_margin=setup.allocator_margin,
         usable_memory=setup.usable_memory,
-        host_optimizer_bandwidth=setup.host_optimizer_bandwidth,
+        host_optimizer_bandwidth=setup.host_optimizer[0],
+        host_optimizer_source=setup.host_optimizer[1],
         offload_transfer_overlapped=False,
         compute_slowdown_from_overlap=0.0,
         notes=ASSUMPTION_NOTES

@@ -152,6 +152,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "device_type": device.type,
+        "cpu_threads": torch.get_num_threads(),
     }
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
@@ -353,6 +354,10 @@ def _rank_main(rank: int, ms: MeasureSpec, world: int, port: int, out: str, queu
     """One process of a distributed run (spawned); ``ms`` is the spec the parent checked."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
+    if world > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # one host thread per rank, as torchrun and accelerate launch set it: the ranks share
+        # the host, and FSDP2's CPU offload steps the optimizer there
+        torch.set_num_threads(1)
     device_type = _device(ms.device).type
     if device_type == "cuda":
         torch.cuda.set_device(rank)

@@ -85,10 +85,9 @@ class SearchIn(StrictModel):
     )
     offload: Annotated[list[OffloadChoice], Field(min_length=1, max_length=3)] = Field(
         default_factory=lambda: list(OffloadChoice),
-        description="none, optimizer (CPU; stage >= 1), optimizer_and_params (CPU; stage 3). "
-        "The torch engines try none only: FSDP2's CPUOffloadPolicy is modelled for memory and "
-        "traffic (/v1/memory, /v1/communication), but not the step time of torch's optimizer "
-        "on the host.",
+        description="none, optimizer (CPU; DeepSpeed, stage >= 1), optimizer_and_params (CPU; "
+        "DeepSpeed stage 3, or FSDP2's CPUOffloadPolicy at torch stages 2 and 3: parameters, "
+        "gradients and torch's optimizer on the host).",
     )
     hsdp: StrictBool = Field(
         True,
@@ -220,7 +219,10 @@ class StepTimeOut(BaseModel):
         "dispatch (the other idles)."
     )
     recompute: float = Field(description="Part of matmul that checkpointing repeats.")
-    optimizer_step: float = Field(description="The element-wise optimizer update.")
+    optimizer_step: float = Field(
+        description="The element-wise optimizer update (on the host when offloaded; with "
+        "FSDP2's CPU offload also the host's gradient accumulation between micro-steps)."
+    )
     exposed_communication: float = Field(description="Collective time not hidden by compute.")
     communication: float = Field(description="All collective time, hidden or not.")
     offload_transfer: float = Field(description="Device-host copies of offloaded states.")
@@ -330,7 +332,11 @@ class PlanAssumptions(BaseModel):
     context_reserve: int = Field(description="Device bytes outside the allocator.")
     allocator_margin: float = Field(description="Fraction kept free for allocator rounding.")
     usable_memory: int = Field(description="(memory − context_reserve) × (1 − allocator_margin).")
-    host_optimizer_bandwidth: float = Field(description="Host bytes/s of one rank's CPU optimizer.")
+    host_optimizer_bandwidth: float = Field(
+        description="Host bytes/s of one rank's offloaded optimizer step (DeepSpeed's CPU Adam, "
+        "or torch's optimizer under FSDP2's CPU offload)."
+    )
+    host_optimizer_source: str = Field(description="Where host_optimizer_bandwidth comes from.")
     offload_transfer_overlapped: bool
     compute_slowdown_from_overlap: float = Field(
         description="Compute slowdown while collectives share the GPU (not modelled: 0)."

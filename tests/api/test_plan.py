@@ -106,21 +106,23 @@ def test_custom_gpu_and_a_narrow_search(client: TestClient) -> None:
                 "stages": [2, 3],
                 "micro_batch_size": [1, 4],
                 "activation_checkpointing": ["none"],
+                "offload": ["none", "optimizer_and_params"],
             },
         },
     )
-    assert body["evaluated"] == 2 * 2
+    assert body["evaluated"] == 2 * 2 * 2
     assert body["gpu"]["name"] == "custom" and body["gpu"]["peak_flops"] == 1e14
     assert {
-        (c["config"]["stage"], c["config"]["micro_batch_size"]) for c in body["candidates"]
-    } == {
-        (2, 1),
-        (2, 4),
-        (3, 1),
-        (3, 4),
-    }
+        (c["config"]["stage"], c["config"]["micro_batch_size"], c["config"]["offload"])
+        for c in body["candidates"]
+    } == {(s, m, o) for s in (2, 3) for m in (1, 4) for o in ("none", "optimizer_and_params")}
     for c in body["candidates"]:
         assert c["config"]["grad_accumulation_steps"] * c["config"]["micro_batch_size"] == 4
+        # FSDP2's CPU offload: torch's optimizer on the host, slower than on the device
+        if c["config"]["offload"] != "none":
+            assert c["step_time"]["offload_transfer"] > 0
+    a = body["assumptions"]
+    assert "single-tensor" in a["host_optimizer_source"] and a["host_optimizer_bandwidth"] > 0
 
 
 def test_padded_batches_take_more_memory_and_every_attention_product(client: TestClient) -> None:
@@ -130,7 +132,12 @@ def test_padded_batches_take_more_memory_and_every_attention_product(client: Tes
         "gpus": 8,
         "global_batch_size": 64,
         "seq_len": 4096,
-        "search": {"stages": [3], "micro_batch_size": [2], "activation_checkpointing": ["none"]},
+        "search": {
+            "stages": [3],
+            "micro_batch_size": [2],
+            "activation_checkpointing": ["none"],
+            "offload": ["none"],
+        },
     }
     plain, padded = post(client, body), post(client, {**body, "padded": True})
     assert padded["assumptions"]["causal_attention_fraction"] == 1.0
@@ -151,7 +158,12 @@ def test_eager_attention_computes_every_score_and_says_so(client: TestClient) ->
         "gpus": 8,
         "global_batch_size": 64,
         "seq_len": 4096,
-        "search": {"stages": [3], "micro_batch_size": [1], "activation_checkpointing": ["full"]},
+        "search": {
+            "stages": [3],
+            "micro_batch_size": [1],
+            "activation_checkpointing": ["full"],
+            "offload": ["none"],
+        },
     }
     sdpa = post(client, {**body, "model": {"hf_config": cfg}})
     eager = post(client, {**body, "model": {"hf_config": {**cfg, "attn_implementation": "eager"}}})

@@ -57,8 +57,9 @@ def test_evaluates_exactly_the_search_space(engine: Engine) -> None:
     p = llama_plan(engine)
     micro = 6  # 1, 2, 4, 8, 16, 32 divide 256 / 8
     ckpt = 3
-    # offload choices per stage: torch none only; deepspeed 1 / 2 / 2 / 3 for stages 0-3
-    offloads = 4 if engine is Engine.TORCH else 1 + 2 + 2 + 3
+    # offload choices per stage: torch 1 / 1 / 2 / 2 (FSDP2's CPU offload at stages 2-3);
+    # deepspeed 1 / 2 / 2 / 3 for stages 0-3
+    offloads = 1 + 1 + 2 + 2 if engine is Engine.TORCH else 1 + 2 + 2 + 3
     assert p.evaluated == micro * ckpt * offloads  # type: ignore[attr-defined]
     assert len(p.candidates) + len(p.rejected) == p.evaluated  # type: ignore[attr-defined]
     # communication is asked twice (1 and 2 micro-steps) per stage and offload, at most, and
@@ -96,8 +97,32 @@ def test_stage_0_of_an_8b_model_never_fits_80_gb() -> None:
     assert any(r.config.stage is Stage.NONE for r in p.rejected)  # type: ignore[attr-defined]
 
 
-def test_torch_engine_tries_no_offload() -> None:
-    assert {c.offload for c in configs(setup())} == {OffloadChoice.NONE}
+def test_torch_engine_offloads_as_fsdp2_does() -> None:
+    # CPUOffloadPolicy: parameters with their optimizer, at stages 2 and 3 only
+    by_stage = {(c.stage, c.offload) for c in configs(setup())}
+    assert by_stage == {(s, OffloadChoice.NONE) for s in Stage} | {
+        (s, OffloadChoice.OPTIMIZER_AND_PARAMS) for s in (Stage.GRADIENTS, Stage.PARAMETERS)
+    }
+
+
+def test_fsdp2_cpu_offload_steps_torch_optimizer_on_the_host() -> None:
+    s = setup()
+    shard = -(-s.params // s.gpus)
+    one = Config(Stage.PARAMETERS, 32, 1, Checkpointing.FULL, OffloadChoice.OPTIMIZER_AND_PARAMS)
+    _, step, _ = predict(s, one)
+    bandwidth, source = s.host_optimizer
+    assert "single-tensor" in source and bandwidth < setup(Engine.DEEPSPEED).host_optimizer[0]
+    # torch.optim.Adam's element-wise passes over the fp32 host shard (72 B per parameter)
+    assert step.optimizer_step == pytest.approx(shard * 72 / bandwidth)
+    assert step.offload_transfer > 0
+    # accumulating: 12 B per parameter on the host for each later micro-step, and the later
+    # micro-steps' reduce-scatters wait: never less exposed than without offload
+    acc = replace(one, micro_batch_size=4, grad_accumulation_steps=8)
+    _, accumulating, _ = predict(s, acc)
+    _, kept, _ = predict(s, replace(acc, offload=OffloadChoice.NONE))
+    assert accumulating.optimizer_step == pytest.approx(shard * (72 + 7 * 12) / bandwidth)
+    assert accumulating.exposed_communication > kept.exposed_communication
+    assert accumulating.exposed_communication <= accumulating.communication + 1e-12
 
 
 def test_deepspeed_offload_only_where_the_stage_allows_it() -> None:
@@ -219,7 +244,8 @@ def test_hsdp_only_across_nodes_and_at_stage_3() -> None:
     two_ds = replace(two, engine=Engine.DEEPSPEED)
     assert all(c.shard_group_size is None for c in configs(two_ds))
     assert plan(replace(two_ds, search=Search(stages=(Stage.PARAMETERS,)))).candidates
-    p = plan(replace(two, search=Search(stages=(Stage.PARAMETERS,), micro_batch_sizes=(1,))))
+    only = Search(stages=(Stage.PARAMETERS,), micro_batch_sizes=(1,), offload=(OffloadChoice.NONE,))
+    p = plan(replace(two, search=only))
     by_shard = {c.config.shard_group_size: c for c in p.candidates}
     # model states sharded over 8 instead of 16: more memory per device
     assert by_shard[8].memory.resident > by_shard[None].memory.resident
@@ -394,10 +420,21 @@ def test_a_search_too_large_for_the_model_is_refused_before_any_work() -> None:
     with pytest.raises(InputError) as err:
         plan(s)
     assert err.value.field == "search" and "narrow" in err.value.message
-    # one stage, one micro-batch, no checkpointing: few enough configurations
+    # one stage, one micro-batch, no checkpointing, no offload: few enough configurations
     narrow = Search(
         stages=(Stage.PARAMETERS,),
         micro_batch_sizes=(32,),
         activation_checkpointing=(Checkpointing.NONE,),
+        offload=(OffloadChoice.NONE,),
     )
     assert plan(replace(s, search=narrow)).evaluated == 1
+
+
+def test_calibrating_on_an_offloaded_run_says_what_it_takes_as_given() -> None:
+    s = setup()
+    c = Config(Stage.PARAMETERS, 32, 1, Checkpointing.FULL, OffloadChoice.OPTIMIZER_AND_PARAMS)
+    _, step, _ = predict(s, c)
+    found = calibrate(s, c, step.total * 1.1)
+    assert any("the run offloads" in n for n in found.notes)
+    plain = calibrate(s, replace(c, offload=OffloadChoice.NONE), step.total)
+    assert not any("offloads" in n for n in plain.notes)

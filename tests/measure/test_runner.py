@@ -243,3 +243,17 @@ def test_host_probe_must_be_a_flag() -> None:
     with pytest.raises(InputError) as err:
         run(_spec({"architecture": SMALL_GPT}, host_probe="yes"))
     assert err.value.field == "host_probe"
+
+
+def test_distributed_ranks_step_on_one_host_thread_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    # as torchrun and accelerate launch set OMP_NUM_THREADS=1: the ranks share the host (and
+    # FSDP2's CPU offload steps the optimizer there); a value the caller sets is kept
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    spec = _spec(
+        {"architecture": SMALL_GPT},
+        dp=2,
+        stages=[0],
+        mode="distributed",
+        batch={"micro_batch_size": 1, "seq_len": 16},
+    )
+    assert run(spec)["environment"]["cpu_threads"] == 1
