@@ -751,14 +751,14 @@ class _Evaluator:
             per_param = optimizer_bytes_per_param(s.precision, self.k, s.engine, s.optimizer)
             bandwidth = float(s.gpu.memory_bandwidth) * s.gpu_figures.memory_efficiency
             optimizer = shard * per_param / bandwidth if bandwidth > 0 else 0.0
-        elif s.engine is Engine.TORCH:
-            # torch's own optimizer over the host shards, and (accumulating) each later
-            # micro-step's host add of the copied gradient
-            per_param = optimizer_bytes_per_param(s.precision, self.k, s.engine, s.optimizer)
-            host = per_param + (ga - 1) * HOST_ACCUMULATE_BYTES
-            optimizer = shard * host / s.host_optimizer[0]
         else:
-            per_param = optimizer_bytes_per_param(s.precision, self.k)
+            if s.engine is Engine.TORCH:
+                # torch's own optimizer over the host shards, and (accumulating) each later
+                # micro-step's host add of the copied gradient
+                per_param = optimizer_bytes_per_param(s.precision, self.k, s.engine, s.optimizer)
+                per_param += (ga - 1) * HOST_ACCUMULATE_BYTES
+            else:
+                per_param = optimizer_bytes_per_param(s.precision, self.k)
             optimizer = shard * per_param / s.host_optimizer[0]
         step = StepTime(
             compute=micro.seconds * ga,
