@@ -35,7 +35,11 @@ from calculators.config_resolution import Requested
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.torch.allocator import BLOCK_COMPONENTS
 from calculators.engines.torch.config import REDUCE_DTYPE, resolve_fsdp_config
-from calculators.engines.torch.peak import CUBLASLT_WORKSPACE, biased_linear_threads
+from calculators.engines.torch.peak import (
+    CONVERT_OUTPUTS,
+    CUBLASLT_WORKSPACE,
+    biased_linear_threads,
+)
 from calculators.hf_config import architecture_from_hf_config
 from calculators.memory import estimate
 from calculators.model_states import Offload, TrainingSetup
@@ -259,6 +263,7 @@ def _hf_engine_config(
     compute_capability_major: int,
     given: Mapping[str, Any] | None = None,
     environment: Mapping[str, Any] | None = None,
+    converted: bool = False,
 ) -> dict[str, Any]:
     """The ``engine_config`` that ``measure.runner`` hands the calculators for one HF run.
 
@@ -268,7 +273,9 @@ def _hf_engine_config(
     of the file carried: ``validate_hf --engine-config``; a torch run the body its FSDP2
     settings decide), and no cuBLASLt workspace once an earlier stage-3 engine of the process
     replaced ``F.linear``; a torch run the cuBLASLt workspace its process made before the
-    baseline (:func:`warmup_workspace` of the result's ``environment``).
+    baseline (:func:`warmup_workspace` of the result's ``environment``). ``converted``: the run
+    wrapped forward as accelerate does (its ``resolved_config`` says so; runs recorded before
+    the runner did so never did, whatever their config's keys).
     """
     config: dict[str, Any] = {
         "holds_outputs": True,  # measure's default, which validate_hf keeps
@@ -302,14 +309,21 @@ def _hf_engine_config(
                 dp=setup.dp,
             )
             config.update(resolve_fsdp_config(given, asked).config)
+        config[CONVERT_OUTPUTS] = converted
     return config
+
+
+def _converted(result: Mapping[str, Any]) -> bool:
+    """Whether a measured run wrapped forward as accelerate does, as its resolved config says."""
+    values = (result.get("resolved_config") or {}).get("values") or []
+    return any(v.get("key") == CONVERT_OUTPUTS and v.get("value") is True for v in values)
 
 
 # the GPUs whose compute capability the results record by name (it sizes cuBLAS workspaces)
 CAPABILITY = {"NVIDIA H100": 9, "NVIDIA H200": 9}
 
 
-def hf_runs(path: Path) -> list[Run]:
+def hf_runs(path: Path, converted_as: bool | None = None) -> list[Run]:
     """``python -m measure.validate_hf``: ``{"world", "size", "cases": [{"family", "engine",
     "checkpointing", "result"}]}``, each result as ``/v1/measure`` returns it.
 
@@ -318,6 +332,8 @@ def hf_runs(path: Path) -> list[Run]:
     run is predicted again from the current calculators. The parameter list is the canonical
     decoder's of the config (the GPU run had the built module's own order, which moves
     ZeroRedundancyOptimizer's and FSDP2's shard boundaries by a few tensors at most).
+    ``converted_as`` predicts every torch run as if forward had (true) or had not (false) been
+    wrapped as accelerate wraps it (``None``: as each run's resolved config says).
     """
     data = json.loads(path.read_text())
     given = data.get("engine_config") or {}  # validate_hf --engine-config
@@ -372,7 +388,8 @@ def hf_runs(path: Path) -> list[Run]:
         for run in result["runs"]:
             stage = Stage(run["stage"])
             bare, family = spec_setup(body, run["world_size"], None)
-            config = _hf_engine_config(bare, stage, patched, major, given, env)
+            converted = _converted(result) if converted_as is None else converted_as
+            config = _hf_engine_config(bare, stage, patched, major, given, env, converted)
             setup, _ = spec_setup(body, run["world_size"], config)
             label = f"{case['family']} ckpt={case['checkpointing']}"
             r = _validate_run(path, f"{data['world']} | {label}", run, setup, family)
@@ -383,6 +400,7 @@ def hf_runs(path: Path) -> list[Run]:
             if engine == "torch" and REDUCE_DTYPE in config:  # FSDP2 reducing in 16 bits
                 shown += f", reduce {config[REDUCE_DTYPE]}"
             shown += ", CPU offload" if offloaded else ""
+            shown += ", fp32 outputs (accelerate)" if converted else ""
             out.append(
                 Run(
                     r.source,

@@ -29,6 +29,8 @@ from calculators.communication import (
     estimate_communication,
 )
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
+from calculators.engines.torch.config import through_accelerate
+from calculators.engines.torch.peak import CONVERT_OUTPUTS
 from calculators.errors import InputError
 from calculators.gpus import GIB, Gpu
 from calculators.memory import StageEstimate, estimate
@@ -513,7 +515,10 @@ def engine_config_for(config: Mapping[str, Any] | None, engine: Engine) -> dict[
     if config is None:
         return None
     if engine is not Engine.DEEPSPEED:
-        return dict(config)
+        out = dict(config)
+        if CONVERT_OUTPUTS not in out and through_accelerate(config):
+            out[CONVERT_OUTPUTS] = True  # accelerate's forward wrapper, as /v1/memory reads it
+        return out
     out = {k: v for k, v in config.items() if k not in _SEARCHED_TOP_KEYS}
     zero = config.get("zero_optimization")
     if isinstance(zero, Mapping):

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from calculators.conventions import Engine, Stage
 from calculators.engines.torch.config import REDUCE_DTYPE, offloads
-from calculators.engines.torch.peak import biased_linear_threads
+from calculators.engines.torch.peak import CONVERT_OUTPUTS, biased_linear_threads
 from calculators.errors import InputError
 from calculators.model_states import TrainingSetup
 from measure.compare import compare_run
@@ -61,6 +61,8 @@ class RunSettings:
             ``F.linear`` (no cuBLASLt workspace in later engines).
         tensors: the built module's parameter list (name, shape, FSDP group), where it is not
             the canonical decoder the calculator derives from an architecture.
+        reduce_dtype: FSDP2 reduce-scatters in this 16-bit dtype (``None``: fp32).
+        convert_outputs: forward wrapped as accelerate wraps it (fp32 outputs).
     """
 
     device_type: str
@@ -70,6 +72,7 @@ class RunSettings:
     linear_patched: bool = False
     tensors: tuple[tuple[str, tuple[int, ...], str], ...] | None = None
     reduce_dtype: str | None = None
+    convert_outputs: bool = False
 
     def engine_config(self, engine: Engine, ds_body: dict[str, Any] | None) -> dict[str, Any]:
         """The calculator's ``engine_config`` keys for these facts (its input format)."""
@@ -82,6 +85,8 @@ class RunSettings:
             config["fsdp_root_reshard_after_forward"] = self.fsdp_root_reshards_after_forward
             if self.reduce_dtype is not None:
                 config[REDUCE_DTYPE] = self.reduce_dtype
+            if self.convert_outputs:
+                config[CONVERT_OUTPUTS] = True
             if self.device_type != "cuda" or self.linear_patched:
                 config["cublaslt_workspace_bytes"] = 0  # no cuBLASLt, or F.linear replaced
         if self.compute_capability_major is not None:
@@ -119,6 +124,7 @@ def run_settings(
         tensors=None if ms.model.kind is ModelKind.GPT else tuple(workload.tensors),
         # FSDP2 reduces in the 16-bit dtype where the request's engine_config decided so
         reduce_dtype=ms.engine_config.get(REDUCE_DTYPE) if ms.engine is Engine.TORCH else None,
+        convert_outputs=ms.engine is Engine.TORCH and ms.engine_config.get(CONVERT_OUTPUTS) is True,
     )
 
 

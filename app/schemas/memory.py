@@ -74,7 +74,10 @@ class TrainingIn(StrictModel):
             'every ZeRO knob, "auto" filled as transformers\' Trainer fills it. Engine torch: '
             "FSDP2 settings (reshard_after_forward, mixed_precision as MixedPrecisionPolicy "
             "with reduce_dtype float32 or the param_dtype, offload_policy CPUOffloadPolicy, "
-            "accelerate's fsdp_config keys) and holds_outputs, cublas_workspace_bytes, "
+            "accelerate's fsdp_config keys), convert_outputs_to_fp32 (the loop trains "
+            "through accelerate, transformers' Trainer included: under mixed precision forward "
+            "returns an fp32 copy of the logits; on by default where accelerate's fsdp_* keys "
+            "are given) and holds_outputs, cublas_workspace_bytes, "
             "cublaslt_workspace_bytes, compute_capability_major, "
             "caching_allocator (false: bytes as the tensors ask, no CUDA caching allocator's "
             "blocks). Request "

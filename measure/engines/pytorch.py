@@ -9,6 +9,9 @@ measured on one rank (build, warm up, count collectives, probe memory per phase,
   False / True.
 
 ``fp32`` uses no autocast and no policy; pure ``bf16`` casts the parameters to bf16.
+Where the request's ``engine_config`` says ``convert_outputs_to_fp32`` (and the precision is
+mixed), forward is wrapped before the engine wraps the model, as accelerate's ``prepare_model``
+does: it runs under autocast and returns every 16-bit tensor of its output as an fp32 copy.
 In a simulated world (the fake process group) DDP gets a communication hook that all-reduces
 the bucket in place, because the fake group's work objects carry no result for the Reducer's
 built-in hook; it is the same all-reduce, divided by N first as the built-in one divides.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +31,7 @@ from torch import nn
 
 from calculators.conventions import Optimizer, Precision, Stage
 from calculators.engines.torch.config import REDUCE_DTYPE, offloads
+from calculators.engines.torch.peak import CONVERT_OUTPUTS
 from calculators.errors import InputError
 from calculators.traffic import GradSync
 from measure.comms import CommCounter
@@ -95,6 +99,32 @@ def root_reshards_after_forward() -> bool:
     return hasattr(FSDPState(), "_auto_reshard_after_forward")
 
 
+def _to_fp32(value: Any) -> Any:
+    """accelerate's ``convert_to_fp32``: every fp16/bf16 tensor in a (nested) output as
+    ``tensor.float()``; a transformers ``ModelOutput`` (a mapping) rebuilt with them."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
+    if isinstance(value, Mapping):
+        return type(value)(**{k: _to_fp32(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_fp32(v) for v in value)
+    return value
+
+
+def wrap_forward_as_accelerate(model: nn.Module, device_type: str, half: torch.dtype) -> None:
+    """``model.forward`` replaced as accelerate's ``Accelerator.prepare_model`` replaces it
+    under mixed precision (``convert_outputs_to_fp32(autocast(forward))``), before any engine
+    wraps the model: the engines' hooks run around it."""
+    inner = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=half):
+            out = inner(*args, **kwargs)
+        return _to_fp32(out)
+
+    setattr(model, "forward", forward)  # noqa: B010 (an instance attribute, as accelerate sets)
+
+
 def build_engine(
     model: nn.Module,
     shard_units: list[nn.Module],
@@ -105,16 +135,22 @@ def build_engine(
     simulated: bool,
     reduce_in_half: bool = False,
     offload: bool = False,
+    convert_outputs: bool = False,
 ) -> Engine:
     """The engine of ``stage``; ``reduce_in_half``: FSDP2 reduce-scatters in the 16-bit
     param dtype instead of fp32 (mixed precision only); ``offload``: FSDP2 with
-    ``CPUOffloadPolicy`` (the shards, their gradients and the optimizer on the CPU)."""
+    ``CPUOffloadPolicy`` (the shards, their gradients and the optimizer on the CPU);
+    ``convert_outputs``: accelerate's mixed-precision forward
+    (:func:`wrap_forward_as_accelerate`, mixed precision only)."""
     world = dist.get_world_size()
     half = half_dtype(precision)
     opt_cls, opt_kwargs = make_optimizer_class(optimizer)
     if precision is Precision.BF16:
         model.to(torch.bfloat16)
     mixed = precision.is_mixed
+    if convert_outputs and mixed:
+        assert half is not None
+        wrap_forward_as_accelerate(model, device.type, half)
 
     def autocast() -> contextlib.AbstractContextManager[Any]:
         if mixed and stage <= Stage.OPTIMIZER:
@@ -226,6 +262,7 @@ def _measure(
         simulated,
         reduce_in_half=spec.engine_config.get(REDUCE_DTYPE) is not None,
         offload=offloads(spec.offload),
+        convert_outputs=spec.engine_config.get(CONVERT_OUTPUTS) is True,
     )
     sync(device)
     phases: dict[str, int] = {"after_init": mem.allocated()}

@@ -473,6 +473,9 @@ TORCH: dict[str, Any] = {
     "engine": "torch",
     "batch": {"micro_batch_size": 2, "seq_len": 512},
 }
+# what a config of accelerate's fsdp_* keys also decides under mixed precision: accelerate's
+# forward wrapper returns fp32 logits
+ACCELERATE: dict[str, Any] = {"engine_config": {"convert_outputs_to_fp32": True}}
 
 
 @pytest.mark.parametrize(
@@ -502,9 +505,9 @@ TORCH: dict[str, Any] = {
                     "fsdp_cpu_ram_efficient_loading": True,
                 }
             },
-            {"stages": [2]},
+            {"stages": [2], **ACCELERATE},
         ),
-        ({"fsdp_sharding_strategy": "FULL_SHARD"}, {"stages": [3]}),
+        ({"fsdp_sharding_strategy": "FULL_SHARD"}, {"stages": [3], **ACCELERATE}),
         # FSDP2's CPUOffloadPolicy: stages 2 and 3 (DDP's are left out), both parts on the CPU
         *(
             (config, {"stages": [2, 3], "offload": {"optimizer": "cpu", "params": "cpu"}})
@@ -512,19 +515,25 @@ TORCH: dict[str, Any] = {
                 {"offload_policy": "cpu"},
                 {"offload_policy": {"pin_memory": True}},
                 {"offload_policy": {"type": "CPUOffloadPolicy", "pin_memory": False}},
-                {"fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": True}},
             )
         ),
         (
-            {"fsdp_reshard_after_forward": True, "fsdp_offload_params": "true"},
-            {"stages": [3], "offload": {"optimizer": "cpu", "params": "cpu"}},
+            {"fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": True}},
+            {"stages": [2, 3], "offload": {"optimizer": "cpu", "params": "cpu"}, **ACCELERATE},
         ),
-        ({"fsdp_sharding_strategy": 2}, {"stages": [2]}),
+        (
+            {"fsdp_reshard_after_forward": True, "fsdp_offload_params": "true"},
+            {"stages": [3], "offload": {"optimizer": "cpu", "params": "cpu"}, **ACCELERATE},
+        ),
+        ({"fsdp_sharding_strategy": 2}, {"stages": [2], **ACCELERATE}),
+        # accelerate's keys with its output conversion turned off: the plain loop
+        ({"fsdp_sharding_strategy": 2, "convert_outputs_to_fp32": False}, {"stages": [2]}),
         (
             {"fsdp_reshard_after_forward": True, "fsdp_activation_checkpointing": True},
             {
                 "stages": [3],
                 "batch": {**TORCH["batch"], "activation_checkpointing": "full"},
+                **ACCELERATE,
             },
         ),
     ],

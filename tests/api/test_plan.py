@@ -151,6 +151,36 @@ def test_padded_batches_take_more_memory_and_every_attention_product(client: Tes
     assert peak(padded) - peak(plain) >= 5 * 2**30
 
 
+def test_an_accelerate_config_holds_fp32_logits(client: TestClient) -> None:
+    # accelerate's fsdp_* keys: forward returns an fp32 copy of the logits, which the loop
+    # holds through backward: 2 more bytes per token and vocabulary entry than bf16 ones
+    body = {
+        "model": {"preset": "llama3-8b"},
+        "gpu": "h100-sxm",
+        "gpus": 8,
+        "global_batch_size": 64,
+        "seq_len": 4096,
+        "engine": "torch",
+        "search": {
+            "stages": [3],
+            "micro_batch_size": [2],
+            "activation_checkpointing": ["full"],
+            "offload": ["none"],
+        },
+    }
+    accelerate = {**body, "engine_config": {"fsdp_config": {"fsdp_version": 2}}}
+    explicit = {**body, "engine_config": {"convert_outputs_to_fp32": True}}
+    off = {**body, "engine_config": {"fsdp_version": 2, "convert_outputs_to_fp32": False}}
+    (plain,), (wrapped,) = post(client, body)["candidates"], post(client, accelerate)["candidates"]
+
+    def peak(candidate: dict[str, Any]) -> int:
+        return int(candidate["per_device"]["peak"])
+
+    assert peak(post(client, explicit)["candidates"][0]) == peak(wrapped)
+    assert peak(post(client, off)["candidates"][0]) == peak(plain)
+    assert peak(wrapped) - peak(plain) == 2 * 2 * 4096 * 128256
+
+
 def test_eager_attention_computes_every_score_and_says_so(client: TestClient) -> None:
     cfg = json.loads(open("bench/hf_configs/llama-3.1-8b.json").read())
     body = {

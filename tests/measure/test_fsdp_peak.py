@@ -31,6 +31,7 @@ from calculators.batch import Batch  # noqa: E402
 from calculators.conventions import Engine, Optimizer, Precision, Stage  # noqa: E402
 from calculators.engines.torch.config import REDUCE_DTYPE  # noqa: E402
 from calculators.engines.torch.memory import estimate  # noqa: E402
+from calculators.engines.torch.peak import CONVERT_OUTPUTS  # noqa: E402
 from calculators.model_states import TrainingSetup  # noqa: E402
 from measure.engines.pytorch import build_engine, root_reshards_after_forward  # noqa: E402
 from measure.memory import LiveStorages  # noqa: E402
@@ -243,6 +244,7 @@ def _hf_step(
                 cpu,
                 True,
                 reduce_in_half=REDUCE_DTYPE in spec.engine_config,
+                convert_outputs=spec.engine_config.get(CONVERT_OUTPUTS) is True,
             )
             held: list[torch.Tensor] = []
             for step in range(2):
@@ -330,6 +332,42 @@ def test_fsdp2_peak_with_a_large_vocabulary_and_few_tokens(
     if moment is not None:
         assert got["p_moment"] == moment, got
     assert got["phase"] == "backward", got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "world", "stage", "checkpointing", "shape", "moment"),
+    [
+        # the last step's outputs, now fp32, held through this step's loss inside the model
+        ("llama", 2, Stage.GRADIENTS, "none", {}, "loss_forward"),
+        # this step's fp32 copy of the logits alive beside the loss's two fp32 gradients
+        ("llama", 2, Stage.PARAMETERS, "none", {}, "loss_backward"),
+        # and through the blocks' backward to the root's reduction at its end
+        ("phi3", 4, Stage.PARAMETERS, "none", {"seq_len": 16, "vocab_size": 8192}, None),
+        ("mixtral", 2, Stage.PARAMETERS, "full", {}, "recompute"),
+    ],
+)
+def test_fsdp2_peak_with_accelerates_fp32_outputs(
+    family: str,
+    world: int,
+    stage: Stage,
+    checkpointing: str,
+    shape: dict[str, int],
+    moment: str | None,
+) -> None:
+    """Forward wrapped as accelerate wraps it under mixed precision: autocast on top of FSDP2's
+    policy and an fp32 copy of the logits returned; the peak follows the copy the loop holds
+    and nothing else changes."""
+    pytest.importorskip("transformers")
+    plain = _hf_step(family, world, stage, checkpointing, None, **shape)
+    got = _hf_step(family, world, stage, checkpointing, {CONVERT_OUTPUTS: True}, **shape)
+    assert abs(got["p_resident"] - got["resident"]) <= 0.005 * got["resident"], got
+    assert abs(got["p_peak"] - got["peak"]) <= 0.005 * got["peak"], got
+    if moment is not None:
+        assert got["p_moment"] == moment, got
+    # the held fp32 logits replace 16-bit ones: twice their bytes (2 × 2 × tokens × vocab)
+    assert got["resident"] > plain["resident"] and got["peak"] > plain["peak"]
+    assert got["p_peak"] - plain["p_peak"] == pytest.approx(got["peak"] - plain["peak"], rel=0.01)
 
 
 @pytest.mark.slow

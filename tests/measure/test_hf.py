@@ -167,3 +167,19 @@ def test_the_key_value_cache_dies_with_the_model_output(family: str, autocast: b
     if autocast:  # SDPA saved bf16 casts: the fp32 cache copies go with the cache
         assert all(t() is None for t in tensors)
     loss.backward()
+
+
+def test_accelerates_forward_wrapper_returns_fp32_logits_the_prediction_holds() -> None:
+    # DDP (autocast already) and FSDP2 (autocast on top of its policy), forward wrapped as
+    # accelerate wraps it: the loop holds fp32 logits, 4 bytes a token and vocabulary entry
+    cfg = family_config("llama")
+    body = _body("llama", stages=[0, 2], engine_config={"convert_outputs_to_fp32": True})
+    result = run(body)
+    (value,) = [
+        v for v in result["resolved_config"]["values"] if v["key"] == "convert_outputs_to_fp32"
+    ]
+    assert value["value"] is True
+    for r in result["runs"]:
+        meas, pred = r["measured"]["resident"], r["predicted"]["resident"]
+        assert abs(pred - meas) <= 0.005 * meas, (r["stage"], pred, meas)
+        assert r["measured"]["held_outputs"] == 4 * 32 * cfg["vocab_size"] + 4

@@ -14,6 +14,10 @@ reduce_dtype=fp32 or the param dtype)`` or none (fp32), with or without ``CPUOff
 (offload ``params`` and ``optimizer`` to the CPU: FSDP2 keeps the shards, their gradients and so
 the optimizer's states in host memory). Anything else is refused naming its key.
 
+``convert_outputs_to_fp32`` says whether the loop goes through accelerate's mixed-precision
+wrapper of forward (an fp32 copy of the logits returned): set by the config, or true where the
+config carries accelerate's ``fsdp_*`` keys and the precision is mixed.
+
 A policy that reduces in the 16-bit param dtype (``reduce_dtype`` equal to ``param_dtype``, or
 null, which FSDP2 reads as the gradients' dtype) is passed on to the engine model as
 ``reduce_dtype`` in the decided body (:func:`reduce_bytes` reads it): the reduce-scatter then
@@ -34,6 +38,7 @@ from calculators.config_resolution import (
     decided_stages,
 )
 from calculators.conventions import FP32_BYTES, HALF_BYTES, OffloadDevice, Precision, Stage
+from calculators.engines.torch.peak import CONVERT_OUTPUTS
 from calculators.errors import InputError
 from calculators.model_states import Offload
 
@@ -112,6 +117,12 @@ def _flatten(config: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
                 raise InputError(f"{CONFIG}.{key}", "given twice (here and in fsdp_config)")
             out[key] = (key, value)
     return out
+
+
+def through_accelerate(config: Mapping[str, Any]) -> bool:
+    """Whether a torch engine config is accelerate's: it carries accelerate's ``fsdp_*`` keys
+    (at the top level or inside ``fsdp_config``)."""
+    return any(k.startswith("fsdp_") and k not in ENGINE_KEYS for k in _flatten(config))
 
 
 def _strategy(value: Any, where: str) -> Stage:
@@ -267,9 +278,15 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
     reduce_from: tuple[str, str | None] | None = None  # (where, 16-bit dtype or None: fp32)
     top_reduce: tuple[str, str | None] | None = None
     offload_from: tuple[str, bool] | None = None  # (where, CPUOffloadPolicy)
+    accelerate = through_accelerate(config)
     for key, (where, value) in flat.items():
         if key in ENGINE_KEYS:
             body[key] = value
+        elif key == CONVERT_OUTPUTS:
+            if not isinstance(value, bool):
+                raise InputError(f"{CONFIG}.{where}", "must be true or false")
+            body[key] = value
+            values.append(Resolved(where, value, "config: " + _outputs_meaning(value)))
         elif key in NO_EFFECT_KEYS:
             values.append(Resolved(where, value, "config; no effect on the modelled step"))
         elif key == "fsdp_version":
@@ -345,7 +362,8 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
         else:
             accepted = (
                 "reshard_after_forward, mixed_precision (MixedPrecisionPolicy), offload_policy, "
-                "fsdp_version and accelerate's fsdp_* keys, " + ", ".join(ENGINE_KEYS)
+                f"fsdp_version and accelerate's fsdp_* keys, {CONVERT_OUTPUTS}, "
+                + ", ".join(ENGINE_KEYS)
             )
             raise InputError(
                 f"{CONFIG}.{where}", f"not an FSDP2 setting the torch engine reads ({accepted})"
@@ -367,7 +385,6 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
     half = _reduce_in_half(precision, reduce_from, top_reduce)
     if not any(k in flat for k in ("mixed_precision", "mp_policy", "mixed_precision_policy")):
         values.append(Resolved("mixed_precision", None, _precision_from_request(req, half)))
-        accelerate = any(k.startswith("fsdp_") and k not in ENGINE_KEYS for k in flat)
         if half is None and precision.is_mixed and accelerate:
             notes.append(
                 "accelerate's FSDP2 plugin, given no mixed_precision_policy, reduces gradients "
@@ -375,6 +392,22 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
                 "fp16), utils/dataclasses.py set_mixed_precision); these figures reduce in "
                 'float32: add "reduce_dtype": "bfloat16" (or the fp16 dtype) to model that'
             )
+    if accelerate and precision.is_mixed and CONVERT_OUTPUTS not in flat:
+        body[CONVERT_OUTPUTS] = True
+        values.append(
+            Resolved(
+                CONVERT_OUTPUTS,
+                True,
+                "accelerate's fsdp_config keys: the run goes through accelerate, whose "
+                "prepare_model wraps forward under bf16/fp16 mixed precision; "
+                + _outputs_meaning(True),
+            )
+        )
+    if body.get(CONVERT_OUTPUTS) and not precision.is_mixed:
+        notes.append(
+            f"{CONVERT_OUTPUTS}: no effect in {precision.value}: accelerate wraps forward only "
+            "under bf16/fp16 mixed precision"
+        )
     if half is not None:
         body[REDUCE_DTYPE] = half
     if top_reduce is not None:
@@ -414,6 +447,15 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
         notes=tuple(notes),
         checkpointing_full=checkpointing,
     )
+
+
+def _outputs_meaning(on: bool) -> str:
+    if on:
+        return (
+            "forward runs under autocast and returns an fp32 copy of its 16-bit logits "
+            "(accelerate's convert_outputs_to_fp32), which the loop then holds"
+        )
+    return "forward returns its logits in the dtype the model computes them"
 
 
 def _precision_from_request(req: Requested, half: str | None) -> str:

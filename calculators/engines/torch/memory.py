@@ -62,6 +62,7 @@ from calculators.engines.torch.peak import (
     DdpBackwardGrads,
     FsdpBackward,
     StepMemory,
+    converts_outputs,
     step_memory,
 )
 from calculators.errors import InputError
@@ -491,6 +492,8 @@ def _step(
         forward_gathered=forward_gathered,
         last_gather=last_gather,
         first_gather=first_gather,
+        # accelerate wraps forward only under mixed precision (Accelerator's native_amp)
+        fp32_outputs=converts_outputs(config) and setup.precision.is_mixed,
         config=config,
     )
     # input ids and targets (int64) of every micro-batch the loop holds

@@ -42,7 +42,7 @@ workspace (:data:`CUBLASLT_WORKSPACE`), two under activation checkpointing.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from calculators.activations import ActivationBreakdown, Regime, activations
@@ -119,6 +119,35 @@ def holds_outputs(config: Mapping[str, Any]) -> bool:
     if not isinstance(value, bool):
         raise InputError("engine_config.holds_outputs", "must be true or false")
     return value
+
+
+# accelerate's Accelerator.prepare_model, under bf16/fp16 mixed precision on every engine but
+# DeepSpeed (``native_amp``), replaces the model's forward with
+# ``convert_outputs_to_fp32(autocast(forward))`` (accelerator.py; utils/operations.py
+# ``convert_to_fp32``: ``tensor.float()`` for every 16-bit tensor in the output). transformers'
+# Trainer and ``accelerate launch`` loops train through it, FSDP2 included.
+CONVERT_OUTPUTS = "convert_outputs_to_fp32"
+
+
+def converts_outputs(config: Mapping[str, Any]) -> bool:
+    """Whether forward returns its 16-bit outputs as fp32 copies (accelerate's wrapper)."""
+    value = config.get(CONVERT_OUTPUTS, False)
+    if not isinstance(value, bool):
+        raise InputError(f"engine_config.{CONVERT_OUTPUTS}", "must be true or false")
+    return value
+
+
+def returned_activations(
+    acts: ActivationBreakdown, regime: Regime, fp32_outputs: bool
+) -> ActivationBreakdown:
+    """``acts`` as the loop finds them once the model has returned: under accelerate's
+    ``convert_outputs_to_fp32`` (``fp32_outputs``, mixed precision) the caller holds an fp32
+    copy of the 16-bit logits, made as forward returns, and the 16-bit logits die with the
+    model output they came in (nothing saved them: ``logits.float()``'s backward keeps no
+    input)."""
+    if regime is Regime.FP32 or not fp32_outputs:
+        return acts
+    return replace(acts, logits=acts.logits * FP32_BYTES // HALF_BYTES)
 
 
 @dataclass(frozen=True)
@@ -295,6 +324,7 @@ def step_memory(
     forward_gathered: int = 0,
     last_gather: int = 0,
     first_gather: int = 0,
+    fp32_outputs: bool = False,
     config: Mapping[str, Any],
 ) -> StepMemory:
     """The moments of one step, in bytes above the resident model states.
@@ -323,22 +353,36 @@ def step_memory(
         first_gather: FSDP2's gathered bytes at block 0's all-gather in forward: the root's
             parameters and flat all-gather output, block 0's flat output and parameters (0:
             none).
+        fp32_outputs: forward returns fp32 copies of its 16-bit outputs (accelerate's
+            ``convert_outputs_to_fp32`` under mixed precision).
         config: engine knobs (``holds_outputs``, ``cublas_workspace_bytes``).
         ddp_grads: DDP's gradients made as backward goes (``None``: not DDP, or not a
             transformers model); counted on the first micro-step, where they are not all
             alive already.
     """
-    acts = activations(arch, batch, regime)
+    inside = activations(arch, batch, regime)
+    # from here on, the activations as the loop holds them after the model returned
+    acts = returned_activations(inside, regime, fp32_outputs)
+    converted = acts is not inside
     # logits + the loss scalar; a transformers model's key/value cache dies with its output
     # object, which the loop (like transformers' Trainer) does not keep: it is alive only while
     # the model computes the loss from ``labels`` (``loss_forward``)
     held = acts.logits + FP32_BYTES if holds_outputs(config) else 0
     loss_grads = 2 * FP32_BYTES * batch.tokens * arch.vocab_size
     end_of_forward = unsharded_after_forward + acts.end_of_forward
+    if arch.modelling is not None:
+        # the loss from ``labels`` runs inside the model, on the 16-bit logits; an fp32 copy
+        # made as forward returns (``converted``) replaces its transient fp32 copy of the
+        # logits byte for byte beside the same tensors, so that moment is never higher
+        loss_forward = unsharded_after_forward + inside.end_of_forward + inside.loss_transient
+    else:
+        # the caller's ``cross_entropy(logits.float())``: on converted fp32 logits ``.float()``
+        # returns the tensor itself, no transient copy
+        loss_forward = end_of_forward + (0 if converted else acts.loss_transient)
     # the loop rebinds ``logits, loss`` only when the model returns, so the last step's outputs
     # are alive through every moment of this step's forward
     moments = {
-        "loss_forward": end_of_forward + acts.cache_only + acts.loss_transient + last_gather + held,
+        "loss_forward": loss_forward + acts.cache_only + last_gather + held,
         "loss_backward": end_of_forward + loss_grads + accumulated_gradients + gathered_for_loss,
         "optimizer_step": held + step_gradients + optimizer_temporary,
     }
