@@ -146,8 +146,9 @@ def visible_gpus(device: str) -> tuple[int, str]:
     return 0, "cpu"
 
 
-def measure(spec: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """The run's step seconds and its host probe (None when the spec turned it off)."""
+def measure(spec: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:
+    """The run's step seconds, its host probe (None when the spec turned it off) and its timed
+    host optimizer step (None without CPU offload)."""
     from measure.runner import run
 
     result = run(spec)
@@ -155,7 +156,12 @@ def measure(spec: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if not isinstance(seconds, int | float) or seconds <= 0:
         raise RuntimeError(f"no step time in the result: {result['runs'][0]}")
     probe = result["runs"][0].get("host_probe")
-    return float(seconds), probe if isinstance(probe, dict) else None
+    host_step = result["runs"][0].get("host_optimizer_step_s")
+    return (
+        float(seconds),
+        probe if isinstance(probe, dict) else None,
+        float(host_step) if isinstance(host_step, int | float) else None,
+    )
 
 
 def host_probe(found: Any) -> HostProbe | None:
@@ -260,6 +266,16 @@ def measured_probes(body: dict[str, Any]) -> dict[Config, HostProbe]:
     return found
 
 
+def measured_host_steps(body: dict[str, Any]) -> dict[Config, float]:
+    """The timed host optimizer steps of a plan_validation JSON's offloaded runs."""
+    found = {}
+    for (c, _), run in zip(measured_runs(body), _timed(body), strict=True):
+        seconds = run.get("host_optimizer_step_s")
+        if isinstance(seconds, int | float) and seconds > 0:
+            found[c] = float(seconds)
+    return found
+
+
 def _timed(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         r
@@ -290,6 +306,37 @@ def measured_runs(body: dict[str, Any]) -> list[tuple[Config, float]]:
     return out
 
 
+def committed_setup(
+    body: dict[str, Any], runs: list[tuple[Config, float]]
+) -> tuple[argparse.Namespace, PlanSetup]:
+    """The options and planner setup a plan_validation JSON's runs were measured under.
+
+    Raises:
+        ValueError: the runs have different per-GPU batches.
+    """
+    configs = [c for c, _ in runs]
+    nd = int(body["nd"])
+    batch = {c.micro_batch_size * c.grad_accumulation_steps for c in configs}
+    if len(batch) != 1:
+        raise ValueError(f"runs of different per-GPU batches {sorted(batch)}")
+    case = parse(
+        [
+            "--gpus", str(nd),
+            "--seq-len", str(body["seq_len"]),
+            "--per-gpu-batch", str(batch.pop()),
+            "--micro", ",".join(str(c.micro_batch_size) for c in configs),
+            "--stages", ",".join(str(int(c.stage)) for c in configs),
+            "--engine", body.get("engine", "torch"),
+            "--checkpointing",
+            ",".join(sorted({c.activation_checkpointing.value for c in configs})),
+            "--grad-sync", body.get("grad_sync", "per_micro_step"),
+            "--offload", ",".join(sorted({c.offload.value for c in configs})),
+        ]
+    )  # fmt: skip
+    arch = architecture_from_body(body["model_body"])
+    return case, plan_setup(case, arch, get_gpu(body["gpu"]), nd)
+
+
 def report_files(args: argparse.Namespace) -> int:
     """Re-predict committed measurements with the current model (no GPU needed)."""
     sections, bodies = [], []
@@ -299,39 +346,22 @@ def report_files(args: argparse.Namespace) -> int:
         if not runs:
             print(f"{name}: no measured run")
             continue
-        configs = [c for c, _ in runs]
-        nd = int(body["nd"])
-        batch = {c.micro_batch_size * c.grad_accumulation_steps for c in configs}
-        if len(batch) != 1:
-            print(f"{name}: runs of different per-GPU batches {sorted(batch)}")
+        try:
+            case, setup = committed_setup(body, runs)
+        except ValueError as err:
+            print(f"{name}: {err}")
             return 2
-        case = parse(
-            [
-                "--gpus", str(nd),
-                "--seq-len", str(body["seq_len"]),
-                "--per-gpu-batch", str(batch.pop()),
-                "--micro", ",".join(str(c.micro_batch_size) for c in configs),
-                "--stages", ",".join(str(int(c.stage)) for c in configs),
-                "--engine", body.get("engine", "torch"),
-                "--checkpointing",
-                ",".join(sorted({c.activation_checkpointing.value for c in configs})),
-                "--grad-sync", body.get("grad_sync", "per_micro_step"),
-                "--offload", ",".join(sorted({c.offload.value for c in configs})),
-            ]
-        )  # fmt: skip
-        arch = architecture_from_body(body["model_body"])
-        gpu = get_gpu(body["gpu"])
         env = body.get("environment") or {}
         result = {
             "source": name,
-            "model": count_params(arch),
-            "nd": nd,
-            "gpu": gpu.name,
-            "device_name": body.get("device_name") or env.get("device_name") or gpu.label,
+            "model": setup.params,
+            "nd": setup.gpus,
+            "gpu": setup.gpu.name,
+            "device_name": body.get("device_name") or env.get("device_name") or setup.gpu.label,
             "engine": case.engine,
             "seq_len": case.seq_len,
             "per_gpu_batch": case.per_gpu_batch,
-            **evaluate(plan_setup(case, arch, gpu, nd), runs, measured_probes(body)),
+            **evaluate(setup, runs, measured_probes(body), measured_host_steps(body)),
         }
         bodies.append(result)
         sections.append(f"From `{name}`:\n\n" + markdown(result))
@@ -403,8 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     for cand in planned.candidates[: args.max_runs]:
         c = cand.config
         t0 = time.perf_counter()
-        seconds, probe = measure(spec_for(args, model, nd, c))
+        seconds, probe, host_step = measure(spec_for(args, model, nd, c))
         rows.append({"config": c, "measured": seconds, "predicted_default": cand.step.total})
+        if host_step is not None:
+            rows[-1]["host_optimizer_step_s"] = host_step
         found = host_probe(probe)
         if found is not None:
             probes[c] = found
@@ -435,14 +467,18 @@ def write_report(
     wall_seconds: float,
 ) -> dict[str, Any]:
     """``plan_validation_nd<N>.json`` and ``.md`` of the runs so far."""
+    host_steps = {
+        r["config"]: r["host_optimizer_step_s"] for r in rows if "host_optimizer_step_s" in r
+    }
     report = {
         **header,
-        **evaluate(setup, [(r["config"], r["measured"]) for r in rows], probes),
+        **evaluate(setup, [(r["config"], r["measured"]) for r in rows], probes, host_steps),
         "wall_seconds": wall_seconds,
     }
     for run, row in zip(report["runs"], rows, strict=True):
-        if "host_probe" in row:
-            run["host_probe"] = row["host_probe"]
+        for key in ("host_probe", "host_optimizer_step_s"):
+            if key in row:
+                run[key] = row[key]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"plan_validation_nd{header['nd']}"
@@ -460,8 +496,20 @@ def _first_choice(setup: PlanSetup, measured: list[tuple[Config, float]]) -> tup
     return min(measured, key=lambda m: _predicted(setup, m[0]))
 
 
+def _host_optimizer(setup: PlanSetup, cal: Calibration, label: str) -> PlanSetup:
+    """``setup`` with the host optimizer bandwidth a calibration timed, as /v1/plan uses it."""
+    if cal.host_optimizer_bandwidth is None:
+        return setup
+    return replace(
+        setup,
+        host_optimizer_bandwidth=cal.host_optimizer_bandwidth,
+        host_optimizer_given_source=f"timed on {label}",
+    )
+
+
 def _with(setup: PlanSetup, cal: Calibration, label: str) -> PlanSetup:
     """``setup`` with the figure ``cal`` learned replaced, as /v1/plan uses a calibration."""
+    setup = _host_optimizer(setup, cal, label)
     e = setup.efficiency
     if cal.learned is Learned.GPU:
         e = replace(e, value=cal.efficiency, source=f"calibrated on {label}")
@@ -476,6 +524,7 @@ def _with(setup: PlanSetup, cal: Calibration, label: str) -> PlanSetup:
 
 def _with_both(setup: PlanSetup, cal: Calibration, label: str) -> PlanSetup:
     """``setup`` with both figures of a calibration that used the run's host probe."""
+    setup = _host_optimizer(setup, cal, label)
     e = replace(
         setup.efficiency,
         value=cal.efficiency,
@@ -491,6 +540,7 @@ def evaluate(
     setup: PlanSetup,
     measured: list[tuple[Config, float]],
     probes: dict[Config, HostProbe] | None = None,
+    host_steps: dict[Config, float] | None = None,
 ) -> dict[str, Any]:
     """Predicted vs measured step times: with the stated defaults; calibrated on the planner's
     first choice (one run, as ``POST /v1/calibrations`` would: it sets the figure of the queue
@@ -498,9 +548,11 @@ def evaluate(
     efficiency, the measured run the model finds most host-bound, with two or more micro-steps,
     the host cost per kernel). With ``probes`` (the runs' host probes): also calibrated on the
     first choice and its probe alone (both figures from one run), and each run's host cost as
-    its own probe gives it."""
+    its own probe gives it. With ``host_steps`` (offloaded runs' timed host optimizer steps):
+    each calibration on such a run also sets the host optimizer bandwidth."""
+    timed = host_steps or {}
     first = _first_choice(setup, measured)
-    cal_one = calibrate(setup, first[0], first[1])
+    cal_one = calibrate(setup, first[0], first[1], host_optimizer_seconds=timed.get(first[0]))
     one = _with(setup, cal_one, config_label(first[0]))
 
     # two runs: the first choice sets the GEMM efficiency, the run the model finds most
@@ -515,9 +567,21 @@ def evaluate(
     if second is not None:
         two = setup
         for _ in range(2):  # each figure solved with the other's latest value
-            cal_gpu = calibrate(two, first[0], first[1], learn=Learned.GPU)
+            cal_gpu = calibrate(
+                two,
+                first[0],
+                first[1],
+                learn=Learned.GPU,
+                host_optimizer_seconds=timed.get(first[0]),
+            )
             two = _with(two, cal_gpu, config_label(first[0]))
-            cal_host = calibrate(two, second[0], second[1], learn=Learned.HOST)
+            cal_host = calibrate(
+                two,
+                second[0],
+                second[1],
+                learn=Learned.HOST,
+                host_optimizer_seconds=timed.get(second[0]),
+            )
             two = _with(two, cal_host, config_label(second[0]))
     probes = probes or {}
     first_probe = probes.get(first[0])
@@ -526,7 +590,13 @@ def evaluate(
     probe_error = None
     if first_probe is not None:
         try:
-            cal_probe = calibrate(setup, first[0], first[1], probe=first_probe)
+            cal_probe = calibrate(
+                setup,
+                first[0],
+                first[1],
+                probe=first_probe,
+                host_optimizer_seconds=timed.get(first[0]),
+            )
         except InputError as err:
             probe_error = f"{err.field}: {err.message}"
         else:
@@ -544,11 +614,21 @@ def evaluate(
         if own is not None:  # this run's own probe: the host cost it alone implies
             row["probe_seconds"] = own.seconds
             try:
-                found = calibrate(setup, c, seconds, probe=own, learn=Learned.HOST)
+                found = calibrate(
+                    setup,
+                    c,
+                    seconds,
+                    probe=own,
+                    learn=Learned.HOST,
+                    host_optimizer_seconds=timed.get(c),
+                )
             except InputError:  # its predicted GPU work fills the probe: no host figure
                 row["probe_host_seconds_per_kernel"] = None
             else:
                 row["probe_host_seconds_per_kernel"] = found.host_seconds_per_kernel
+        if c in timed:
+            row["host_optimizer_step_s"] = timed[c]
+            row["predicted_host_optimizer_step_s"] = step.optimizer_step
         row["config_fields"] = {k: str(v) for k, v in asdict(c).items()}
         runs.append(row)
     used_one = {config_label(first[0])}
@@ -621,6 +701,20 @@ def markdown(r: dict[str, Any]) -> str:
             f"{run['predicted_calibrated']:.4f} | {run['error_calibrated']:+.1%} | "
             f"{run['predicted_calibrated_two']:.4f} | {run['error_calibrated_two']:+.1%} |"
         )
+
+    timed = [run for run in r["runs"] if "host_optimizer_step_s" in run]
+    if timed:
+        lines += [
+            "",
+            "Host optimizer steps the offloaded runs timed (predicted at the stated "
+            "bandwidth): "
+            + "; ".join(
+                f"{run['config']} {run['host_optimizer_step_s']:.3f} s "
+                f"({run['predicted_host_optimizer_step_s']:.3f} s)"
+                for run in timed
+            )
+            + ".",
+        ]
 
     def pct(x: float | None) -> str:
         return "n/a (no other run)" if x is None else f"{x:.1%}"

@@ -278,6 +278,8 @@ def _stage_runs(
             # the micro-step at one short sequence: the host's dispatch (calibrates the planner)
             "host_probe": measured.get("host_probe"),
         }
+        if "host_optimizer_step_s" in measured:  # CPU offload: the optimizer steps on the host
+            run["host_optimizer_step_s"] = measured["host_optimizer_step_s"]
         run.update(
             compare_run(
                 training_setup(ms, workload, world, settings, stage),

@@ -159,6 +159,9 @@ def measured_run(job: Job, stage: int | None, figure: Learned | None = None) -> 
             "both figures from one run need its host probe, and this run has none (measure "
             "again with host_probe: true, or calibrate gpu and host from two runs)",
         )
+    timed = run.get("host_optimizer_step_s")  # measure times it under FSDP2's CPU offload
+    if timed is not None and (not isinstance(timed, int | float) or timed <= 0):
+        raise InputError(FIELD, "the run's host optimizer step has no time")
     cal = calibrate(
         setup,
         config,
@@ -166,6 +169,7 @@ def measured_run(job: Job, stage: int | None, figure: Learned | None = None) -> 
         communicated=run.get("mode") != "simulated",
         learn=figure,
         probe=probe,
+        host_optimizer_seconds=None if timed is None else float(timed),
     )
     return MeasuredRun(
         gpu, device_name, precision, engine, config.stage, float(seconds), cal, probe

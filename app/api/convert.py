@@ -328,8 +328,14 @@ def plan_gpu(spec: str | GpuIn) -> Gpu:
     return gpu if spec.name is None else replace(gpu, name=spec.name)
 
 
-def plan_setup(req: PlanRequest, gpu: Gpu, efficiency: Efficiency) -> PlanSetup:
-    """The calculators' view of a plan request."""
+def plan_setup(
+    req: PlanRequest,
+    gpu: Gpu,
+    efficiency: Efficiency,
+    host_optimizer: tuple[float, str] | None = None,
+) -> PlanSetup:
+    """The calculators' view of a plan request (``host_optimizer``: the host optimizer
+    bandwidth and its source, None for the engine's stated figure)."""
     params, arch = resolve_model(req.model)
     if arch is None:
         raise InputError(
@@ -365,6 +371,8 @@ def plan_setup(req: PlanRequest, gpu: Gpu, efficiency: Efficiency) -> PlanSetup:
             hsdp=s.hsdp,
         ),
         efficiency=efficiency,
+        host_optimizer_bandwidth=None if host_optimizer is None else host_optimizer[0],
+        host_optimizer_given_source="given" if host_optimizer is None else host_optimizer[1],
     )
 
 

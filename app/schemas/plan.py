@@ -32,6 +32,8 @@ NULL = {"type": "null"}
 MIN_EFFICIENCY = 0.001
 # a kernel dispatch slower than 10 ms is no host a GPU trains from
 MAX_HOST_SECONDS_PER_KERNEL = 0.01
+# a host optimizer streaming over 10 TB/s per rank is no CPU
+MAX_HOST_OPTIMIZER_BANDWIDTH = 1e13
 
 GpuName = Annotated[str, Field(max_length=32, description="A GPU preset name (GET /v1/gpus).")]
 
@@ -180,6 +182,16 @@ class PlanRequest(StrictModel):
             le=MAX_HOST_SECONDS_PER_KERNEL,
             description="Host time to dispatch one kernel, seconds; null = a stored "
             "calibration for this GPU and precision, else the stated default.",
+        ),
+    ] = None
+    host_optimizer_bandwidth: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=MAX_HOST_OPTIMIZER_BANDWIDTH,
+            description="Bytes/s one rank's offloaded optimizer step streams on the host (e.g. "
+            "from bench/host_adam.py on your node); null = a stored calibration of this GPU, "
+            "precision and engine from an offloaded run, else the engine's stated figure.",
         ),
     ] = None
 
@@ -399,9 +411,13 @@ class CalibrationRequest(StrictModel):
         None,
         description="With measurement_id: which figure the run sets, gpu (the GEMM "
         "efficiency), host (the host cost per kernel: from the run's host probe where it timed "
-        "one) or both (needs the host probe); null = both where the run timed the host probe "
-        "(the efficiency only where the step shows the GPU), else the queue the model finds "
-        "binding in that run (a large micro-batch: gpu; several small micro-steps: host).",
+        "one), both (needs the host probe) or host_optimizer (an offloaded run's timed host "
+        "optimizer step alone); null = both where the run timed the host probe (the efficiency "
+        "only where the step shows the GPU), else the queue the model finds binding in that run "
+        "(a large micro-batch: gpu; several small micro-steps: host). A run offloading to the "
+        "CPU sets no GEMM efficiency unless asked (its step also holds the host copies): its "
+        "probe sets host, else its timed optimizer step host_optimizer. An offloaded run's "
+        "timed optimizer step also sets the host optimizer bandwidth.",
     )
 
     @classmethod
@@ -468,7 +484,8 @@ class CalibrationPublic(BaseModel):
     figure: Learned | None = Field(
         None,
         description="Which figure this calibration sets for /v1/plan: gpu (efficiency), "
-        "host (host_seconds_per_kernel) or both; null: stored by an earlier step-time model, "
+        "host (host_seconds_per_kernel), both, or host_optimizer (host_optimizer_bandwidth "
+        "alone); null: stored by an earlier step-time model, "
         "which /v1/plan no longer uses (see note).",
     )
     measurement_id: str | None = Field(description="The measure job (null: see note).")
@@ -482,6 +499,11 @@ class CalibrationPublic(BaseModel):
         None,
         description="The run's host probe: one micro-step (forward + backward) at one short "
         "sequence, median seconds; it set host_seconds_per_kernel (null: see note).",
+    )
+    host_optimizer_bandwidth: float | None = Field(
+        None,
+        description="Bytes/s per rank of the offloaded optimizer step the run timed on its host; "
+        "/v1/plan uses it for offload candidates of this engine (null: see note).",
     )
     notes: list[str] = Field(
         default_factory=list,

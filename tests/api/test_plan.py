@@ -278,11 +278,13 @@ def _store_measurement(
     step_time: float,
     device: str = "cuda",
     probe: dict[str, Any] | None = None,
+    host_optimizer_s: float | None = None,
 ) -> str:
     """A succeeded 2-GPU measure job, as the runner would have stored it (``probe``: the run's
-    ``host_probe`` entry)."""
+    ``host_probe`` entry; ``host_optimizer_s``: a run under FSDP2's CPU offload, its timed host
+    optimizer step)."""
     store = client.app.state.jobs.store  # type: ignore[attr-defined]
-    request = {
+    request: dict[str, Any] = {
         "model": {"architecture": GPT},
         "dp": 2,
         "stages": [2],
@@ -290,19 +292,21 @@ def _store_measurement(
         "engine": "torch",
         "batch": {"micro_batch_size": 2, "seq_len": 512},
     }
+    run: dict[str, Any] = {
+        "stage": 2,
+        "step_time_s": step_time,
+        "world_size": 2,
+        "mode": "distributed",
+        "host_probe": probe,
+    }
+    if host_optimizer_s is not None:
+        request["offload"] = {"optimizer": "cpu", "params": "cpu"}
+        run["host_optimizer_step_s"] = host_optimizer_s
     job = store.create("job-1", request, "runner", 60.0)
     store.start(job.id)
     result = {
         "environment": {"device_type": device, "device_name": "NVIDIA L4"},
-        "runs": [
-            {
-                "stage": 2,
-                "step_time_s": step_time,
-                "world_size": 2,
-                "mode": "distributed",
-                "host_probe": probe,
-            },
-        ],
+        "runs": [run],
     }
     store.finish(job.id, JobStatus.SUCCEEDED, result=json.dumps(result))
     return str(job.id)
@@ -334,12 +338,12 @@ def _predicted_step(efficiency: float, host: float = 33e-6) -> float:
     return predict(_setup(efficiency, host), MEASURED)[1].total
 
 
-def _predicted_probe(efficiency: float, host: float) -> dict[str, Any]:
+def _predicted_probe(efficiency: float, host: float, measured: Config = MEASURED) -> dict[str, Any]:
     """The run's host_probe entry as the model with these figures predicts it: the measured
     configuration's forward and backward at one sequence of 32 tokens (no optimizer step, and
     the step's own collectives left out)."""
     small = replace(_setup(efficiency, host), seq_len=32, global_batch_size=2)
-    one = replace(MEASURED, micro_batch_size=1)
+    one = replace(measured, micro_batch_size=1)
     _, step, _ = predict(small, one)
     step_phase = _Evaluator(small).communication(one).phases[Phase.STEP].total(1)
     seconds = step.total - step.optimizer_step - step_phase - step.offload_transfer
@@ -369,6 +373,69 @@ def test_calibration_from_a_measurement_is_stored_and_used(isolated: TestClient)
     assert other["calibration"]["host_calibration_id"] is None
     fp32 = post(isolated, {**SMALL, "precision": "fp32"})  # another precision: the default
     assert fp32["calibration"]["host_calibration_id"] is None
+
+
+def test_an_offloaded_run_times_its_host_optimizer_for_the_plan(isolated: TestClient) -> None:
+    # FSDP2 with CPU offload on a host whose optimizer streams 3 GB/s per rank: the run's timed
+    # optimizer step sets that bandwidth and nothing else (no probe; the step's remainder
+    # holds the offload copies, no measure of the GPU)
+    host_bw = 3e9
+    offloaded = replace(MEASURED, offload=OffloadChoice.OPTIMIZER_AND_PARAMS)
+    setup = replace(_setup(0.75, 50e-6), host_optimizer_bandwidth=host_bw)
+    step = predict(setup, offloaded)[1].total
+    timed = _Evaluator(setup).host_step_bytes(offloaded) / host_bw
+    job_id = _store_measurement(isolated, step, host_optimizer_s=timed)
+    r = isolated.post("/v1/calibrations", json={"measurement_id": job_id})
+    assert r.status_code == 201, r.text
+    cal = r.json()
+    assert cal["host_optimizer_bandwidth"] == pytest.approx(host_bw, rel=1e-9)
+    assert cal["figure"] == "host_optimizer" and cal["host_seconds_per_kernel"] is None
+    assert "not one this run reached" in cal["note"]
+    assert any("sets the host optimizer bandwidth" in n for n in cal["notes"])
+
+    offload = {**SMALL, "search": {"offload": ["optimizer_and_params"], "stages": [2, 3]}}
+    body = post(isolated, offload)
+    assert body["assumptions"]["host_optimizer_bandwidth"] == pytest.approx(host_bw, rel=1e-9)
+    assert cal["id"] in body["assumptions"]["host_optimizer_source"]
+    # the other figures stay stated: the calibration sets neither
+    assert body["calibration"]["calibration_id"] is None
+    assert body["calibration"]["host_calibration_id"] is None
+    # the request's own figure first; DeepSpeed's CPU Adam is another optimizer: not this one
+    given = post(isolated, {**offload, "host_optimizer_bandwidth": 5e9})["assumptions"]
+    assert given["host_optimizer_bandwidth"] == 5e9
+    assert given["host_optimizer_source"] == "given by the request"
+    ds = post(isolated, {**offload, "engine": "deepspeed", "search": {"stages": [2, 3]}})
+    assert cal["id"] not in ds["assumptions"]["host_optimizer_source"]
+
+
+def test_an_offloaded_run_with_its_probe_sets_the_host_cost_not_the_gemm_efficiency(
+    isolated: TestClient,
+) -> None:
+    offloaded = replace(MEASURED, offload=OffloadChoice.OPTIMIZER_AND_PARAMS)
+    setup = replace(_setup(0.75, 50e-6), host_optimizer_bandwidth=3e9)
+    timed = _Evaluator(setup).host_step_bytes(offloaded) / 3e9
+    # a step 0.5 s longer than the model predicts (FSDP2's host copies): not the GPU's speed
+    step = predict(setup, offloaded)[1].total + 0.5
+    job_id = _store_measurement(
+        isolated, step, probe=_predicted_probe(0.75, 50e-6, offloaded), host_optimizer_s=timed
+    )
+    cal = isolated.post("/v1/calibrations", json={"measurement_id": job_id}).json()
+    assert cal["figure"] == "host"
+    # (the helper's probe time leaves out all offload transfer; the probe model counts the
+    # per-micro-step part of it, so the host cost comes back within a few %)
+    assert cal["host_seconds_per_kernel"] == pytest.approx(50e-6, rel=0.02)
+    assert cal["efficiency"] == 0.75  # kept
+    assert any("the GEMM efficiency is not taken from its step" in n for n in cal["notes"])
+    # asked for explicitly, the step sets it
+    gpu = isolated.post("/v1/calibrations", json={"measurement_id": job_id, "figure": "both"})
+    assert gpu.json()["efficiency"] < 0.75
+
+
+def test_a_run_without_offload_says_why_it_sets_no_host_optimizer(isolated: TestClient) -> None:
+    job_id = _store_measurement(isolated, _predicted_step(0.75, host=50e-6))
+    cal = isolated.post("/v1/calibrations", json={"measurement_id": job_id}).json()
+    assert cal["host_optimizer_bandwidth"] is None
+    assert "host_optimizer_bandwidth is null: the run did not offload" in cal["note"]
 
 
 def test_one_run_with_its_host_probe_sets_both_figures(isolated: TestClient) -> None:

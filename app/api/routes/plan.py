@@ -56,7 +56,31 @@ def plan_route(
     """Every ZeRO configuration of the search that fits, ranked by predicted tokens/s."""
     gpu = plan_gpu(request.gpu)
     efficiency = efficiency_for(request, gpu, store)
-    return plan_response(plan(plan_setup(request, gpu, efficiency)))
+    host = host_optimizer_for(request, gpu, store)
+    return plan_response(plan(plan_setup(request, gpu, efficiency, host)))
+
+
+def host_optimizer_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> tuple[float, str] | None:
+    """The host optimizer bandwidth the request gives, else the newest calibration of this GPU,
+    precision and engine that timed an offloaded run's host optimizer step (the optimizers
+    differ by engine: torch's own, DeepSpeed's CPU Adam), else None: the engine's stated
+    figure."""
+    if request.host_optimizer_bandwidth is not None:
+        return request.host_optimizer_bandwidth, "given by the request"
+    found = store.calibrations(gpu=gpu.name, precision=request.precision.value)
+    chosen = next(
+        (
+            c
+            for c in found
+            if c.engine == request.engine.value and c.detail.get("host_optimizer_bandwidth")
+        ),
+        None,
+    )
+    if chosen is None:
+        return None
+    return float(chosen.detail["host_optimizer_bandwidth"]), (
+        f"{_source(chosen)}, its host optimizer step timed"
+    )
 
 
 def efficiency_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> Efficiency:
@@ -156,6 +180,13 @@ def _public(c: Calibration) -> CalibrationPublic:
             "the measured step less the predicted optimizer step, communication and offload, "
             "per micro-step, with that host cost, sets the GEMM efficiency"
         )
+    elif figure == Learned.HOST_OPTIMIZER.value:
+        note = (
+            f"job {d['measurement_id']}: an offloaded run; its timed host optimizer step sets "
+            "the host optimizer bandwidth, and nothing else (its step also holds FSDP2's copies "
+            "to and from the host, which the model under-predicts): efficiency is the stated "
+            "figure, not one this run reached, and /v1/plan does not use it"
+        )
     elif figure == Learned.HOST.value:
         note = (
             f"measured step of job {d['measurement_id']} less the predicted optimizer step, "
@@ -174,7 +205,9 @@ def _public(c: Calibration) -> CalibrationPublic:
             "model counts sets the host cost per kernel"
         )
     host = d.get("host_seconds_per_kernel")
-    if host is None and figure is not None:
+    if host is None and figure == Learned.HOST_OPTIMIZER.value:
+        note += "; host_seconds_per_kernel is null: the run timed no host probe"
+    elif host is None and figure is not None:
         note += "; host_seconds_per_kernel is null: a given efficiency says nothing of the host"
     probe_s = d.get("host_probe_seconds")
     if probe_s is None:
@@ -185,6 +218,14 @@ def _public(c: Calibration) -> CalibrationPublic:
         else:
             why = "the measured run timed no host probe"
         note += f"; host_probe_seconds is null: {why}"
+    host_optimizer = d.get("host_optimizer_bandwidth")
+    if host_optimizer is None:
+        why = (
+            "not measured by this service"
+            if not measured
+            else "the run did not offload its optimizer to the CPU, or did not time its step"
+        )
+        note += f"; host_optimizer_bandwidth is null: {why}"
     return CalibrationPublic(
         id=c.id,
         gpu=c.gpu,
@@ -199,6 +240,7 @@ def _public(c: Calibration) -> CalibrationPublic:
         measured_step_time_seconds=d.get("measured_step_time_seconds"),
         predicted_other_seconds=d.get("predicted_other_seconds"),
         host_probe_seconds=probe_s,
+        host_optimizer_bandwidth=host_optimizer,
         notes=list(d.get("notes") or []),
         note=note,
         created_at=c.created_at,
@@ -256,9 +298,13 @@ def add_calibration(
         "measured_step_time_seconds": run.measured_seconds,
         "predicted_other_seconds": run.calibration.other_seconds,
         "figure": run.calibration.learned.value,
-        "host_seconds_per_kernel": run.calibration.host_seconds_per_kernel,
+        "host_seconds_per_kernel": None
+        if run.calibration.learned is Learned.HOST_OPTIMIZER
+        else run.calibration.host_seconds_per_kernel,
         "notes": list(run.calibration.notes),
     }
+    if run.calibration.host_optimizer_bandwidth is not None:
+        detail["host_optimizer_bandwidth"] = run.calibration.host_optimizer_bandwidth
     if run.probe is not None:
         used = run.calibration.probe_dispatches is not None
         detail["host_probe_used"] = used
