@@ -30,7 +30,7 @@ from calculators.communication import (
 )
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.torch.config import through_accelerate
-from calculators.engines.torch.peak import CONVERT_OUTPUTS
+from calculators.engines.torch.peak import CONVERT_OUTPUTS, converts_outputs, holds_outputs
 from calculators.errors import InputError
 from calculators.gpus import GIB, Gpu
 from calculators.memory import StageEstimate, estimate
@@ -518,6 +518,9 @@ def engine_config_for(config: Mapping[str, Any] | None, engine: Engine) -> dict[
         return None
     if engine is not Engine.DEEPSPEED:
         out = dict(config)
+        # the loop's knobs are the request's, not a candidate's: a bad one is refused here
+        converts_outputs(out)
+        holds_outputs(out)
         if CONVERT_OUTPUTS not in out and through_accelerate(config):
             out[CONVERT_OUTPUTS] = True  # accelerate's forward wrapper, as /v1/memory reads it
         return out

@@ -125,8 +125,9 @@ def test_custom_gpu_and_a_narrow_search(client: TestClient) -> None:
     assert "single-tensor" in a["host_optimizer_source"] and a["host_optimizer_bandwidth"] > 0
 
 
-def test_padded_batches_take_more_memory_and_every_attention_product(client: TestClient) -> None:
-    body = {
+def _llama3_8b_one_candidate(checkpointing: str, **extra: Any) -> dict[str, Any]:
+    """Llama 3 8B on 8 × H100, 64 × 4,096 tokens: the one candidate of stage 3, micro-batch 2."""
+    return {
         "model": {"preset": "llama3-8b"},
         "gpu": "h100-sxm",
         "gpus": 8,
@@ -135,10 +136,15 @@ def test_padded_batches_take_more_memory_and_every_attention_product(client: Tes
         "search": {
             "stages": [3],
             "micro_batch_size": [2],
-            "activation_checkpointing": ["none"],
+            "activation_checkpointing": [checkpointing],
             "offload": ["none"],
         },
+        **extra,
     }
+
+
+def test_padded_batches_take_more_memory_and_every_attention_product(client: TestClient) -> None:
+    body = _llama3_8b_one_candidate("none")
     plain, padded = post(client, body), post(client, {**body, "padded": True})
     assert padded["assumptions"]["causal_attention_fraction"] == 1.0
     assert plain["assumptions"]["causal_attention_fraction"] == 0.5
@@ -154,20 +160,7 @@ def test_padded_batches_take_more_memory_and_every_attention_product(client: Tes
 def test_an_accelerate_config_holds_fp32_logits(client: TestClient) -> None:
     # accelerate's fsdp_* keys: forward returns an fp32 copy of the logits, which the loop
     # holds through backward: 2 more bytes per token and vocabulary entry than bf16 ones
-    body = {
-        "model": {"preset": "llama3-8b"},
-        "gpu": "h100-sxm",
-        "gpus": 8,
-        "global_batch_size": 64,
-        "seq_len": 4096,
-        "engine": "torch",
-        "search": {
-            "stages": [3],
-            "micro_batch_size": [2],
-            "activation_checkpointing": ["full"],
-            "offload": ["none"],
-        },
-    }
+    body = _llama3_8b_one_candidate("full", engine="torch")
     accelerate = {**body, "engine_config": {"fsdp_config": {"fsdp_version": 2}}}
     explicit = {**body, "engine_config": {"convert_outputs_to_fp32": True}}
     off = {**body, "engine_config": {"fsdp_version": 2, "convert_outputs_to_fp32": False}}
@@ -179,6 +172,14 @@ def test_an_accelerate_config_holds_fp32_logits(client: TestClient) -> None:
     assert peak(post(client, explicit)["candidates"][0]) == peak(wrapped)
     assert peak(post(client, off)["candidates"][0]) == peak(plain)
     assert peak(wrapped) - peak(plain) == 2 * 2 * 4096 * 128256
+
+
+@pytest.mark.parametrize("knob", ["convert_outputs_to_fp32", "holds_outputs"])
+def test_a_bad_loop_knob_is_the_requests_error(client: TestClient, knob: str) -> None:
+    body = {**SMALL, "engine": "torch", "engine_config": {knob: 3}}
+    r = client.post("/v1/plan", json=body)
+    assert r.status_code == 422, r.text
+    assert f"engine_config.{knob}" in r.text
 
 
 def test_eager_attention_computes_every_score_and_says_so(client: TestClient) -> None:

@@ -326,9 +326,20 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
     components["after_forward"] = base + memory.end_of_forward
     components["after_backward"] = base + memory.held_outputs + memory.step_gradients
     components["after_step"] = components["after_backward"]
+    held = (
+        "the last logits and loss, as memory_allocated does"
+        if not setup.precision.is_mixed
+        else "the last logits and loss, as memory_allocated does; the logits as forward returns "
+        + (
+            "them under accelerate (convert_outputs_to_fp32: an fp32 copy)"
+            if converts_outputs(setup.engine_config or {})
+            else "them in a plain loop (16-bit; under accelerate or transformers' Trainer, "
+            "convert_outputs_to_fp32: true counts its fp32 copy)"
+        )
+    )
     notes.append(
         f"peak at {memory.peak_moment}; resident and peak count the cuBLAS workspaces, the "
-        "batch and (holds_outputs) the last logits and loss, as memory_allocated does"
+        f"batch and (holds_outputs) {held}"
     )
     return StageEstimate(
         stage=stage,
