@@ -32,8 +32,9 @@ NULL = {"type": "null"}
 MIN_EFFICIENCY = 0.001
 # a kernel dispatch slower than 10 ms is no host a GPU trains from
 MAX_HOST_SECONDS_PER_KERNEL = 0.01
-# a host optimizer streaming over 10 TB/s per rank is no CPU
+# a host optimizer streaming over 10 TB/s per rank is no CPU, one below 1 MB/s trains nothing
 MAX_HOST_OPTIMIZER_BANDWIDTH = 1e13
+MIN_HOST_OPTIMIZER_BANDWIDTH = 1e6
 
 GpuName = Annotated[str, Field(max_length=32, description="A GPU preset name (GET /v1/gpus).")]
 
@@ -187,11 +188,12 @@ class PlanRequest(StrictModel):
     host_optimizer_bandwidth: Annotated[
         float | None,
         Field(
-            gt=0,
+            ge=MIN_HOST_OPTIMIZER_BANDWIDTH,
             le=MAX_HOST_OPTIMIZER_BANDWIDTH,
-            description="Bytes/s one rank's offloaded optimizer step streams on the host (e.g. "
-            "from bench/host_adam.py on your node); null = a stored calibration of this GPU, "
-            "precision and engine from an offloaded run, else the engine's stated figure.",
+            description="Bytes/s one rank's offloaded optimizer step streams on the host, at "
+            "least 1 MB/s (e.g. from bench/host_adam.py on your node); null = a stored "
+            "calibration of this GPU, precision and engine from an offloaded run, else the "
+            "engine's stated figure.",
         ),
     ] = None
 

@@ -583,3 +583,12 @@ def test_a_calibration_of_the_earlier_model_is_listed_but_not_used(isolated: Tes
     body = post(isolated, SMALL)
     assert body["calibration"]["calibration_id"] is None
     assert body["calibration"]["efficiency"] == 0.75
+
+
+@pytest.mark.parametrize("bandwidth", [5e-324, 0, -1.0, 1e14])
+def test_a_host_optimizer_bandwidth_out_of_range_is_a_422(
+    client: TestClient, bandwidth: float
+) -> None:
+    r = client.post("/v1/plan", json={**SMALL, "host_optimizer_bandwidth": bandwidth})
+    assert r.status_code == 422, r.text
+    assert "host_optimizer_bandwidth" in r.text
