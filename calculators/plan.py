@@ -1080,12 +1080,15 @@ def _offload_note(
     )
 
 
-OFFLOADED_STEP_NOTE = (
-    "an offloaded run: the GEMM efficiency is not taken from its step, whose remainder also "
-    "holds FSDP2's copies to and from the host, which the model under-predicts "
-    "(0.2-0.7 s a step on 1-1.5B models at Nd 2, measured: docs/VALIDATION.md); calibrate it on "
-    "a run without offload, or ask figure gpu for this one"
-)
+def _offloaded_step_note(figures: str) -> str:
+    """The note of an offloaded run whose step does not set ``figures`` ("the GEMM efficiency
+    is", "neither figure is")."""
+    return (
+        f"an offloaded run: {figures} not taken from its step, whose remainder also holds FSDP2's "
+        "copies to and from the host, which the model under-predicts (0.2-0.7 s a step on "
+        "1-1.5B models at Nd 2, measured: docs/VALIDATION.md); calibrate on a run without "
+        "offload, or ask figure gpu for this one"
+    )
 
 
 def _host_optimizer_only(setup: PlanSetup, config: Config, measured: float) -> Calibration:
@@ -1102,7 +1105,7 @@ def _host_optimizer_only(setup: PlanSetup, config: Config, measured: float) -> C
         host_optimizer_bandwidth=setup.host_optimizer_bandwidth,
         notes=(
             *_offload_note(setup, config, step, measured, True),
-            OFFLOADED_STEP_NOTE.replace("the GEMM efficiency is not", "neither figure is"),
+            _offloaded_step_note("neither figure is"),
         ),
     )
 
@@ -1157,7 +1160,8 @@ def calibrate(
     also holds FSDP2's copies to and from the host, which the model under-predicts
     (``bench/offload_calibration.py``), so without ``learn`` it does not set the GEMM
     efficiency: its probe sets the host cost per kernel, else (timed) it sets the host optimizer
-    bandwidth alone (``Learned.HOST_OPTIMIZER``).
+    bandwidth alone (``Learned.HOST_OPTIMIZER``). One with neither (recorded before ``measure``
+    timed the step) is solved from the whole step, its notes saying where the error goes.
     """
     if learn is Learned.BOTH and probe is None:
         raise InputError("figure", "both figures from one run need the run's host probe")
@@ -1169,7 +1173,7 @@ def calibrate(
             "host_optimizer needs a run that offloads its optimizer to the CPU and timed its "
             "step there (measure times it under FSDP2's CPU offload)",
         )
-    # an offloaded step: its remainder is no clean measure of the GPU (module docstring above)
+    # an offloaded step: its remainder is no clean measure of the GPU (see the docstring)
     guarded = learn is None and config.offload is not OffloadChoice.NONE
     guarded = guarded and (timed or probe is not None)
     if guarded:
@@ -1233,7 +1237,7 @@ def calibrate(
             f"({probe.seconds:.4g} s): the host cost assumes the two queues overlap fully"
         )
     if guarded:
-        notes.append(OFFLOADED_STEP_NOTE)
+        notes.append(_offloaded_step_note("the GEMM efficiency is"))
     elif learn is Learned.HOST:
         notes.append("figure host: the GEMM efficiency was not calibrated")
     elif set_gpu and step.micro is not None and step.micro.host > BALANCED * per_micro:
