@@ -32,6 +32,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -256,10 +257,16 @@ def _field(fields: dict[str, Any], key: str) -> str:
     return str(fields[key]).split(".")[-1].lower()
 
 
+def _timed_by_config(body: dict[str, Any]) -> Iterator[tuple[Config, dict[str, Any]]]:
+    """Each timed run of a plan_validation JSON with its configuration."""
+    for (c, _), run in zip(measured_runs(body), _timed(body), strict=True):
+        yield c, run
+
+
 def measured_probes(body: dict[str, Any]) -> dict[Config, HostProbe]:
     """The host probes of a plan_validation JSON's runs, by configuration."""
     found = {}
-    for (c, _), run in zip(measured_runs(body), _timed(body), strict=True):
+    for c, run in _timed_by_config(body):
         probe = host_probe(run.get("host_probe"))
         if probe is not None:
             found[c] = probe
@@ -269,7 +276,7 @@ def measured_probes(body: dict[str, Any]) -> dict[Config, HostProbe]:
 def measured_host_steps(body: dict[str, Any]) -> dict[Config, float]:
     """The timed host optimizer steps of a plan_validation JSON's offloaded runs."""
     found = {}
-    for (c, _), run in zip(measured_runs(body), _timed(body), strict=True):
+    for c, run in _timed_by_config(body):
         seconds = run.get("host_optimizer_step_s")
         if isinstance(seconds, int | float) and seconds > 0:
             found[c] = float(seconds)

@@ -253,6 +253,7 @@ def _measure(
 
     progress(0.0, "building the model")
     model = workload.build(device)
+    offloaded = offloads(spec.offload)
     engine = build_engine(
         model,
         workload.shard_units(model),
@@ -262,7 +263,7 @@ def _measure(
         device,
         simulated,
         reduce_in_half=spec.engine_config.get(REDUCE_DTYPE) is not None,
-        offload=offloads(spec.offload),
+        offload=offloaded,
         convert_outputs=spec.engine_config.get(CONVERT_OUTPUTS) is True,
     )
     sync(device)
@@ -278,7 +279,6 @@ def _measure(
             return ddp.no_sync()
         return contextlib.nullcontext()
 
-    offloaded = offloads(spec.offload)
     optimizer_seconds: list[float] = []  # the timed steps' host optimizer steps (offload)
 
     def step(probe: Callable[[str], None] | None = None, timed: bool = False) -> None:
