@@ -17,16 +17,26 @@ def estimate(setup: TrainingSetup, stages: Iterable[Stage]) -> MemoryEstimate:
     return _with_theories(setup, model.estimates(setup, _stages(stages)), model.convention)
 
 
-def across_dp(setup: TrainingSetup, stages: Iterable[Stage]) -> Callable[[int], MemoryEstimate]:
+def across_dp(
+    setup: TrainingSetup, stages: Iterable[Stage], theory: bool = True
+) -> Callable[[int], MemoryEstimate]:
     """``estimate`` of ``setup`` under any Nd (its other fields unchanged): what the engine
-    works out that does not depend on Nd is worked out once for every Nd asked."""
+    works out that does not depend on Nd is worked out once for every Nd asked.
+
+    ``theory`` False leaves each stage's ``theory`` as the engine gives it (the paper's model
+    states for the paper engine, None for the others), for answers that do not carry it."""
     model = engine_model(setup.engine)
     at = model.across_dp(setup)
     asked = _stages(stages)
+    convention = model.convention
 
     def at_dp(dp: int) -> MemoryEstimate:
         at_setup = setup if dp == setup.dp else with_dp(setup, dp)
-        return _with_theories(at_setup, at(at_setup, asked), model.convention)
+        if not theory:
+            return MemoryEstimate(
+                setup=at_setup, stages=tuple(at(at_setup, asked)), convention=convention
+            )
+        return _with_theories(at_setup, at(at_setup, asked), convention)
 
     return at_dp
 

@@ -754,21 +754,22 @@ class Stage12:
         grads_left = 0 if in_hooks else facts.half_blocks
         allocated = 0  # grads_in_partition, once a bucket has reached rank 0's partition
         extents = self.extents
-        last = len(extents) - 1
         spread = world > 1
-        for j, (lo, last_elem, rounded, flat) in enumerate(extents):
-            # flattened only when the bucket spans more than one rank's partition
-            copy = flat if spread and lo // part != last_elem // part else 0
-            if j == last:  # the last bucket, reduced by the epilogue
-                reduce_peak = max(reduce_peak, copy + allocated)
-                break
-            if not in_hooks:
+        if extents:
+            # every bucket but the last; a bucket's 16-bit allocations are 0 in backward order
+            # (the hooks' walk), where autograd's gradients were never all alive
+            for lo, last_elem, rounded, flat in extents[:-1]:
+                # flattened only when the bucket spans more than one rank's partition
+                copy = flat if spread and lo // part != last_elem // part else 0
                 grads_left -= rounded  # moved into the bucket, autograd's freed
-            alive = grads_left + copy + allocated
-            if alive > reduce_peak:
-                reduce_peak = alive
-            if lo < part:
-                allocated = gip
+                alive = grads_left + copy + allocated
+                if alive > reduce_peak:
+                    reduce_peak = alive
+                if lo < part:
+                    allocated = gip
+            lo, last_elem, _, flat = extents[-1]  # the last bucket, reduced by the epilogue
+            copy = flat if spread and lo // part != last_elem // part else 0
+            reduce_peak = max(reduce_peak, copy + allocated)
         if offload:
             gip = 0  # offload copies each in-partition slice straight to the pinned fp32 buffer
         reduce_peak = max(reduce_peak, gip)

@@ -31,7 +31,7 @@ prefixed ``peak.``, what the peak moment adds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from calculators.batch import Checkpointing
@@ -125,7 +125,9 @@ class Shared:
         self.setup = setup
         self.stage0: StageEstimate | None = None
         self.plans: dict[Stage, Stage12 | Stage3] = {}
-        self.workspaces: dict[Stage, tuple[int, int]] = {}
+        # per stage: what its estimate adds to every layout's, whatever the Nd (the cuBLAS
+        # workspaces and held outputs, their components, the notes after the layout's)
+        self.fixed: dict[Stage, _Fixed] = {}
 
     @cached_property
     def knobs(self) -> Knobs:
@@ -176,20 +178,60 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
             plan = Stage3(shared.facts, knobs, n_states, shape, adam, exact)
         else:
             plan = Stage12(shared.facts, stage, knobs, n_states, shape, adam, accumulation)
-        cublaslt = cublaslt_workspace_bytes(setup, stage, knobs)
-        shared.workspaces[stage] = (cublas_workspace_bytes(knobs.extra) + cublaslt, cublaslt)
+        shared.fixed[stage] = _fixed(setup, stage, knobs, shape.held)
         if plan is not None:
             shared.plans[stage] = plan
     if plan is not None:
         layout = plan.layout(setup.dp)
-    workspaces, cublaslt = shared.workspaces[stage]
-    states = sum(layout.resident_parts.values())
-    components = dict(layout.resident_parts)
-    components["cublas_workspaces"] = workspaces - cublaslt
-    components["cublaslt_workspace"] = cublaslt
-    components["held_outputs"] = shape.held
-    resident = states + workspaces + shape.held
-    notes = list(layout.notes)
+    fixed = shared.fixed[stage]
+    parts = layout.resident_parts
+    components = {**parts, **fixed.components}
+    resident = sum(parts.values()) + fixed.resident
+    peak = activations_at_peak = buffers_at_peak = None
+    if shape.known:
+        name, moment = max(layout.moments.items(), key=_moment_total)
+        peak = resident - shape.held + moment.total
+        activations_at_peak = moment.activations
+        # every buffer but the loop's held outputs (counted in resident)
+        buffers_at_peak = moment.total - moment.activations - moment.buffers.get("held_outputs", 0)
+        for k, v in moment.buffers.items():
+            components[f"peak.{k}"] = v
+        components["peak.activations"] = moment.activations
+        notes = (*layout.notes, *fixed.notes, f"peak moment: {name}")
+    else:
+        notes = (*layout.notes, *fixed.notes, "peak needs model.architecture and batch")
+    result = stage_estimate(
+        stage=stage,
+        device=layout.device,
+        cpu=layout.cpu,
+        nvme=NOWHERE,
+        resident=resident,
+        activations=activations_at_peak,
+        peak=peak,
+        notes=notes,
+        theory=None,
+        temporary_buffers=buffers_at_peak,
+        components=components,
+        cpu_buffers=layout.cpu_buffers,
+    )
+    if stage is Stage.NONE:
+        shared.stage0 = result
+    return result
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """What a stage's estimate adds to its layout under any Nd."""
+
+    resident: int  # the cuBLAS workspaces and the loop's held outputs
+    components: dict[str, int]  # theirs, named after the layout's resident parts
+    notes: tuple[str, ...]  # after the layout's
+
+
+def _fixed(setup: TrainingSetup, stage: Stage, knobs: Knobs, held: int) -> _Fixed:
+    cublaslt = cublaslt_workspace_bytes(setup, stage, knobs)
+    workspaces = cublas_workspace_bytes(knobs.extra) + cublaslt
+    notes = []
     implied = implied_note(setup.params) if setup.architecture is None else None
     if implied is not None:
         notes.append(implied)
@@ -203,36 +245,15 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
             "DeepSpeed refuses a client torch optimizer with optimizer offload "
             "unless zero_force_ds_cpu_optimizer is false (engine.py:2341-2346)"
         )
-    peak = activations_at_peak = buffers_at_peak = None
-    if shape.known:
-        name, moment = max(layout.moments.items(), key=_moment_total)
-        peak = states + workspaces + moment.total
-        activations_at_peak = moment.activations
-        # every buffer but the loop's held outputs (counted in resident)
-        buffers_at_peak = moment.total - moment.activations - moment.buffers.get("held_outputs", 0)
-        for k, v in moment.buffers.items():
-            components[f"peak.{k}"] = v
-        components["peak.activations"] = moment.activations
-        notes.append(f"peak moment: {name}")
-    else:
-        notes.append("peak needs model.architecture and batch")
-    result = stage_estimate(
-        stage=stage,
-        device=layout.device,
-        cpu=layout.cpu,
-        nvme=NOWHERE,
-        resident=resident,
-        activations=activations_at_peak,
-        peak=peak,
+    return _Fixed(
+        resident=workspaces + held,
+        components={
+            "cublas_workspaces": workspaces - cublaslt,
+            "cublaslt_workspace": cublaslt,
+            "held_outputs": held,
+        },
         notes=tuple(notes),
-        theory=None,
-        temporary_buffers=buffers_at_peak,
-        components=components,
-        cpu_buffers=layout.cpu_buffers,
     )
-    if stage is Stage.NONE:
-        shared.stage0 = result
-    return result
 
 
 def _moment_total(item: tuple[str, Moment]) -> int:
