@@ -6,7 +6,7 @@ This is the ``paper`` accounting. Engine profiles (``calculators/engines``) star
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cache
@@ -250,6 +250,32 @@ def model_state_placements(
     if offload.params is not OffloadDevice.NONE:
         move(PARAMETERS, offload.params)
     return placement(*device), placement(*cpu), placement(*nvme)
+
+
+def model_state_placements_each(
+    setup: TrainingSetup, stages: Iterable[Stage]
+) -> Iterator[tuple[Placement, Placement, Placement]]:
+    """:func:`model_state_placements` of each stage in turn (each stage's refusals when it
+    comes), Ψ and the per-parameter bytes looked up once for all of them."""
+    offload = setup.offload
+    if offload.optimizer is not OffloadDevice.NONE or offload.params is not OffloadDevice.NONE:
+        for stage in stages:
+            yield model_state_placements(setup, stage)
+        return
+    psi = setup.params_per_device
+    np_, qp, ng, qg, no, qo = _share_terms(
+        setup.precision, setup.gradients, setup.optimizer, setup.master_weights, setup.k
+    )
+    dp = setup.dp
+    for stage in stages:
+        split_p, split_g, split_o = _PARTITIONED[stage]
+        # as _device_shares
+        device = placement(
+            -((-np_ * psi) // (qp * dp if split_p else qp)),
+            -((-ng * psi) // (qg * dp if split_g else qg)),
+            -((-no * psi) // (qo * dp if split_o else qo)),
+        )
+        yield device, NOWHERE, NOWHERE
 
 
 def model_state_total(setup: TrainingSetup, stage: Stage) -> int:

@@ -247,17 +247,19 @@ _NO_HOST_BODY: dict[str, int] = {
 def stage_memory_body(
     est: StageEstimate,
     device_memory: int | None,
-    extra_notes: list[str],
+    notes: list[str],
     names: dict[int, str],
 ) -> dict[str, Any]:
-    """:class:`StageMemory`'s fields, in its order; ``names`` memoises ``readable`` over one
-    answer (its stages repeat most sizes)."""
+    """:class:`StageMemory`'s fields, in its order; ``notes`` the stage's with the null-value
+    note after them, ``names`` memoises ``readable`` over one answer (its stages repeat most
+    sizes). The body is only read by the encoder: ``notes`` and the estimate's components go in
+    as they are (stages that share their notes share the list)."""
     per = per_device_body(est)
-    said = {
-        key: names.get(value) or _name(names, value)
-        for key, value in per.items()
-        if value is not None
-    }
+    said = {}
+    for key, value in per.items():
+        if value is not None:
+            said[key] = names.get(value) or _name(names, value)
+    components = est.components
     return {
         "stage": int(est.stage),
         "per_device": per,
@@ -265,7 +267,7 @@ def stage_memory_body(
         "cpu": _host_body(est.cpu, est.cpu_buffers),
         "nvme": _host_body(est.nvme),
         "fits": None if device_memory is None else est.fits(device_memory),
-        "components": dict(est.components),
+        "components": components if type(components) is dict else dict(components),
         "breakdown": {
             "theory": est.theory,
             "allocated_resident": est.resident,
@@ -273,7 +275,7 @@ def stage_memory_body(
             "reserved": None,
             "outside_allocator": None,
         },
-        "notes": [*est.notes, *extra_notes],
+        "notes": notes,
     }
 
 
@@ -393,12 +395,13 @@ def _stage_bodies(result: MemoryEstimate, device_memory: int | None) -> list[dic
     bodies = []
     said: tuple[str, ...] | None = None
     nulls: tuple[bool, bool, bool] | None = None
-    extra: list[str] = []
+    notes: list[str] = []
     for s in result.stages:
         these = (s.activations is None, s.temporary_buffers is None, s.peak is None)
         if s.notes is not said or these != nulls:
-            said, nulls, extra = s.notes, these, null_notes(s, setup)
-        bodies.append(stage_memory_body(s, device_memory, extra, names))
+            said, nulls = s.notes, these
+            notes = [*s.notes, *null_notes(s, setup)]
+        bodies.append(stage_memory_body(s, device_memory, notes, names))
     return bodies
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from calculators.activations import Regime, activations
 from calculators.conventions import PRECISION_BYTES, OffloadDevice, Precision, Stage
 from calculators.estimates import DpEstimates, StageEstimate, stage_estimate
-from calculators.model_states import TrainingSetup, ceil_div, model_state_placements
+from calculators.model_states import TrainingSetup, ceil_div, model_state_placements_each
 from calculators.topology import Op
 from calculators.traffic import (
     Collective,
@@ -52,8 +52,9 @@ class PaperModel:
         # first stage's model states (whose refusals come first)
         notes: tuple[str, ...] = ()
         acts: int | None = None
-        for stage in stages:
-            device, cpu, nvme = model_state_placements(setup, stage)
+        for stage, (device, cpu, nvme) in zip(
+            stages, model_state_placements_each(setup, stages), strict=True
+        ):
             resident = device.parameters + device.gradients + device.optimizer_states
             if not notes:
                 acts, said = self._activations(setup)
