@@ -25,7 +25,7 @@ from calculators.conventions import (
 )
 from calculators.engines.deepspeed import layouts
 from calculators.engines.deepspeed.allocator import blocks
-from calculators.engines.deepspeed.config import Knobs
+from calculators.engines.deepspeed.config import Knobs, knobs_with
 from calculators.errors import InputError
 from calculators.memory import with_dp
 from calculators.model_states import (
@@ -34,6 +34,7 @@ from calculators.model_states import (
     TrainingSetup,
     model_state_memory,
     model_state_placements,
+    model_state_placements_each,
     model_state_total,
     placement,
 )
@@ -185,6 +186,54 @@ def test_placements_and_total_are_model_state_memorys(setup: TrainingSetup, stag
         return
     assert model_state_placements(setup, stage) == (states.device, states.cpu, states.nvme)
     assert model_state_total(setup, stage) == states.device.total
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(setup=setups, stages=st.lists(st.sampled_from(list(Stage)), min_size=1, max_size=4))
+def test_each_stages_placements_are_model_state_placements(
+    setup: TrainingSetup, stages: list[Stage]
+) -> None:
+    """One look-up of Ψ and the bytes per parameter for all the stages: each stage's
+    placements, and the first refusal where the stage-by-stage walk meets it."""
+    walked: list[tuple[Placement, Placement, Placement] | tuple[str, str]] = []
+    for stage in stages:
+        try:
+            walked.append(model_state_placements(setup, stage))
+        except InputError as refused:
+            walked.append((refused.field, refused.message))
+            break
+    each: list[tuple[Placement, Placement, Placement] | tuple[str, str]] = []
+    try:
+        each.extend(model_state_placements_each(setup, stages))
+    except InputError as refused:
+        each.append((refused.field, refused.message))
+    assert each == walked
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"offload_optimizer": OffloadDevice.CPU, "offload_param": None},
+        {"leaves": frozenset({0, 3}), "steps": None, "recompute": True},
+        {"qwz": True, "qgz": False, "hpz": 8},
+    ],
+)
+def test_knobs_with_is_replace(changes: dict[str, object]) -> None:
+    knobs = Knobs(reduce_bucket_size=7, extra={"optimizer": {"type": "Adam"}})
+    lean = knobs_with(knobs, **changes)
+    assert lean == replace(knobs, **changes)  # type: ignore[arg-type]
+    assert vars(lean) == vars(replace(knobs, **changes))  # type: ignore[arg-type]
+    assert knobs.reduce_bucket_size == 7 and knobs.leaves == frozenset()  # the original untouched
+    with pytest.raises(FrozenInstanceError):
+        lean.qwz = True  # type: ignore[misc]
+
+
+def test_knobs_with_refuses_a_name_as_replace() -> None:
+    with pytest.raises(TypeError):
+        replace(Knobs(), no_such_knob=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        knobs_with(Knobs(), no_such_knob=1)
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from calculators.architecture import Architecture, PositionEmbedding
@@ -260,6 +260,23 @@ def parse_config(config: Mapping[str, Any] | None) -> Knobs:
     return Knobs(**values, extra=config)
 
 
+_KNOB_NAMES = frozenset(f.name for f in fields(Knobs))
+
+
+def knobs_with(knobs: Knobs, **changes: Any) -> Knobs:
+    """``dataclasses.replace(knobs, **changes)`` without running ``__init__`` over every field
+    again (a shallow copy, as ``replace`` makes: ``Knobs`` has no ``__post_init__``), read a few
+    times per answer; a name that is not a field is refused as ``replace`` refuses it."""
+    unknown = changes.keys() - _KNOB_NAMES
+    if unknown:
+        raise TypeError(f"Knobs has no field {sorted(unknown)[0]!r}")
+    copy = object.__new__(Knobs)
+    values = copy.__dict__
+    values.update(knobs.__dict__)
+    values.update(changes)
+    return copy
+
+
 def with_offload(setup: TrainingSetup, knobs: Knobs) -> Knobs:
     """``knobs`` with the request's offload devices where the config leaves them unset."""
     opt = knobs.offload_optimizer
@@ -268,7 +285,7 @@ def with_offload(setup: TrainingSetup, knobs: Knobs) -> Knobs:
     par = knobs.offload_param
     if par is None and setup.offload.params is not OffloadDevice.NONE:
         par = setup.offload.params
-    return replace(knobs, offload_optimizer=opt, offload_param=par)
+    return knobs_with(knobs, offload_optimizer=opt, offload_param=par)
 
 
 def param_list(setup: TrainingSetup) -> tuple[Sequence[ParamTensor], bool]:

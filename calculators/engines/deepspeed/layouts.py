@@ -103,6 +103,7 @@ class ParamFacts:
         self._buckets: dict[int, list[tuple[int | None, list[tuple[int, int]]]]] = {}
         self._kept: list[tuple[Knobs, bool, bool, Stage3Kept]] = []
         self._chunk_largest: list[int] | None = None
+        self._unsplit: dict[tuple[int, bool], tuple[int, int]] = {}
 
     @cached_property
     def counts(self) -> dict[int, int]:
@@ -113,6 +114,22 @@ class ParamFacts:
     def half_blocks(self) -> int:
         """One 16-bit allocation per parameter (``blocks(HALF_BYTES, numels)``)."""
         return sum(count * block(HALF_BYTES * n) for n, count in self.counts.items())
+
+    @cached_property
+    def allreduce_bucket_largest(self) -> int:
+        """Stage 0's largest gradient bucket: engine.py allreduce_no_retain closes buckets once
+        past 5e8 elements (MEMORY_OPT_ALLREDUCE_SIZE)."""
+        return max(
+            fallback_buckets(self.numels, MEMORY_OPT_ALLREDUCE_SIZE, whole_run=False), default=0
+        )
+
+    def unsplit_bytes(self, n_states: int, adam: bool) -> tuple[int, int]:
+        """``stage0_unsplit_bytes`` of the parameters."""
+        key = (n_states, adam)
+        found = self._unsplit.get(key)
+        if found is None:
+            found = _remember(self._unsplit, key, stage0_unsplit_bytes(self.numels, n_states, adam))
+        return found
 
     @cached_property
     def backward(self) -> tuple[Sequence[int], list[int]]:
@@ -568,9 +585,18 @@ def _partition_elems(n: int, world: int) -> int:
 
 
 def stage0(
-    params: Sequence[ParamTensor], n_states: int, shape: StepShape, adam: bool, accumulation: int
+    params: Sequence[ParamTensor],
+    n_states: int,
+    shape: StepShape,
+    adam: bool,
+    accumulation: int,
+    facts: ParamFacts | None = None,
 ) -> Layout:
-    numels = param_numels(params)
+    """``facts``: ``params``' sizes already worked out (for the other stages, or kept for the
+    model)."""
+    if facts is None:
+        facts = ParamFacts(params)
+    numels = facts.numels
     p16 = blocks(HALF_BYTES, numels)  # module cast to 16-bit, per tensor (engine.py)
     master = blocks(FP32_BYTES, numels)  # p.clone().float() per tensor (unfused_optimizer.py:72-77)
     states = n_states * master  # created eagerly: initialize_optimizer_states (:413-433)
@@ -579,8 +605,7 @@ def stage0(
     foreach = master if adam else 0  # torch _multi_tensor_adam: _foreach_sqrt(exp_avg_sqs)
     # engine.py allreduce_no_retain: buckets close once past 5e8 elements
     # (MEMORY_OPT_ALLREDUCE_SIZE) and are flattened into a new 16-bit tensor (allreduce_bucket)
-    largest = max(fallback_buckets(numels, MEMORY_OPT_ALLREDUCE_SIZE, whole_run=False), default=0)
-    flat = block(HALF_BYTES * largest) if len(numels) > 1 else 0
+    flat = block(HALF_BYTES * facts.allreduce_bucket_largest) if len(numels) > 1 else 0
     moments = forward_moments(shape, shape.first_gradient(numels))
     moments.update(first_block_backward(shape, params, accumulation, {}))
     # the tied weight's gradient is one of the three
@@ -596,7 +621,7 @@ def stage0(
         {
             "held_outputs": shape.held,
             "gradients": g16,
-            "norm_fp32_copy": block(FP32_BYTES * max(numels)),
+            "norm_fp32_copy": block(FP32_BYTES * facts.largest),
         },
     )
     moments["optimizer_step"] = Moment(
@@ -609,7 +634,7 @@ def stage0(
         },
     )
     # an architecture's sizes go in with their tally (no recount)
-    unsplit, unsplit_step = stage0_unsplit_bytes(numels, n_states, adam)
+    unsplit, unsplit_step = facts.unsplit_bytes(n_states, adam)
     moments["optimizer_step"] = Moment(
         0, {**moments["optimizer_step"].buffers, "allocator_unsplit_transients": unsplit_step}
     )

@@ -31,13 +31,14 @@ prefixed ``peak.``, what the peak moment adds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 from calculators.batch import Checkpointing
 from calculators.conventions import OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.deepspeed.config import (
     Knobs,
+    knobs_with,
     model_steps,
     param_list,
     parse_config,
@@ -134,7 +135,7 @@ class Shared:
         knobs = with_offload(self.setup, parse_config(self.setup.engine_config))
         arch = self.setup.architecture
         batch = self.setup.batch
-        return replace(
+        return knobs_with(
             knobs,
             leaves=leaf_layers(arch, knobs),
             steps=model_steps(arch),
@@ -172,7 +173,7 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
             setup.batch.grad_accumulation_steps if setup.batch is not None else 1
         )
         if stage is Stage.NONE:
-            layout = stage0(params, n_states, shape, adam, accumulation)
+            layout = stage0(params, n_states, shape, adam, accumulation, shared.facts)
         elif stage is Stage.PARAMETERS:
             # gradients accumulate in place in the persistent partition buffer (partition_grads)
             plan = Stage3(shared.facts, knobs, n_states, shape, adam, exact)

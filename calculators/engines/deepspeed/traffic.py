@@ -8,7 +8,6 @@ list and stage-3 coordinator simulation are the memory model's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from calculators.conventions import FP32_BYTES, PRECISION_BYTES, OffloadDevice, Stage
@@ -17,7 +16,13 @@ from calculators.engines.deepspeed.buckets import (
     fallback_buckets,
     ipg_buckets,
 )
-from calculators.engines.deepspeed.config import Knobs, model_steps, param_list, parse_config
+from calculators.engines.deepspeed.config import (
+    Knobs,
+    knobs_with,
+    model_steps,
+    param_list,
+    parse_config,
+)
 from calculators.engines.deepspeed.stage3 import Stage3Plan, leaf_layers, stage3_plan
 from calculators.errors import InputError
 from calculators.model_states import ceil_div
@@ -54,7 +59,7 @@ def deepspeed_knobs(config: Mapping[str, Any] | None, zeropp: ZeroPlusPlus) -> K
     """The DeepSpeed config body's knobs (engines.deepspeed.parse_config), with the request's
     ZeRO++ options switched on where the config leaves them off."""
     knobs = parse_config(config)
-    return replace(
+    return knobs_with(
         knobs,
         qwz=knobs.qwz or zeropp.qwz,
         qgz=knobs.qgz or zeropp.qgz,
@@ -382,7 +387,7 @@ def traffic(setup: CommunicationSetup, stage: Stage) -> EngineTraffic:
             "paper or torch (HSDP) for shard groups",
         )
     knobs = deepspeed_knobs(t.engine_config, setup.zeropp)
-    knobs = replace(
+    knobs = knobs_with(
         knobs,
         leaves=leaf_layers(t.architecture, knobs),
         steps=model_steps(t.architecture),
