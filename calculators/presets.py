@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from calculators.architecture import (
     Activation,
@@ -33,8 +34,10 @@ class Preset:
     source: str
     note: str = ""
 
-    @property
+    @cached_property
     def params(self) -> int:
+        """``count_params`` of the architecture, counted once (every question about the preset
+        reads it)."""
         return count_params(self.architecture)
 
 

@@ -41,10 +41,11 @@ def resolve_model(spec: ModelSpec) -> tuple[int, Architecture | None]:
     """Ψ and, when the request describes one, the architecture."""
     if spec.params is not None:
         return spec.params, None
+    if spec.preset is not None:  # a bundled model, counted once
+        preset = get_preset(spec.preset)
+        return _under_max(preset.params), preset.architecture
     if spec.architecture is not None:
         arch = Architecture(**spec.architecture.model_dump())
-    elif spec.preset is not None:
-        arch = get_preset(spec.preset).architecture
     else:
         assert spec.hf_config is not None  # ModelSpec.exactly_one guarantees one is set
         try:
@@ -52,10 +53,13 @@ def resolve_model(spec: ModelSpec) -> tuple[int, Architecture | None]:
         except InputError as err:
             field = err.field.replace("model.architecture", "model.hf_config")
             raise InputError(field, err.message) from None
-    params = count_params(arch)
+    return _under_max(count_params(arch)), arch
+
+
+def _under_max(params: int) -> int:
     if params > MAX_PARAMS:
         raise InputError("model", f"the architecture counts {params} parameters, over {MAX_PARAMS}")
-    return params, arch
+    return params
 
 
 def to_batch(batch: BatchIn | None) -> Batch | None:
