@@ -254,15 +254,42 @@ def stage_memory_body(
     note after them, ``names`` memoises ``readable`` over one answer (its stages repeat most
     sizes). The body is only read by the encoder: ``notes`` and the estimate's components go in
     as they are (stages that share their notes share the list)."""
-    per = per_device_body(est)
-    said = {}
-    for key, value in per.items():
-        if value is not None:
-            said[key] = names.get(value) or _name(names, value)
+    d = est.device
+    parameters, gradients, optimizer_states = d.parameters, d.gradients, d.optimizer_states
+    model_states = parameters + gradients + optimizer_states
+    activations, buffers, resident, peak = (
+        est.activations,
+        est.temporary_buffers,
+        est.resident,
+        est.peak,
+    )
+    # per_device_body's fields and their readable sizes, the null ones left out, in its order
+    said = {
+        "parameters": names.get(parameters) or _name(names, parameters),
+        "gradients": names.get(gradients) or _name(names, gradients),
+        "optimizer_states": names.get(optimizer_states) or _name(names, optimizer_states),
+        "model_states": names.get(model_states) or _name(names, model_states),
+    }
+    if activations is not None:
+        said["activations"] = names.get(activations) or _name(names, activations)
+    if buffers is not None:
+        said["temporary_buffers"] = names.get(buffers) or _name(names, buffers)
+    said["resident"] = names.get(resident) or _name(names, resident)
+    if peak is not None:
+        said["peak"] = names.get(peak) or _name(names, peak)
     components = est.components
     return {
         "stage": int(est.stage),
-        "per_device": per,
+        "per_device": {
+            "parameters": parameters,
+            "gradients": gradients,
+            "optimizer_states": optimizer_states,
+            "model_states": model_states,
+            "activations": activations,
+            "temporary_buffers": buffers,
+            "resident": resident,
+            "peak": peak,
+        },
         "per_device_readable": said,
         "cpu": _host_body(est.cpu, est.cpu_buffers),
         "nvme": _host_body(est.nvme),
