@@ -84,6 +84,19 @@ def _seconds(x: float) -> str:
     return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.3f} s"
 
 
+def _host_optimizer_line(data: dict[str, Any]) -> list[str]:
+    """The host optimizer's figure, where a candidate offloads."""
+    if all(c["config"]["offload"] == "none" for c in data["candidates"]):
+        return []
+    a = data["assumptions"]
+    threads = a["host_optimizer_threads"]
+    on = "" if threads is None else f" on {threads} thread(s) per rank"
+    return [
+        f"host optimizer {a['host_optimizer_bandwidth'] / 1e9:.3g} GB/s per rank{on}: "
+        f"{a['host_optimizer_source']}"
+    ]
+
+
 def plan_table(data: dict[str, Any], top: int) -> Table:
     g = data["gpu"]
     cal = data["calibration"]
@@ -95,6 +108,7 @@ def plan_table(data: dict[str, Any], top: int) -> Table:
         f"{data['evaluated']} configurations evaluated, {len(data['candidates'])} fit, "
         f"{len(rejected)} rejected"
         + (f" (closest: {min(over, key=lambda r: r['over_by'])['reason']})" if over else ""),
+        *_host_optimizer_line(data),
         "step = compute (micro-steps, each max(GPU work, host dispatch), and the optimizer "
         "step) + exposed communication + offload transfer; bound = the slower queue; "
         "GiB = 2^30 bytes.",
@@ -196,6 +210,13 @@ def plan(
     efficiency: Annotated[
         float | None, typer.Option("--efficiency", help="Fraction of peak; default calibrated.")
     ] = None,
+    host_optimizer_threads: Annotated[
+        str | None,
+        typer.Option(
+            "--host-optimizer-threads",
+            help="FSDP2's CPU offload: one or all threads per rank; default as launchers set.",
+        ),
+    ] = None,
     top: Annotated[int, typer.Option("--top", help="Rows to show.")] = 15,
     body: Annotated[
         str | None, typer.Option("--body", help="A JSON request body (file or -) to start from.")
@@ -233,6 +254,7 @@ def plan(
             precision=precision,
             search=search,
             efficiency=efficiency,
+            host_optimizer_threads=host_optimizer_threads,
         )
         data = transport.post("/v1/plan", request, url)
     except (CliError, PlanInputError) as e:

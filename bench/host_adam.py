@@ -41,7 +41,8 @@ def shard_shapes(hf_config: Path, world: int) -> list[int]:
 def _time_steps(numels: list[int], steps: int, threads: int, queue: mp.Queue[float]) -> None:
     import torch
 
-    torch.set_num_threads(threads)
+    if threads > 0:  # else torch's default: every core of the host
+        torch.set_num_threads(threads)
     params = [torch.nn.Parameter(torch.randn(n)) for n in numels]
     for p in params:
         p.grad = torch.randn_like(p)
@@ -71,6 +72,8 @@ def run(numels: list[int], procs: int, steps: int, threads: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     from calculators.speed import TORCH_FOREACH_ADAMW_BYTES
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -78,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world", type=int, default=4, help="the FSDP2 world the shards come from")
     ap.add_argument("--procs", default="1,4", help="ranks stepping at once, e.g. 1,4,8")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads per rank (0: torch's default)"
+    )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
 
@@ -87,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.hf_config.name}: {len(numels)} shards, {n:,} parameters per rank (world "
         f"{args.world}); {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
-        f"{args.threads} thread(s) per rank"
+        f"{args.threads or 'default'} thread(s) per rank (torch's default here: "
+        f"{torch.get_num_threads()})"
     )
     rows = []
     for procs in (int(p) for p in args.procs.split(",")):
@@ -114,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                     "world": args.world,
                     "params_per_rank": n,
                     "tensors": len(numels),
-                    "threads": args.threads,
+                    "threads": args.threads or torch.get_num_threads(),
                     "cpus": os.cpu_count(),
                     "rows": rows,
                 },

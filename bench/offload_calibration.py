@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,7 +34,17 @@ from bench.validate_plan import (  # noqa: E402
     measured_probes,
     measured_runs,
 )
-from calculators.plan import Learned, calibrate, predict  # noqa: E402
+from calculators.errors import InputError  # noqa: E402
+from calculators.plan import Calibration, Learned, calibrate, predict  # noqa: E402
+
+
+def _calibrated(*args: Any, **kwargs: Any) -> Calibration | str:
+    """:func:`calibrate`, or why it refuses (a step whose remainder implies GEMMs above the
+    peak: the predicted host step and copies take more of it than they did)."""
+    try:
+        return calibrate(*args, **kwargs)
+    except InputError as err:
+        return str(err)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,39 +68,50 @@ def main(argv: list[str] | None = None) -> int:
                 "| error | default (s) | error |"
             )
             print("|---|---|---|---|---|---|---|---|")
-            whole = calibrate(
+            whole = _calibrated(
                 setup, on, seconds, probe=probe, learn=Learned.BOTH if probe else None
             )
             fitted = [
                 ("whole step", whole),
                 (
                     "whole step, timed",
-                    calibrate(
+                    _calibrated(
                         setup,
                         on,
                         seconds,
                         probe=probe,
-                        learn=whole.learned,
+                        learn=whole.learned
+                        if isinstance(whole, Calibration)
+                        else Learned.BOTH
+                        if probe
+                        else Learned.GPU,
                         host_optimizer_seconds=timed[on],
                     ),
                 ),
                 (
                     "default",
-                    calibrate(setup, on, seconds, probe=probe, host_optimizer_seconds=timed[on]),
+                    _calibrated(setup, on, seconds, probe=probe, host_optimizer_seconds=timed[on]),
                 ),
             ]
             used = [
-                (_with_both if probe is not None else _with)(setup, cal, label) for _, cal in fitted
+                cal if isinstance(cal, str) else (_with_both if probe else _with)(setup, cal, label)
+                for _, cal in fitted
             ]
             for c, measured in runs:
                 if c == on:
                     continue
                 cells = []
                 for s in used:
+                    if isinstance(s, str):
+                        cells += ["refused", ""]
+                        continue
                     p = predict(s, c)[1].total
                     cells += [f"{p:.4f}", f"{p / measured - 1:+.1%}"]
                 print(f"| {config_label(c)} | {measured:.4f} | " + " | ".join(cells) + " |")
             for name, cal in fitted:
+                if isinstance(cal, str):
+                    print(f"{name}: refused: {cal}")
+                    continue
                 bw = cal.host_optimizer_bandwidth
                 print(
                     f"{name}: figure {cal.learned.value}, GEMM efficiency {cal.efficiency:.3f}, "

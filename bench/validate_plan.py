@@ -147,9 +147,11 @@ def visible_gpus(device: str) -> tuple[int, str]:
     return 0, "cpu"
 
 
-def measure(spec: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:
-    """The run's step seconds, its host probe (None when the spec turned it off) and its timed
-    host optimizer step (None without CPU offload)."""
+def measure(
+    spec: dict[str, Any],
+) -> tuple[float, dict[str, Any] | None, float | None, int | None]:
+    """The run's step seconds, its host probe (None when the spec turned it off), its timed
+    host optimizer step (None without CPU offload) and the torch threads each rank ran on."""
     from measure.runner import run
 
     result = run(spec)
@@ -158,10 +160,12 @@ def measure(spec: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float |
         raise RuntimeError(f"no step time in the result: {result['runs'][0]}")
     probe = result["runs"][0].get("host_probe")
     host_step = result["runs"][0].get("host_optimizer_step_s")
+    threads = (result.get("environment") or {}).get("cpu_threads")
     return (
         float(seconds),
         probe if isinstance(probe, dict) else None,
         float(host_step) if isinstance(host_step, int | float) else None,
+        threads if isinstance(threads, int) else None,
     )
 
 
@@ -440,10 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     for cand in planned.candidates[: args.max_runs]:
         c = cand.config
         t0 = time.perf_counter()
-        seconds, probe, host_step = measure(spec_for(args, model, nd, c))
+        seconds, probe, host_step, threads = measure(spec_for(args, model, nd, c))
         rows.append({"config": c, "measured": seconds, "predicted_default": cand.step.total})
         if host_step is not None:
             rows[-1]["host_optimizer_step_s"] = host_step
+            rows[-1]["cpu_threads"] = threads
         found = host_probe(probe)
         if found is not None:
             probes[c] = found
@@ -483,7 +488,7 @@ def write_report(
         "wall_seconds": wall_seconds,
     }
     for run, row in zip(report["runs"], rows, strict=True):
-        for key in ("host_probe", "host_optimizer_step_s"):
+        for key in ("host_probe", "host_optimizer_step_s", "cpu_threads"):
             if key in row:
                 run[key] = row[key]
     out = Path(args.out)

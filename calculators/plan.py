@@ -79,12 +79,33 @@ TORCH_HOST_OPTIMIZER_SOURCE = (
     "and accelerate launch set it): 10.2 GB/s per rank with 4 ranks stepping at once on an "
     "H200 host (bench/results/host_adam), stated"
 )
+# A node's only rank, started by python or torchrun (which sets OMP_NUM_THREADS=1 only when a
+# node runs several ranks), keeps torch's default intra-op threads: every core. bench/host_adam.py
+# --threads 0, the same 1.5B Llama's parameters unsharded on a 16-core H200 host: 1.30 ns per
+# parameter = 61.5 GB/s at AdamW's 80 B, 5.6 × its one-thread figure there (10.9 GB/s;
+# bench/results/host_adam/h200x1_*.json). It scales with the host's cores and memory bandwidth.
+TORCH_HOST_OPTIMIZER_BANDWIDTH_ALL_CORES = 61.5e9
+TORCH_HOST_OPTIMIZER_ALL_CORES_SOURCE = (
+    "torch's single-tensor AdamW on every core of the host (torch's default thread count, one "
+    "rank per node): 61.5 GB/s on a 16-core H200 host (bench/results/host_adam), stated; a host "
+    "with more or fewer cores steps faster or slower: give host_optimizer_bandwidth or calibrate "
+    "on a run launched the same way"
+)
 # FSDP2 accumulates an offloaded gradient on the host (_fsdp_collectives.py foreach_reduce:
 # sharded_param.grad._local_tensor += the copied shard): fp32 read 4 + read 4 + write 4.
 HOST_ACCUMULATE_BYTES = 12
 # Bounded work: the engines walk every parameter tensor once per configuration (about 7 µs a
 # tensor on one core), so a search is capped at this many configuration × tensor visits (~2 s).
 MAX_TENSOR_VISITS = 250_000
+
+
+class HostThreads(StrEnum):
+    """The intra-op threads each rank's host optimizer steps on (FSDP2's CPU offload)."""
+
+    ONE = "one"
+    """``OMP_NUM_THREADS=1``: torchrun with several ranks per node, and accelerate launch."""
+    ALL = "all"
+    """torch's default, every core: a node's only rank started by python or torchrun."""
 
 
 class OffloadChoice(StrEnum):
@@ -187,6 +208,9 @@ class PlanSetup:
         host_optimizer_bandwidth: host bytes/s one rank's CPU optimizer streams (None: the
             engine's stated figure, ``host_optimizer``).
         host_optimizer_given_source: where a given ``host_optimizer_bandwidth`` comes from.
+        host_threads: the threads each rank's host optimizer steps on (engine torch; None: as
+            the launchers set them, ``host_optimizer_threads``).
+        host_threads_source: why ``host_threads``, where given.
         grad_sync: when DDP (torch stages 0-1) reduces gradients under accumulation (a loop
             without ``no_sync`` reduces on every micro-step); FSDP2 (stages 2-3) is planned
             reducing on every micro-step, the accounting its memory figures follow.
@@ -212,6 +236,8 @@ class PlanSetup:
     allocator_margin: float = ALLOCATOR_MARGIN
     host_optimizer_bandwidth: float | None = None
     host_optimizer_given_source: str = "given"
+    host_threads: HostThreads | None = None
+    host_threads_source: str = "given"
     grad_sync: GradSync = GradSync.PER_STEP
 
     def __post_init__(self) -> None:
@@ -240,6 +266,12 @@ class PlanSetup:
             raise InputError("host_seconds_per_kernel", "must be above 0 seconds")
         if not self.search.stages:
             raise InputError("search.stages", "give at least one stage")
+        if self.host_threads is not None and self.engine is not Engine.TORCH:
+            raise InputError(
+                "host_optimizer_threads",
+                "applies to engine torch (FSDP2's CPU offload steps torch's optimizer); "
+                "DeepSpeed's CPU Adam is stated per rank: give host_optimizer_bandwidth",
+            )
 
     @property
     def nodes(self) -> int:
@@ -264,14 +296,36 @@ class PlanSetup:
         return replace(self.gpu_figures, gemm_efficiency=self.efficiency.value)
 
     @property
+    def host_optimizer_threads(self) -> tuple[HostThreads, str] | None:
+        """The threads each rank's host optimizer steps on under FSDP2's CPU offload, and why
+        (None for DeepSpeed, whose CPU Adam's figure is stated per rank)."""
+        if self.engine is not Engine.TORCH:
+            return None
+        if self.host_threads is not None:
+            return self.host_threads, self.host_threads_source
+        if self.gpus_per_node > 1:
+            return HostThreads.ONE, (
+                "several ranks per node: torchrun and accelerate launch set OMP_NUM_THREADS=1"
+            )
+        return HostThreads.ALL, (
+            "one rank per node: started by python or torchrun it keeps torch's default thread "
+            "count, every core (accelerate launch sets OMP_NUM_THREADS=1: give "
+            "host_optimizer_threads one)"
+        )
+
+    @property
     def host_optimizer(self) -> tuple[float, str]:
         """Host bytes/s of one rank's offloaded optimizer step, and where the figure comes from:
-        DeepSpeed's CPU Adam, or torch's own optimizer under FSDP2's CPU offload."""
+        DeepSpeed's CPU Adam, or torch's own optimizer under FSDP2's CPU offload on one thread
+        or on every core."""
         if self.host_optimizer_bandwidth is not None:
             return self.host_optimizer_bandwidth, self.host_optimizer_given_source
-        if self.engine is Engine.TORCH:
-            return TORCH_HOST_OPTIMIZER_BANDWIDTH, TORCH_HOST_OPTIMIZER_SOURCE
-        return HOST_OPTIMIZER_BANDWIDTH, HOST_OPTIMIZER_SOURCE
+        threads = self.host_optimizer_threads
+        if threads is None:
+            return HOST_OPTIMIZER_BANDWIDTH, HOST_OPTIMIZER_SOURCE
+        if threads[0] is HostThreads.ALL:
+            return TORCH_HOST_OPTIMIZER_BANDWIDTH_ALL_CORES, TORCH_HOST_OPTIMIZER_ALL_CORES_SOURCE
+        return TORCH_HOST_OPTIMIZER_BANDWIDTH, TORCH_HOST_OPTIMIZER_SOURCE
 
     @property
     def host_side(self) -> HostFigures:
@@ -392,6 +446,8 @@ class Assumptions:
     usable_memory: int
     host_optimizer_bandwidth: float
     host_optimizer_source: str
+    host_optimizer_threads: HostThreads | None
+    host_optimizer_threads_source: str
     offload_transfer_overlapped: bool
     compute_slowdown_from_overlap: float
     notes: tuple[str, ...]
@@ -427,9 +483,12 @@ ASSUMPTION_NOTES = (
     "FSDP2's CPU offload (engine torch): torch's optimizer steps the host shards at the host "
     "optimizer bandwidth (80 B per parameter for AdamW, 72 for Adam); under gradient "
     "accumulation each later micro-step adds its copied gradient on the host (12 B per "
-    "parameter) and waits for its reduce-scatters, which are then not hidden; ranks launched "
-    "with torch's default thread count oversubscribe the host's cores in that step (measured "
-    "10 × slower on 4 ranks of a 64-CPU host): set OMP_NUM_THREADS as torchrun does",
+    "parameter) and waits for its reduce-scatters, which are then not hidden; it steps on one "
+    "thread per rank where a node runs several ranks (torchrun and accelerate launch set "
+    "OMP_NUM_THREADS=1) and on every core where a node runs one (host_optimizer_threads); "
+    "several ranks launched with torch's default thread count oversubscribe the host's cores "
+    "in that step (measured 10 × slower on 4 ranks of a 64-CPU host): set OMP_NUM_THREADS as "
+    "torchrun does",
     "under gradient accumulation DDP candidates reduce as grad_sync says (per_step: no_sync on "
     "all but the last micro-step); FSDP2 candidates reduce-scatter on every micro-step, as "
     "their memory is counted: set_requires_gradient_sync(False) would keep every parameter's "
@@ -923,6 +982,8 @@ class Calibration:
             taken off its time.
         host_optimizer_bandwidth: host bytes/s of one rank's offloaded optimizer step, from the
             run's own timed step (None: the run did not offload, or did not time it).
+        host_optimizer_threads: the threads each of the run's ranks stepped on, which a plan
+            reuses ``host_optimizer_bandwidth`` for (None with it, or for DeepSpeed).
         notes: what the calibration could not set, and why.
     """
 
@@ -935,6 +996,7 @@ class Calibration:
     probe_gpu_seconds: float | None = None
     probe_other_seconds: float | None = None
     host_optimizer_bandwidth: float | None = None
+    host_optimizer_threads: HostThreads | None = None
     notes: tuple[str, ...] = ()
 
 
@@ -1085,9 +1147,9 @@ def _offloaded_step_note(figures: str) -> str:
     is", "neither figure is")."""
     return (
         f"an offloaded run: {figures} not taken from its step, whose remainder also holds FSDP2's "
-        "copies to and from the host, which the model under-predicts (0.2-0.7 s a step on "
-        "1-1.5B models at Nd 2, measured: docs/VALIDATION.md); calibrate on a run without "
-        "offload, or ask figure gpu for this one"
+        "copies to and from the host, which the model under-predicts on some hosts (0.2-0.7 s "
+        "a step on 1-1.5B models at Nd 2 on a 32-core host, measured: docs/VALIDATION.md); "
+        "calibrate on a run without offload, or ask figure gpu for this one"
     )
 
 
@@ -1103,11 +1165,17 @@ def _host_optimizer_only(setup: PlanSetup, config: Config, measured: float) -> C
         other_seconds=step.optimizer_step,
         predicted_step_seconds=step.total,
         host_optimizer_bandwidth=setup.host_optimizer_bandwidth,
+        host_optimizer_threads=_threads_of(setup),
         notes=(
             *_offload_note(setup, config, step, measured, True),
             _offloaded_step_note("neither figure is"),
         ),
     )
+
+
+def _threads_of(setup: PlanSetup) -> HostThreads | None:
+    threads = setup.host_optimizer_threads
+    return None if threads is None else threads[0]
 
 
 def _timed_host_optimizer(
@@ -1202,6 +1270,7 @@ def calibrate(
             other_seconds=other,
             predicted_step_seconds=step.total,
             host_optimizer_bandwidth=host_bandwidth,
+            host_optimizer_threads=None if host_bandwidth is None else _threads_of(setup),
             notes=skipped,
         )
     assert probe is not None
@@ -1277,6 +1346,7 @@ def calibrate(
         probe_gpu_seconds=fit.gpu_seconds,
         probe_other_seconds=fit.other_seconds,
         host_optimizer_bandwidth=host_bandwidth,
+        host_optimizer_threads=None if host_bandwidth is None else _threads_of(setup),
         notes=tuple(notes),
     )
 
@@ -1286,6 +1356,7 @@ def assumptions(setup: PlanSetup) -> Assumptions:
     gf = setup.gpu_figures
     modelling = setup.architecture.modelling
     eager = modelling is not None and modelling.eager_attention
+    threads = setup.host_optimizer_threads
     return Assumptions(
         efficiency=setup.efficiency.value,
         efficiency_source=setup.efficiency.source,
@@ -1315,6 +1386,12 @@ def assumptions(setup: PlanSetup) -> Assumptions:
         usable_memory=setup.usable_memory,
         host_optimizer_bandwidth=setup.host_optimizer[0],
         host_optimizer_source=setup.host_optimizer[1],
+        host_optimizer_threads=None if threads is None else threads[0],
+        host_optimizer_threads_source=(
+            "engine deepspeed: its CPU Adam's figure is stated per rank"
+            if threads is None
+            else threads[1]
+        ),
         offload_transfer_overlapped=False,
         compute_slowdown_from_overlap=0.0,
         notes=ASSUMPTION_NOTES

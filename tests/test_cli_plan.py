@@ -61,6 +61,20 @@ def test_table_ranks_the_candidates() -> None:
     assert [row.split("│")[1].strip() for row in rows] == ["1", "2", "3"]
 
 
+def test_host_optimizer_threads_reach_the_plan() -> None:
+    offload = [
+        "--arch", ARCH, "--gpu", "l4", "--gpus", "2", "--gpus-per-node", "1",
+        "--global-batch", "8", "--seq-len", "512", "--stages", "2,3",
+        "--offload", "optimizer_and_params",
+    ]  # fmt: skip
+    told = invoke(*offload, "--host-optimizer-threads", "one", "--json")
+    assert told.exit_code == 0, told.output
+    assert json.loads(told.stdout)["assumptions"]["host_optimizer_threads"] == "one"
+    table = invoke(*offload, "--top", "2")
+    assert table.exit_code == 0, table.output
+    assert "on all thread(s) per rank" in table.stdout and "every core" in table.stdout
+
+
 def test_custom_gpu_from_two_figures() -> None:
     result = invoke(
         "--arch", ARCH, "--gpu-memory", "16GiB", "--gpu-flops", "1e14", "--gpus", "2",

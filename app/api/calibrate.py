@@ -21,6 +21,7 @@ from calculators.plan import (
     Calibration,
     Config,
     HostProbe,
+    HostThreads,
     Learned,
     OffloadChoice,
     PlanSetup,
@@ -74,6 +75,18 @@ def _engine_config(req: dict[str, Any], decided: dict[str, Any]) -> dict[str, An
             node = node.setdefault(part, {})
         node[leaf] = item["value"]
     return out
+
+
+def _threads_run(result: dict[str, Any]) -> dict[str, Any]:
+    """The host threads each rank of a measured run stepped on (its ``environment.cpu_threads``),
+    as :class:`PlanSetup` fields; nothing where the result does not say (the plan's rule)."""
+    threads = (result.get("environment") or {}).get("cpu_threads")
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        return {}
+    return {
+        "host_threads": HostThreads.ONE if threads == 1 else HostThreads.ALL,
+        "host_threads_source": f"the measured run's ranks stepped on {threads} thread(s)",
+    }
 
 
 def host_probe(run: dict[str, Any]) -> HostProbe | None:
@@ -148,6 +161,7 @@ def measured_run(job: Job, stage: int | None, figure: Learned | None = None) -> 
         optimizer=Optimizer(result.get("optimizer") or req.get("optimizer") or "adam"),
         # as the run reduced: measure's loop reduces every micro-step unless asked otherwise
         grad_sync=GradSync(req.get("grad_sync") or GradSync.PER_MICRO_STEP),
+        **_threads_run(result),
     )
     config = Config(
         Stage(run["stage"]), micro, ga, ckpt, _offload(decided.get("offload") or req.get("offload"))

@@ -23,13 +23,13 @@ from calculators.capacity import MAX_PARAMS
 from calculators.config_resolution import Decided, Requested
 from calculators.conventions import Engine, Stage
 from calculators.engines.deepspeed.config import resolve_config
-from calculators.engines.torch.config import resolve_fsdp_config
+from calculators.engines.torch.config import resolve_fsdp_config, through_accelerate
 from calculators.errors import InputError
 from calculators.gpus import Gpu, custom_gpu, get_gpu
 from calculators.hf_config import architecture_from_hf_config
 from calculators.interconnects import Interconnect, custom_interconnect, get_interconnect
 from calculators.model_states import Offload, TrainingSetup
-from calculators.plan import Efficiency, PlanSetup, Search
+from calculators.plan import Efficiency, HostThreads, PlanSetup, Search
 from calculators.presets import get_preset
 from calculators.topology import Network, make_topology
 from calculators.traffic import CommunicationSetup, ZeroPlusPlus
@@ -332,6 +332,16 @@ def plan_gpu(spec: str | GpuIn) -> Gpu:
     return gpu if spec.name is None else replace(gpu, name=spec.name)
 
 
+def host_threads(req: PlanRequest) -> tuple[HostThreads | None, str]:
+    """The threads a plan request says each rank's host optimizer steps on, and why (None:
+    as the launchers set them for the plan's ranks per node)."""
+    if req.host_optimizer_threads is not None:
+        return req.host_optimizer_threads, "given by the request"
+    if req.engine is Engine.TORCH and req.engine_config and through_accelerate(req.engine_config):
+        return HostThreads.ONE, "an accelerate config: accelerate launch sets OMP_NUM_THREADS=1"
+    return None, "given"
+
+
 def plan_setup(
     req: PlanRequest,
     gpu: Gpu,
@@ -349,6 +359,7 @@ def plan_setup(
         )
     gpn = req.gpus_per_node or (8 if req.gpus % 8 == 0 else req.gpus)
     s = req.search
+    threads, threads_source = host_threads(req)
     return PlanSetup(
         architecture=arch,
         params=params,
@@ -377,6 +388,8 @@ def plan_setup(
         efficiency=efficiency,
         host_optimizer_bandwidth=None if host_optimizer is None else host_optimizer[0],
         host_optimizer_given_source="given" if host_optimizer is None else host_optimizer[1],
+        host_threads=threads,
+        host_threads_source=threads_source,
     )
 
 

@@ -25,7 +25,7 @@ from app.schemas.model import ModelSpec
 from calculators.batch import Checkpointing
 from calculators.conventions import Engine, Optimizer, Precision
 from calculators.interconnects import DEFAULT_INTER_NODE
-from calculators.plan import Learned, OffloadChoice
+from calculators.plan import HostThreads, Learned, OffloadChoice
 
 NULL = {"type": "null"}
 # below 0.1 % of the peak a step time stops being a number (and no GPU trains that slowly)
@@ -196,6 +196,14 @@ class PlanRequest(StrictModel):
             "engine's stated figure.",
         ),
     ] = None
+    host_optimizer_threads: HostThreads | None = Field(
+        default=None,
+        description="Engine torch, FSDP2's CPU offload: the threads each rank's host optimizer "
+        "steps on. one: OMP_NUM_THREADS=1, as torchrun sets it when a node runs several ranks "
+        "and accelerate launch always does; all: torch's default, every core, a node's only "
+        "rank started by python or torchrun. null = one with several GPUs per node or an "
+        "accelerate config, else all.",
+    )
 
 
 class ConfigOut(BaseModel):
@@ -351,6 +359,14 @@ class PlanAssumptions(BaseModel):
         "or torch's optimizer under FSDP2's CPU offload)."
     )
     host_optimizer_source: str = Field(description="Where host_optimizer_bandwidth comes from.")
+    host_optimizer_threads: HostThreads | None = Field(
+        description="Engine torch: the threads each rank's host optimizer steps on (one or "
+        "all), which host_optimizer_bandwidth is for; null for engine deepspeed (see "
+        "host_optimizer_threads_source)."
+    )
+    host_optimizer_threads_source: str = Field(
+        description="Why host_optimizer_threads, or why it is null."
+    )
     offload_transfer_overlapped: bool
     compute_slowdown_from_overlap: float = Field(
         description="Compute slowdown while collectives share the GPU (not modelled: 0)."
@@ -505,7 +521,14 @@ class CalibrationPublic(BaseModel):
     host_optimizer_bandwidth: float | None = Field(
         None,
         description="Bytes/s per rank of the offloaded optimizer step the run timed on its host; "
-        "/v1/plan uses it for offload candidates of this engine (null: see note).",
+        "/v1/plan uses it for offload candidates of this engine whose ranks step on as many "
+        "threads (null: see note).",
+    )
+    host_optimizer_threads: HostThreads | None = Field(
+        None,
+        description="The threads each of the run's ranks stepped its host optimizer on (one, "
+        "or all: torch's default); a plan uses host_optimizer_bandwidth only where its ranks "
+        "step on as many (null: see note).",
     )
     notes: list[str] = Field(
         default_factory=list,

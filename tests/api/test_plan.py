@@ -280,10 +280,12 @@ def _store_measurement(
     device: str = "cuda",
     probe: dict[str, Any] | None = None,
     host_optimizer_s: float | None = None,
+    cpu_threads: int | None = None,
+    job_id: str = "job-1",
 ) -> str:
     """A succeeded 2-GPU measure job, as the runner would have stored it (``probe``: the run's
     ``host_probe`` entry; ``host_optimizer_s``: a run under FSDP2's CPU offload, its timed host
-    optimizer step)."""
+    optimizer step; ``cpu_threads``: the torch threads its ranks ran on)."""
     store = client.app.state.jobs.store  # type: ignore[attr-defined]
     request: dict[str, Any] = {
         "model": {"architecture": GPT},
@@ -303,12 +305,14 @@ def _store_measurement(
     if host_optimizer_s is not None:
         request["offload"] = {"optimizer": "cpu", "params": "cpu"}
         run["host_optimizer_step_s"] = host_optimizer_s
-    job = store.create("job-1", request, "runner", 60.0)
+    job = store.create(job_id, request, "runner", 60.0)
     store.start(job.id)
-    result = {
+    result: dict[str, Any] = {
         "environment": {"device_type": device, "device_name": "NVIDIA L4"},
         "runs": [run],
     }
+    if cpu_threads is not None:
+        result["environment"]["cpu_threads"] = cpu_threads
     store.finish(job.id, JobStatus.SUCCEEDED, result=json.dumps(result))
     return str(job.id)
 
@@ -407,6 +411,66 @@ def test_an_offloaded_run_times_its_host_optimizer_for_the_plan(isolated: TestCl
     assert given["host_optimizer_source"] == "given by the request"
     ds = post(isolated, {**offload, "engine": "deepspeed", "search": {"stages": [2, 3]}})
     assert cal["id"] not in ds["assumptions"]["host_optimizer_source"]
+
+
+def test_a_host_optimizer_figure_serves_plans_whose_ranks_step_on_as_many_threads(
+    isolated: TestClient,
+) -> None:
+    # one rank per node keeps every core for its host optimizer; torchrun gives each of
+    # several ranks per node one thread: a figure timed one way does not serve the other
+    offloaded = replace(MEASURED, offload=OffloadChoice.OPTIMIZER_AND_PARAMS)
+    setup = replace(_setup(0.75, 50e-6), host_optimizer_bandwidth=3e9)
+    step = predict(setup, offloaded)[1].total
+    timed = _Evaluator(setup).host_step_bytes(offloaded) / 3e9
+    many = _store_measurement(isolated, step, host_optimizer_s=timed, cpu_threads=16)
+    cal = isolated.post("/v1/calibrations", json={"measurement_id": many}).json()
+    assert cal["host_optimizer_threads"] == "all"
+    assert cal["host_optimizer_bandwidth"] == pytest.approx(3e9, rel=1e-9)
+
+    search = {"offload": ["optimizer_and_params"], "stages": [2, 3]}
+    one_per_node = {**SMALL, "gpus": 2, "gpus_per_node": 1, "search": search}
+    body = post(isolated, one_per_node)["assumptions"]
+    assert body["host_optimizer_threads"] == "all"
+    assert cal["id"] in body["host_optimizer_source"]
+    assert body["host_optimizer_bandwidth"] == pytest.approx(3e9, rel=1e-9)
+    shared = post(isolated, {**SMALL, "search": search})["assumptions"]  # 2 ranks on a node
+    assert shared["host_optimizer_threads"] == "one"
+    assert "OMP_NUM_THREADS=1" in shared["host_optimizer_threads_source"]
+    assert cal["id"] not in shared["host_optimizer_source"]
+    assert "single-tensor AdamW on one host thread" in shared["host_optimizer_source"]
+    # an accelerate config: accelerate launch sets one thread even for a node's only rank
+    accelerate = {**one_per_node, "engine_config": {"fsdp_version": 2}}
+    launched = post(isolated, accelerate)["assumptions"]
+    assert launched["host_optimizer_threads"] == "one"
+    assert "accelerate" in launched["host_optimizer_threads_source"]
+    # a run whose ranks stepped on one thread serves the plan of several ranks per node
+    single = _store_measurement(
+        isolated, step, host_optimizer_s=timed / 4, cpu_threads=1, job_id="job-2"
+    )
+    cal_one = isolated.post("/v1/calibrations", json={"measurement_id": single}).json()
+    assert cal_one["host_optimizer_threads"] == "one"
+    shared = post(isolated, {**SMALL, "search": search})["assumptions"]
+    assert cal_one["id"] in shared["host_optimizer_source"]
+    assert shared["host_optimizer_bandwidth"] == pytest.approx(12e9, rel=1e-9)
+    # the request decides when it says
+    given = post(isolated, {**one_per_node, "host_optimizer_threads": "one"})["assumptions"]
+    assert (
+        given["host_optimizer_threads"] == "one" and cal_one["id"] in given["host_optimizer_source"]
+    )
+
+
+def test_host_optimizer_threads_is_the_torch_engines(client: TestClient) -> None:
+    r = client.post(
+        "/v1/plan",
+        json={**SMALL, "engine": "deepspeed", "host_optimizer_threads": "all"},
+    )
+    assert r.status_code == 422, r.text
+    assert "host_optimizer_threads" in r.text
+    body = post(client, {**SMALL, "engine": "deepspeed"})["assumptions"]
+    assert body["host_optimizer_threads"] is None
+    assert "deepspeed" in body["host_optimizer_threads_source"]
+    bad = client.post("/v1/plan", json={**SMALL, "host_optimizer_threads": "some"})
+    assert bad.status_code == 422 and "host_optimizer_threads" in bad.text
 
 
 def test_an_offloaded_run_with_its_probe_sets_the_host_cost_not_the_gemm_efficiency(

@@ -17,6 +17,7 @@ from calculators.plan import (
     Config,
     Efficiency,
     HostProbe,
+    HostThreads,
     Learned,
     OffloadChoice,
     PlanSetup,
@@ -123,6 +124,31 @@ def test_fsdp2_cpu_offload_steps_torch_optimizer_on_the_host() -> None:
     assert accumulating.optimizer_step == pytest.approx(shard * (72 + 7 * 12) / bandwidth)
     assert accumulating.exposed_communication > kept.exposed_communication
     assert accumulating.exposed_communication <= accumulating.communication + 1e-12
+
+
+def test_fsdp2_host_optimizer_threads_follow_the_launchers() -> None:
+    # torchrun sets OMP_NUM_THREADS=1 only when a node runs several ranks; a node's only rank
+    # keeps torch's default, every core, and its optimizer steps that much faster
+    shared = setup()
+    assert shared.host_optimizer_threads is not None
+    assert shared.host_optimizer_threads[0] is HostThreads.ONE
+    alone = setup(gpus_per_node=1)
+    assert alone.host_optimizer_threads is not None
+    assert alone.host_optimizer_threads[0] is HostThreads.ALL
+    assert alone.host_optimizer[0] > shared.host_optimizer[0]
+    assert "every core" in alone.host_optimizer[1]
+    c = Config(Stage.PARAMETERS, 32, 1, Checkpointing.FULL, OffloadChoice.OPTIMIZER_AND_PARAMS)
+    ratio = alone.host_optimizer[0] / shared.host_optimizer[0]
+    assert predict(shared, c)[1].optimizer_step == pytest.approx(
+        predict(alone, c)[1].optimizer_step * ratio
+    )
+    told = setup(gpus_per_node=1, host_threads=HostThreads.ONE, host_threads_source="said")
+    assert told.host_optimizer == shared.host_optimizer
+    assert told.host_optimizer_threads == (HostThreads.ONE, "said")
+    assert setup(Engine.DEEPSPEED).host_optimizer_threads is None
+    with pytest.raises(InputError) as err:
+        setup(Engine.DEEPSPEED, host_threads=HostThreads.ALL)
+    assert err.value.field == "host_optimizer_threads"
 
 
 def test_deepspeed_offload_only_where_the_stage_allows_it() -> None:

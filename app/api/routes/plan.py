@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -23,8 +23,9 @@ from app.schemas.plan import (
     PlanRequest,
     PlanResponse,
 )
+from calculators.conventions import Engine
 from calculators.gpus import PRESETS, Gpu, get_gpu
-from calculators.plan import Efficiency, Learned, plan
+from calculators.plan import Efficiency, HostThreads, Learned, plan
 
 router = APIRouter(prefix="/v1", tags=["plan"])
 
@@ -56,15 +57,23 @@ def plan_route(
     """Every ZeRO configuration of the search that fits, ranked by predicted tokens/s."""
     gpu = plan_gpu(request.gpu)
     efficiency = efficiency_for(request, gpu, store)
-    host = host_optimizer_for(request, gpu, store)
-    return plan_response(plan(plan_setup(request, gpu, efficiency, host)))
+    setup = plan_setup(request, gpu, efficiency)
+    threads = setup.host_optimizer_threads
+    host = host_optimizer_for(request, gpu, store, None if threads is None else threads[0])
+    if host is not None:
+        setup = replace(
+            setup, host_optimizer_bandwidth=host[0], host_optimizer_given_source=host[1]
+        )
+    return plan_response(plan(setup))
 
 
-def host_optimizer_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> tuple[float, str] | None:
+def host_optimizer_for(
+    request: PlanRequest, gpu: Gpu, store: JobStore, threads: HostThreads | None = None
+) -> tuple[float, str] | None:
     """The host optimizer bandwidth the request gives, else the newest calibration of this GPU,
-    precision and engine that timed an offloaded run's host optimizer step (the optimizers
-    differ by engine: torch's own, DeepSpeed's CPU Adam), else None: the engine's stated
-    figure."""
+    precision and engine that timed an offloaded run's host optimizer step on as many threads
+    per rank as the plan's (``threads``; the optimizers differ by engine: torch's own, DeepSpeed's
+    CPU Adam), else None: the engine's stated figure."""
     if request.host_optimizer_bandwidth is not None:
         return request.host_optimizer_bandwidth, "given by the request"
     found = store.calibrations(gpu=gpu.name, precision=request.precision.value)
@@ -72,7 +81,9 @@ def host_optimizer_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> tuple
         (
             c
             for c in found
-            if c.engine == request.engine.value and c.detail.get("host_optimizer_bandwidth")
+            if c.engine == request.engine.value
+            and c.detail.get("host_optimizer_bandwidth")
+            and (threads is None or _threads_stepped(c.detail) is threads)
         ),
         None,
     )
@@ -80,7 +91,14 @@ def host_optimizer_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> tuple
         return None
     return float(chosen.detail["host_optimizer_bandwidth"]), (
         f"{_source(chosen)}, its host optimizer step timed"
+        + ("" if threads is None else f" on {threads.value} thread(s) per rank")
     )
+
+
+def _threads_stepped(detail: Mapping[str, Any]) -> HostThreads:
+    """The threads a stored calibration's run stepped its host optimizer on (one where the
+    calibration does not say: the runs of several ranks per node that measure spawns)."""
+    return HostThreads(detail.get("host_optimizer_threads") or HostThreads.ONE)
 
 
 def efficiency_for(request: PlanRequest, gpu: Gpu, store: JobStore) -> Efficiency:
@@ -226,6 +244,13 @@ def _public(c: Calibration) -> CalibrationPublic:
             else "the run did not offload its optimizer to the CPU, or did not time its step"
         )
         note += f"; host_optimizer_bandwidth is null: {why}"
+    threads = None
+    if host_optimizer is None:
+        note += "; host_optimizer_threads is null: no host optimizer step was timed"
+    elif c.engine != Engine.TORCH.value:
+        note += "; host_optimizer_threads is null: DeepSpeed's CPU Adam is not planned by threads"
+    else:
+        threads = _threads_stepped(d)
     return CalibrationPublic(
         id=c.id,
         gpu=c.gpu,
@@ -241,6 +266,7 @@ def _public(c: Calibration) -> CalibrationPublic:
         predicted_other_seconds=d.get("predicted_other_seconds"),
         host_probe_seconds=probe_s,
         host_optimizer_bandwidth=host_optimizer,
+        host_optimizer_threads=threads,
         notes=list(d.get("notes") or []),
         note=note,
         created_at=c.created_at,
@@ -305,6 +331,8 @@ def add_calibration(
     }
     if run.calibration.host_optimizer_bandwidth is not None:
         detail["host_optimizer_bandwidth"] = run.calibration.host_optimizer_bandwidth
+        if run.calibration.host_optimizer_threads is not None:
+            detail["host_optimizer_threads"] = run.calibration.host_optimizer_threads.value
     if run.probe is not None:
         used = run.calibration.probe_dispatches is not None
         detail["host_probe_used"] = used
