@@ -1187,8 +1187,23 @@ def _timed_host_optimizer(
         return setup, False
     if not seconds > 0:
         raise InputError("host_optimizer_step_s", "a timed host optimizer step must be above 0 s")
-    bandwidth = _Evaluator(setup).host_step_bytes(config) / seconds
+    ev = _Evaluator(setup)
+    host = seconds
     source = f"measured: the calibrating run's host optimizer step, {seconds:.4g} s"
+    if setup.engine is Engine.DEEPSPEED:
+        # DeepSpeed's engine.step() at the boundary also copies the updated parameters back and
+        # (stages 1-2) all-gathers them: taken off as predicted, CPU Adam is the rest
+        comm = ev.communication(config)
+        around = comm.transfer[1] + comm.phases[Phase.STEP].total(config.grad_accumulation_steps)
+        host = seconds - around
+        if not host > 0:
+            raise InputError(
+                "host_optimizer_step_s",
+                f"the timed step ({seconds:.4g} s) is no longer than the parameters' predicted "
+                f"copy back and all-gather ({around:.4g} s): it cannot time CPU Adam",
+            )
+        source += f", less {around:.3g} s of predicted copy back and all-gather"
+    bandwidth = ev.host_step_bytes(config) / host
     return replace(
         setup, host_optimizer_bandwidth=bandwidth, host_optimizer_given_source=source
     ), True

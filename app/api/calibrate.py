@@ -173,7 +173,7 @@ def measured_run(job: Job, stage: int | None, figure: Learned | None = None) -> 
             "both figures from one run need its host probe, and this run has none (measure "
             "again with host_probe: true, or calibrate gpu and host from two runs)",
         )
-    timed = run.get("host_optimizer_step_s")  # measure times it under FSDP2's CPU offload
+    timed = run.get("host_optimizer_step_s")  # measure times it under CPU offload (both engines)
     if timed is not None and (not isinstance(timed, int | float) or timed <= 0):
         raise InputError(FIELD, "the run's host optimizer step has no time")
     cal = calibrate(

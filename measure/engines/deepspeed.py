@@ -26,6 +26,7 @@ torchrun, never in the fake-group simulation.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from typing import Any
 
@@ -46,6 +47,14 @@ from measure.workloads import Workload
 # torch.nn.functional.linear with zero3_linear_wrap for good (partition_parameters.py:412-419),
 # so no cuBLASLt workspace appears in later engines of the same process.
 _linear_patched = False
+
+
+def offloads_optimizer(config: dict[str, Any]) -> bool:
+    """Whether a ds_config steps the optimizer on the host (``offload_optimizer`` to the CPU or
+    NVMe): DeepSpeed's CPU Adam."""
+    zero = config.get("zero_optimization") or {}
+    off = zero.get("offload_optimizer") or {}
+    return isinstance(off, dict) and off.get("device") in ("cpu", "nvme")
 
 
 def linear_patched() -> bool:
@@ -193,14 +202,25 @@ def _measure(
     skipped = int(getattr(engine, "skipped_steps", 0))
     wrapper = type(engine.optimizer).__name__
 
+    offloaded = offloads_optimizer(config)
+    optimizer_seconds: list[float] = []  # the timed steps' boundary steps (optimizer offload)
     t0 = time.perf_counter()
     for i in range(plan.steps):
         progress((plan.warmup_steps + 1 + i) / plan.total_steps, f"timed step {i + 1}")
-        for _micro in range(plan.grad_accumulation_steps):
+        for micro in range(plan.grad_accumulation_steps):
             x, y = workload.make_batch(device, gen)
             logits, loss = workload.forward(engine, x, y)
             engine.backward(loss)
-            engine.step()
+            if offloaded and micro == plan.grad_accumulation_steps - 1:
+                # the boundary: CPU Adam over the host partition, then the updated parameters'
+                # copy back (and stages 1-2's all-gather), synchronised at both ends
+                sync(device)
+                t_step = time.perf_counter()
+                engine.step()
+                sync(device)
+                optimizer_seconds.append(time.perf_counter() - t_step)
+            else:
+                engine.step()
     sync(device)
     step_time = (time.perf_counter() - t0) / plan.steps if plan.steps else None
 
@@ -250,4 +270,9 @@ def _measure(
         "measured_sent_bytes_per_rank": counter.sent_bytes_per_rank,
         "step_time_s": step_time,
         "host_probe": host_probe,
+        **(
+            {"host_optimizer_step_s": statistics.median(optimizer_seconds)}
+            if optimizer_seconds
+            else {}
+        ),
     }

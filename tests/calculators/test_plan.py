@@ -456,6 +456,25 @@ def test_a_search_too_large_for_the_model_is_refused_before_any_work() -> None:
     assert plan(replace(s, search=narrow)).evaluated == 1
 
 
+def test_deepspeeds_timed_boundary_step_is_cpu_adam_plus_the_copy_back() -> None:
+    # engine.step() at the boundary runs CPU Adam, then copies the updated parameters back and
+    # all-gathers them (stages 1-2): the calibration takes those off as predicted
+    s = setup(Engine.DEEPSPEED, gpus=16, gpus_per_node=8)
+    c = Config(Stage.GRADIENTS, 4, 2, Checkpointing.FULL, OffloadChoice.OPTIMIZER)
+    ev = _Evaluator(s)
+    comm = ev.communication(c)
+    around = comm.transfer[1] + comm.phases[Phase.STEP].total(2)
+    assert around > 0
+    step = predict(s, c)[1].total
+    timed = ev.host_step_bytes(c) / 20e9 + around
+    found = calibrate(s, c, step, host_optimizer_seconds=timed)
+    assert found.host_optimizer_bandwidth == pytest.approx(20e9, rel=1e-9)
+    assert found.host_optimizer_threads is None  # DeepSpeed's CPU Adam: not planned by threads
+    with pytest.raises(InputError) as err:
+        calibrate(s, c, step, host_optimizer_seconds=around * 0.5)
+    assert err.value.field == "host_optimizer_step_s"
+
+
 def test_calibrating_on_an_offloaded_run_says_what_it_takes_as_given() -> None:
     s = setup()
     c = Config(Stage.PARAMETERS, 32, 1, Checkpointing.FULL, OffloadChoice.OPTIMIZER_AND_PARAMS)
