@@ -51,6 +51,7 @@ from calculators.plan import (  # noqa: E402
     Calibration,
     Config,
     HostProbe,
+    HostThreads,
     Learned,
     OffloadChoice,
     PlanSetup,
@@ -345,7 +346,21 @@ def committed_setup(
         ]
     )  # fmt: skip
     arch = architecture_from_body(body["model_body"])
-    return case, plan_setup(case, arch, get_gpu(body["gpu"]), nd)
+    return case, with_recorded_threads(plan_setup(case, arch, get_gpu(body["gpu"]), nd), body)
+
+
+def with_recorded_threads(setup: PlanSetup, body: dict[str, Any]) -> PlanSetup:
+    """``setup`` with the host threads its offloaded runs' ranks recorded (``cpu_threads``),
+    where they agree; else as the planner derives them."""
+    recorded = {r["cpu_threads"] for r in body["runs"] if isinstance(r.get("cpu_threads"), int)}
+    if setup.engine is not Engine.TORCH or len(recorded) != 1:
+        return setup
+    (threads,) = recorded
+    return replace(
+        setup,
+        host_threads=HostThreads.ONE if threads == 1 else HostThreads.ALL,
+        host_threads_source=f"the measured runs' ranks stepped on {threads} thread(s)",
+    )
 
 
 def report_files(args: argparse.Namespace) -> int:

@@ -160,3 +160,24 @@ def test_one_run_with_its_probe_recovers_the_figures_it_was_made_with() -> None:
          "per_gpu_batch": 8, "seq_len": 1024}
     )  # fmt: skip
     assert "alone with its host probe (both)" in text and "22.0 µs per kernel" in text
+
+
+def test_committed_offload_runs_are_predicted_on_the_threads_they_recorded() -> None:
+    """A file's offloaded runs on one thread (OMP_NUM_THREADS=1 at Nd 1) are predicted at the
+    one-thread figure, where the planner alone would give a node's only rank every core."""
+    import json
+
+    from calculators.plan import HostThreads
+
+    path = ROOT / "bench/results/plan_validation/fsdp2_offload_one_thread_h200x1_gpt_nd1.json"
+    body = json.loads(path.read_text())
+    runs = validate_plan.measured_runs(body)
+    _, setup = validate_plan.committed_setup(body, runs)
+    assert setup.host_optimizer_threads is not None
+    assert setup.host_optimizer_threads[0] is HostThreads.ONE
+    for run in body["runs"]:
+        run.pop("cpu_threads", None)
+    _, derived = validate_plan.committed_setup(body, runs)
+    assert derived.host_optimizer_threads is not None
+    assert derived.host_optimizer_threads[0] is HostThreads.ALL
+    assert derived.host_optimizer[0] > setup.host_optimizer[0]
