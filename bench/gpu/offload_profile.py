@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from bench.gpu.world import world_of_one  # noqa: E402
 from calculators.conventions import Stage  # noqa: E402
 from measure.engines.pytorch import build_engine  # noqa: E402
 from measure.spec import parse_spec  # noqa: E402
@@ -117,13 +118,8 @@ def main() -> int:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29573")
     cuda = a.device == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
+    device = world_of_one(a.device, 29573)
     records = []
     for stage_n in (int(s) for s in a.stages.split(",")):
         for offload in (False, True) if cuda else (False,):  # pinned shards need CUDA
