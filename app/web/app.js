@@ -773,6 +773,12 @@
     target.replaceChildren(root);
   }
 
+  function hostOptimizer(a) {
+    // where an offloaded candidate's optimizer steps: the host figure, its threads and its source
+    const threads = a.host_optimizer_threads ? ` on ${a.host_optimizer_threads} thread(s) per rank` : "";
+    return `optimizer on the host at ${(a.host_optimizer_bandwidth / 1e9).toPrecision(3)} GB/s per rank${threads}: ${a.host_optimizer_source}`;
+  }
+
   function planTable(resp) {
     const cols = ["#", "configuration", "tokens/s", "step", "compute", "exposed comm", "offload", "peak", "headroom"];
     const head = el("tr", {}, ...cols.map((t) => el("th", { text: t, scope: "col", class: t === "configuration" ? "config" : null })));
@@ -783,7 +789,7 @@
       el("td", { "data-seconds": c.step_time_seconds, text: seconds(c.step_time_seconds) }),
       el("td", { text: seconds(c.step_time.compute), title: `micro-steps ${c.step_time.bound}-bound (GPU work ${seconds(c.step_time.gpu_busy)}: GEMMs and attention ${seconds(c.step_time.matmul)}, memory-bound ${seconds(c.step_time.memory_bound)}; host dispatch ${seconds(c.step_time.host_dispatch)}) + optimizer step ${seconds(c.step_time.optimizer_step)}` }),
       el("td", { text: seconds(c.step_time.exposed_communication), title: `all collectives: ${seconds(c.step_time.communication)}; ${c.assumptions.reason}` }),
-      el("td", { text: seconds(c.step_time.offload_transfer) }),
+      el("td", { text: seconds(c.step_time.offload_transfer), title: c.config.offload === "none" ? null : hostOptimizer(resp.assumptions) }),
       bytesCell(c.per_device.peak),
       bytesCell(c.headroom)));
     const table = $("#plan-table");

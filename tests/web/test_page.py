@@ -623,3 +623,22 @@ def test_screenshot(visit: Visit, tmp_path: Path) -> None:
     visit.page.screenshot(path=str(target), full_page=True)
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert target.stat().st_size > 10_000
+
+
+def test_plan_panel_says_where_an_offloaded_optimizer_steps(visit: Visit) -> None:
+    """Llama 3 8B on one H100 fits only with FSDP2's CPU offload: each such row's offload cell
+    names the host optimizer's figure and threads, as the API's assumptions give them."""
+    visit.open("?plan_gpus=1&plan_global_batch=8")
+    page = visit.page
+    page.click("#plan-start")
+    page.wait_for_selector("#plan-result:not([hidden])", timeout=30_000)
+    cells = page.eval_on_selector_all(
+        "#plan-table tbody tr",
+        "trs => trs.map(tr => [tr.querySelector('td.config').textContent,"
+        " tr.querySelectorAll('td')[5].getAttribute('title')])",
+    )
+    assert cells, "the panel should list the candidates that fit"
+    for config, title in cells:
+        assert "offload" in config
+        assert title.startswith("optimizer on the host at ")
+        assert "on all thread(s) per rank" in title and "every core" in title
