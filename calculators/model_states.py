@@ -263,19 +263,11 @@ def model_state_placements_each(
             yield model_state_placements(setup, stage)
         return
     psi = setup.params_per_device
-    np_, qp, ng, qg, no, qo = _share_terms(
+    terms = _share_terms(
         setup.precision, setup.gradients, setup.optimizer, setup.master_weights, setup.k
     )
-    dp = setup.dp
     for stage in stages:
-        split_p, split_g, split_o = _PARTITIONED[stage]
-        # as _device_shares
-        device = placement(
-            -((-np_ * psi) // (qp * dp if split_p else qp)),
-            -((-ng * psi) // (qg * dp if split_g else qg)),
-            -((-no * psi) // (qo * dp if split_o else qo)),
-        )
-        yield device, NOWHERE, NOWHERE
+        yield placement(*_shares(terms, psi, setup.dp, stage)), NOWHERE, NOWHERE
 
 
 def model_state_total(setup: TrainingSetup, stage: Stage) -> int:
@@ -289,13 +281,20 @@ def model_state_total(setup: TrainingSetup, stage: Stage) -> int:
 def _device_shares(setup: TrainingSetup, stage: Stage) -> list[int]:
     """The device's bytes of each state before any offload moves them: parameters, gradients,
     optimizer states."""
-    psi = setup.params_per_device
-    # ⌈b·Ψ / d⌉ with b = n/q in lowest terms is ⌈n·Ψ / (q·d)⌉: the same rational number, in
-    # integers (no Fraction product per share)
-    np_, qp, ng, qg, no, qo = _share_terms(
+    terms = _share_terms(
         setup.precision, setup.gradients, setup.optimizer, setup.master_weights, setup.k
     )
-    dp = setup.dp
+    return _shares(terms, setup.params_per_device, setup.dp, stage)
+
+
+def _shares(
+    terms: tuple[int, int, int, int, int, int], psi: int, dp: int, stage: Stage
+) -> list[int]:
+    """Each state's bytes on the device at ``stage`` from its bytes per parameter as
+    (numerator, denominator) pairs (``_share_terms``)."""
+    # ⌈b·Ψ / d⌉ with b = n/q in lowest terms is ⌈n·Ψ / (q·d)⌉: the same rational number, in
+    # integers (no Fraction product per share)
+    np_, qp, ng, qg, no, qo = terms
     split_p, split_g, split_o = _PARTITIONED[stage]
     return [
         -((-np_ * psi) // (qp * dp if split_p else qp)),
