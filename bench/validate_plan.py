@@ -51,7 +51,6 @@ from calculators.plan import (  # noqa: E402
     Calibration,
     Config,
     HostProbe,
-    HostThreads,
     Learned,
     OffloadChoice,
     PlanSetup,
@@ -59,6 +58,7 @@ from calculators.plan import (  # noqa: E402
     calibrate,
     plan,
     predict,
+    recorded_threads,
 )
 from calculators.presets import get_preset  # noqa: E402
 
@@ -355,12 +355,8 @@ def with_recorded_threads(setup: PlanSetup, body: dict[str, Any]) -> PlanSetup:
     recorded = {r["cpu_threads"] for r in body["runs"] if isinstance(r.get("cpu_threads"), int)}
     if setup.engine is not Engine.TORCH or len(recorded) != 1:
         return setup
-    (threads,) = recorded
-    return replace(
-        setup,
-        host_threads=HostThreads.ONE if threads == 1 else HostThreads.ALL,
-        host_threads_source=f"the measured runs' ranks stepped on {threads} thread(s)",
-    )
+    threads, source = recorded_threads(recorded.pop())
+    return replace(setup, host_threads=threads, host_threads_source=source)
 
 
 def report_files(args: argparse.Namespace) -> int:

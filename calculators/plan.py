@@ -1173,6 +1173,13 @@ def _host_optimizer_only(setup: PlanSetup, config: Config, measured: float) -> C
     )
 
 
+def recorded_threads(count: int) -> tuple[HostThreads, str]:
+    """The host threads of a measured run whose ranks ran on ``count`` torch threads, and the
+    source that says so."""
+    threads = HostThreads.ONE if count == 1 else HostThreads.ALL
+    return threads, f"the measured run's ranks stepped on {count} thread(s)"
+
+
 def _threads_of(setup: PlanSetup) -> HostThreads | None:
     threads = setup.host_optimizer_threads
     return None if threads is None else threads[0]

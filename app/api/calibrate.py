@@ -21,11 +21,11 @@ from calculators.plan import (
     Calibration,
     Config,
     HostProbe,
-    HostThreads,
     Learned,
     OffloadChoice,
     PlanSetup,
     calibrate,
+    recorded_threads,
 )
 
 FIELD = "measurement_id"
@@ -83,10 +83,8 @@ def _threads_run(result: dict[str, Any]) -> dict[str, Any]:
     threads = (result.get("environment") or {}).get("cpu_threads")
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         return {}
-    return {
-        "host_threads": HostThreads.ONE if threads == 1 else HostThreads.ALL,
-        "host_threads_source": f"the measured run's ranks stepped on {threads} thread(s)",
-    }
+    host_threads, source = recorded_threads(threads)
+    return {"host_threads": host_threads, "host_threads_source": source}
 
 
 def host_probe(run: dict[str, Any]) -> HostProbe | None:

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from calculators.conventions import Optimizer, Stage
+from calculators.engines.deepspeed.config import parse_config
 from measure.comms import CommCounter
 from measure.engines.pytorch import make_optimizer_class
 from measure.host_probe import run_probe
@@ -47,14 +48,6 @@ from measure.workloads import Workload
 # torch.nn.functional.linear with zero3_linear_wrap for good (partition_parameters.py:412-419),
 # so no cuBLASLt workspace appears in later engines of the same process.
 _linear_patched = False
-
-
-def offloads_optimizer(config: dict[str, Any]) -> bool:
-    """Whether a ds_config steps the optimizer on the host (``offload_optimizer`` to the CPU or
-    NVMe): DeepSpeed's CPU Adam."""
-    zero = config.get("zero_optimization") or {}
-    off = zero.get("offload_optimizer") or {}
-    return isinstance(off, dict) and off.get("device") in ("cpu", "nvme")
 
 
 def linear_patched() -> bool:
@@ -202,7 +195,7 @@ def _measure(
     skipped = int(getattr(engine, "skipped_steps", 0))
     wrapper = type(engine.optimizer).__name__
 
-    offloaded = offloads_optimizer(config)
+    offloaded = parse_config(config).offload_optimizer is not None  # DeepSpeed's CPU Adam
     optimizer_seconds: list[float] = []  # the timed steps' boundary steps (optimizer offload)
     t0 = time.perf_counter()
     for i in range(plan.steps):
