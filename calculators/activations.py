@@ -33,6 +33,7 @@ from calculators.architecture import (
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.errors import InputError
+from calculators.reduction_scratch import reduction_scratch
 
 INDEX_BYTES = 8  # int64 token ids and targets
 
@@ -187,26 +188,53 @@ def _attention_saved(arch: Architecture, batch: Batch, lin: int, tp: int) -> int
     return sum(term // tp for term in terms) + cos_sin
 
 
-def mlp_backward(arch: Architecture, batch: Batch, moved: bool = False) -> int | None:
+def mlp_backward(
+    arch: Architecture, batch: Batch, moved: bool = False, recomputed: bool = False
+) -> int | None:
     """With 16-bit parameters (the module cast, as DeepSpeed does): what the canonical block's
     MLP backward holds at its largest beyond its saved tensors and the gradient entering it;
     ``None`` for a mixture of experts (not modelled). ``moved``: a gradient hook takes each
-    weight gradient away once accumulated (DeepSpeed's stage 2 and 3).
+    weight gradient away once accumulated (DeepSpeed's stage 2 and 3). ``recomputed``: the
+    block runs again under non-reentrant checkpointing, whose unpack hook hands each recomputed
+    saved tensor over once, so a tensor only one node saved is freed when that node's backward
+    returns.
 
-    ``measure.workloads.MLP``: the output projection's backward writes its input's gradient
-    (tokens × ffn) and its weight's (ffn × hidden) before freeing its saved input. GELU and SiLU
-    then write their input's gradient as that input is freed: nothing above that. ReLU saves its
-    output, which is the projection's saved input, and the gated product ``act(gate) * up``
-    writes both factors' gradients with the product freed: two tokens × ffn tensors, beside the
-    projection's weight gradient unless a hook moved it. Bias gradients (a vector each) are left
-    out."""
+    ``measure.workloads.MLP``, its ops' backward in autograd's order:
+
+    - The output projection writes its input's gradient (tokens × ffn) and its weight's
+      (ffn × hidden) before freeing its saved input.
+    - ReLU saves its output, which is the projection's saved input, and the gated product
+      ``act(gate) * up`` writes both factors' gradients with the product freed: two tokens × ffn
+      tensors, beside the projection's weight gradient unless a hook moved it. GELU and SiLU
+      write their input's gradient as that input is freed: nothing above that.
+    - The input projection (``up`` first when gated: made last in forward) writes its input's
+      gradient (tokens × hidden) and its weight's (hidden × ffn); by then the activation's
+      input and output are freed and one tokens × ffn gradient stands in for them (ReLU's input
+      was never saved).
+    - With biases, autograd then sums each projection's bias gradient over the tokens
+      (``validate_outputs``: ``sum_to`` the bias's shape) with both gradients above alive, and
+      the reduction kernel stages its partial sums in a buffer sized by its launch
+      configuration (:func:`calculators.reduction_scratch.reduction_scratch`, a Hopper GPU's):
+      up to 132 MiB, far above the bias. In a recomputed block the projection's saved input
+      is gone by then where no other node saved it (the output projection's but under ReLU,
+      the input projection's but when gated). The bias gradients themselves (a vector each)
+      are left out."""
     if arch.num_experts > 1:
         return None
     t, f, h = batch.tokens, arch.ffn, arch.hidden
+    kept = 0 if moved else HALF_BYTES * f * h  # the output projection's weight gradient
+    relu = not arch.gated_mlp and arch.activation is Activation.RELU
     out_projection = HALF_BYTES * (t * f + f * h)
-    if not arch.gated_mlp and arch.activation is not Activation.RELU:
-        return out_projection
-    return max(out_projection, HALF_BYTES * (2 * t * f + (0 if moved else f * h)))
+    in_projection = HALF_BYTES * (t * h + h * f) + kept - (0 if relu else HALF_BYTES * t * f)
+    candidates = [out_projection, in_projection]
+    if arch.bias:
+        out_freed = HALF_BYTES * t * f if recomputed and not relu else 0
+        in_freed = HALF_BYTES * t * h if recomputed and not arch.gated_mlp else 0
+        candidates.append(out_projection - out_freed + reduction_scratch(h, t))
+        candidates.append(in_projection - in_freed + reduction_scratch(f, t))
+    if arch.gated_mlp or relu:
+        candidates.append(HALF_BYTES * 2 * t * f + kept)
+    return max(candidates)
 
 
 def final_norm_saved(arch: Architecture, batch: Batch) -> int:

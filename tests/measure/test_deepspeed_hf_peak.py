@@ -9,7 +9,10 @@ it leaves ``param.grad`` alone, at stage 2 it copies the gradient into a bucket 
 ``param.grad`` at the slice, as ``reduce_independent_p_g_buckets_and_remove_grads`` does. The
 largest total after the first hook, above the end of forward, must be what the calculators'
 moments after the first gradient give above theirs (``calculators/engines/deepspeed/layouts.py``),
-bucket excluded on both sides.
+bucket excluded on both sides. Where backward sums a gradient over its leading rows (a bias's,
+``sum_to``), CUDA's reduction kernel also holds a staging buffer the CPU's does not: the count
+adds it at that op, as ``calculators.reduction_scratch`` sizes it (checked against the GPU by
+``tests/calculators/test_reduction_scratch.py``).
 
 The sizes are the ``small`` family configs cut to two layers, and two-layer canonical decoders
 (``CANONICAL``), one sequence of 1,024 tokens.
@@ -35,6 +38,7 @@ from calculators.engines.deepspeed.config import param_list, parse_config  # noq
 from calculators.engines.deepspeed.layouts import stage12, step_shape  # noqa: E402
 from calculators.hf_config import architecture_from_hf_config  # noqa: E402
 from calculators.model_states import TrainingSetup  # noqa: E402
+from calculators.reduction_scratch import reduction_scratch  # noqa: E402
 from measure.engines.hf import build_hf, hf_config  # noqa: E402
 from measure.hf_families import family_config  # noqa: E402
 from measure.memory import LiveStorages  # noqa: E402
@@ -67,11 +71,25 @@ class Live(LiveStorages):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.hooked:
-            self.peak_after_hook = max(self.peak_after_hook, self.live())
+            self.peak_after_hook = max(self.peak_after_hook, self.live() + _staging(func, args))
         return out
 
     def live(self) -> int:
         return self.live_bytes(self.ignore)
+
+
+def _staging(func: Any, args: Any) -> int:
+    """The staging buffer CUDA's reduction kernel holds while it sums a gradient over its
+    leading rows, as autograd's ``sum_to`` does for a bias (0 for any other op)."""
+    if func is not torch.ops.aten.sum.dim_IntList:
+        return 0
+    grad, dims = args[0], sorted(d % args[0].dim() for d in args[1])
+    if dims != list(range(len(dims))) or not grad.is_contiguous():
+        return 0
+    rows = 1
+    for d in dims:
+        rows *= grad.shape[d]
+    return reduction_scratch(grad.numel() // rows, rows)
 
 
 def _measured(config: dict[str, Any], stage: int, checkpointing: bool) -> tuple[int, int]:

@@ -344,7 +344,8 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         # gradient entering the block is alive (the one leaving it is made later), and its
         # recomputed first norm saves the block input that checkpointing already keeps
         block_input = HALF_BYTES * t * arch.hidden
-        first_layer = max((mlp_backward(arch, batch) or 0) - 2 * block_input, 0)
+        recomputed = mlp_backward(arch, batch, recomputed=True) or 0
+        first_layer = max(recomputed - 2 * block_input, 0)
     if arch.modelling is not None:
         from calculators import transformers_activations as hf
 
