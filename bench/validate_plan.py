@@ -353,7 +353,7 @@ def with_recorded_threads(setup: PlanSetup, body: dict[str, Any]) -> PlanSetup:
     """``setup`` with the host threads its offloaded runs' ranks recorded (``cpu_threads``),
     where they agree; else as the planner derives them."""
     recorded = {r["cpu_threads"] for r in body["runs"] if isinstance(r.get("cpu_threads"), int)}
-    if setup.engine is not Engine.TORCH or len(recorded) != 1:
+    if len(recorded) != 1:
         return setup
     threads, source = recorded_threads(recorded.pop())
     return replace(setup, host_threads=threads, host_threads_source=source)

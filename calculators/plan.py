@@ -61,12 +61,32 @@ CONTEXT_RESERVE = 13 * GIB // 10
 # bench/results/torch_peak.json: reserved is 10-25 % above the allocated peak (the caching
 # allocator's rounding and freed blocks kept for reuse); the low end is kept free.
 ALLOCATOR_MARGIN = 0.10
-# DeepSpeed's CPU Adam (csrc/adam/cpu_adam_impl.cpp) streams each state once per step with
-# AVX: memory-bound on the host. A two-socket host's ~300 GB/s DDR5 shared by 8 ranks.
-HOST_OPTIMIZER_BANDWIDTH = 300 * 10**9 // 8
-HOST_OPTIMIZER_SOURCE = (
-    "DeepSpeed's CPU Adam (AVX, its own threads): a two-socket host's ~300 GB/s shared by 8 "
-    "ranks, stated"
+# DeepSpeed's offloaded boundary step (ZeRO-Offload: stage_1_and_2.py step with cpu_offload) runs
+# CPU Adam over the host partition (csrc/adam, OpenMP) and torch's own ops around it on the
+# host, which follow torch's intra-op threads. measure times it; with the parameters' predicted
+# copy back and all-gather taken off, at the 30 B per parameter the planner streams
+# (bench/offload_calibration.py on the 1B GPT's runs):
+# - one thread per rank (OMP_NUM_THREADS=1, as torchrun and accelerate launch set it), two ranks
+#   of a 32-core H200 host: 3.24 GB/s
+#   (bench/results/plan_validation/ds_offload_h200x2_gpt_nd2.json);
+#   CPU Adam alone steps at 21-24 GB/s there on one thread (bench/host_adam.py --optimizer
+#   deepspeed), so the torch ops around it take most of the step.
+# - every core, a node's only rank on a 16-core H200 host: 19.0-22.0 GB/s in three runs, the
+#   lowest kept (ds_offload_timed_h200x1_gpt_nd1.json); two ranks of 16 threads each on the
+#   32-core host: 15.4 GB/s (ds_offload_sixteen_threads_h200x2_gpt_nd2.json).
+DEEPSPEED_HOST_OPTIMIZER_BANDWIDTH = 3.24e9
+DEEPSPEED_HOST_OPTIMIZER_SOURCE = (
+    "DeepSpeed's offloaded step (CPU Adam and torch's host ops around it) on one thread per "
+    "rank (OMP_NUM_THREADS=1, as torchrun and accelerate launch set it): 3.24 GB/s per rank "
+    "with 2 ranks on a 32-core H200 host (bench/results/plan_validation), stated"
+)
+DEEPSPEED_HOST_OPTIMIZER_BANDWIDTH_ALL_CORES = 19.0e9
+DEEPSPEED_HOST_OPTIMIZER_ALL_CORES_SOURCE = (
+    "DeepSpeed's offloaded step (CPU Adam and torch's host ops around it) on every core of the "
+    "host: 19.0 GB/s for a node's only rank on a 16-core H200 host, the lowest of three runs "
+    "(bench/results/plan_validation), stated; several ranks sharing the cores step slower "
+    "(15.4 GB/s each for two ranks of 16 threads on 32 cores): give host_optimizer_bandwidth "
+    "or calibrate on a run launched the same way"
 )
 # FSDP2's CPUOffloadPolicy steps torch's own optimizer on the host: on the CPU it takes the
 # single-tensor loop (the foreach kernels serve CUDA-like devices only), on one thread per rank
@@ -266,12 +286,6 @@ class PlanSetup:
             raise InputError("host_seconds_per_kernel", "must be above 0 seconds")
         if not self.search.stages:
             raise InputError("search.stages", "give at least one stage")
-        if self.host_threads is not None and self.engine is not Engine.TORCH:
-            raise InputError(
-                "host_optimizer_threads",
-                "applies to engine torch (FSDP2's CPU offload steps torch's optimizer); "
-                "DeepSpeed's CPU Adam is stated per rank: give host_optimizer_bandwidth",
-            )
 
     @property
     def nodes(self) -> int:
@@ -296,17 +310,19 @@ class PlanSetup:
         return replace(self.gpu_figures, gemm_efficiency=self.efficiency.value)
 
     @property
-    def host_optimizer_threads(self) -> tuple[HostThreads, str] | None:
-        """The threads each rank's host optimizer steps on under FSDP2's CPU offload, and why
-        (None for DeepSpeed, whose CPU Adam's figure is stated per rank)."""
-        if self.engine is not Engine.TORCH:
-            return None
+    def host_optimizer_threads(self) -> tuple[HostThreads, str]:
+        """The threads each rank's offloaded optimizer step runs on (torch's optimizer under
+        FSDP2's CPU offload, DeepSpeed's CPU Adam and the torch ops around it), and why."""
         if self.host_threads is not None:
             return self.host_threads, self.host_threads_source
         if self.gpus_per_node > 1:
-            return HostThreads.ONE, (
-                "several ranks per node: torchrun and accelerate launch set OMP_NUM_THREADS=1"
-            )
+            why = "several ranks per node: torchrun and accelerate launch set OMP_NUM_THREADS=1"
+            if self.engine is Engine.DEEPSPEED:
+                why += (
+                    " (the deepspeed launcher leaves each rank every core: give "
+                    "host_optimizer_threads all)"
+                )
+            return HostThreads.ONE, why
         return HostThreads.ALL, (
             "one rank per node: started by python or torchrun it keeps torch's default thread "
             "count, every core (accelerate launch sets OMP_NUM_THREADS=1: give "
@@ -316,14 +332,19 @@ class PlanSetup:
     @property
     def host_optimizer(self) -> tuple[float, str]:
         """Host bytes/s of one rank's offloaded optimizer step, and where the figure comes from:
-        DeepSpeed's CPU Adam, or torch's own optimizer under FSDP2's CPU offload on one thread
-        or on every core."""
+        DeepSpeed's offloaded step, or torch's own optimizer under FSDP2's CPU offload, on one
+        thread or on every core."""
         if self.host_optimizer_bandwidth is not None:
             return self.host_optimizer_bandwidth, self.host_optimizer_given_source
-        threads = self.host_optimizer_threads
-        if threads is None:
-            return HOST_OPTIMIZER_BANDWIDTH, HOST_OPTIMIZER_SOURCE
-        if threads[0] is HostThreads.ALL:
+        every_core = self.host_optimizer_threads[0] is HostThreads.ALL
+        if self.engine is Engine.DEEPSPEED:
+            if every_core:
+                return (
+                    DEEPSPEED_HOST_OPTIMIZER_BANDWIDTH_ALL_CORES,
+                    DEEPSPEED_HOST_OPTIMIZER_ALL_CORES_SOURCE,
+                )
+            return DEEPSPEED_HOST_OPTIMIZER_BANDWIDTH, DEEPSPEED_HOST_OPTIMIZER_SOURCE
+        if every_core:
             return TORCH_HOST_OPTIMIZER_BANDWIDTH_ALL_CORES, TORCH_HOST_OPTIMIZER_ALL_CORES_SOURCE
         return TORCH_HOST_OPTIMIZER_BANDWIDTH, TORCH_HOST_OPTIMIZER_SOURCE
 
@@ -446,7 +467,7 @@ class Assumptions:
     usable_memory: int
     host_optimizer_bandwidth: float
     host_optimizer_source: str
-    host_optimizer_threads: HostThreads | None
+    host_optimizer_threads: HostThreads
     host_optimizer_threads_source: str
     offload_transfer_overlapped: bool
     compute_slowdown_from_overlap: float
@@ -489,6 +510,10 @@ ASSUMPTION_NOTES = (
     "several ranks launched with torch's default thread count oversubscribe the host's cores "
     "in that step (measured 10 × slower on 4 ranks of a 64-CPU host): set OMP_NUM_THREADS as "
     "torchrun does",
+    "DeepSpeed's CPU offload: the boundary step runs CPU Adam and torch's host ops around it "
+    "(30 B per parameter at the host optimizer bandwidth), on one thread per rank or every "
+    "core as host_optimizer_threads says; the deepspeed launcher leaves each rank every core "
+    "where torchrun and accelerate launch set one thread",
     "under gradient accumulation DDP candidates reduce as grad_sync says (per_step: no_sync on "
     "all but the last micro-step); FSDP2 candidates reduce-scatter on every micro-step, as "
     "their memory is counted: set_requires_gradient_sync(False) would keep every parameter's "
@@ -1180,9 +1205,8 @@ def recorded_threads(count: int) -> tuple[HostThreads, str]:
     return threads, f"the measured run's ranks stepped on {count} thread(s)"
 
 
-def _threads_of(setup: PlanSetup) -> HostThreads | None:
-    threads = setup.host_optimizer_threads
-    return None if threads is None else threads[0]
+def _threads_of(setup: PlanSetup) -> HostThreads:
+    return setup.host_optimizer_threads[0]
 
 
 def _timed_host_optimizer(
@@ -1408,12 +1432,8 @@ def assumptions(setup: PlanSetup) -> Assumptions:
         usable_memory=setup.usable_memory,
         host_optimizer_bandwidth=setup.host_optimizer[0],
         host_optimizer_source=setup.host_optimizer[1],
-        host_optimizer_threads=None if threads is None else threads[0],
-        host_optimizer_threads_source=(
-            "engine deepspeed: its CPU Adam's figure is stated per rank"
-            if threads is None
-            else threads[1]
-        ),
+        host_optimizer_threads=threads[0],
+        host_optimizer_threads_source=threads[1],
         offload_transfer_overlapped=False,
         compute_slowdown_from_overlap=0.0,
         notes=ASSUMPTION_NOTES

@@ -198,10 +198,11 @@ class PlanRequest(StrictModel):
     ] = None
     host_optimizer_threads: HostThreads | None = Field(
         default=None,
-        description="Engine torch, FSDP2's CPU offload: the threads each rank's host optimizer "
-        "steps on. one: OMP_NUM_THREADS=1, as torchrun sets it when a node runs several ranks "
-        "and accelerate launch always does; all: torch's default, every core, a node's only "
-        "rank started by python or torchrun. null = one with several GPUs per node or an "
+        description="The threads each rank's offloaded optimizer step runs on (torch's optimizer "
+        "under FSDP2's CPU offload; DeepSpeed's CPU Adam and the torch ops around it). one: "
+        "OMP_NUM_THREADS=1, as torchrun sets it when a node runs several ranks and accelerate "
+        "launch always does; all: every core, a node's only rank started by python or torchrun, "
+        "or any rank the deepspeed launcher starts. null = one with several GPUs per node or an "
         "accelerate config, else all.",
     )
 
@@ -359,14 +360,11 @@ class PlanAssumptions(BaseModel):
         "or torch's optimizer under FSDP2's CPU offload)."
     )
     host_optimizer_source: str = Field(description="Where host_optimizer_bandwidth comes from.")
-    host_optimizer_threads: HostThreads | None = Field(
-        description="Engine torch: the threads each rank's host optimizer steps on (one or "
-        "all), which host_optimizer_bandwidth is for; null for engine deepspeed (see "
-        "host_optimizer_threads_source)."
+    host_optimizer_threads: HostThreads = Field(
+        description="The threads each rank's offloaded optimizer step runs on (one or all), "
+        "which host_optimizer_bandwidth is for."
     )
-    host_optimizer_threads_source: str = Field(
-        description="Why host_optimizer_threads, or why it is null."
-    )
+    host_optimizer_threads_source: str = Field(description="Why host_optimizer_threads.")
     offload_transfer_overlapped: bool
     compute_slowdown_from_overlap: float = Field(
         description="Compute slowdown while collectives share the GPU (not modelled: 0)."

@@ -23,7 +23,6 @@ from app.schemas.plan import (
     PlanRequest,
     PlanResponse,
 )
-from calculators.conventions import Engine
 from calculators.gpus import PRESETS, Gpu, get_gpu
 from calculators.plan import Efficiency, HostThreads, Learned, plan
 
@@ -58,8 +57,7 @@ def plan_route(
     gpu = plan_gpu(request.gpu)
     efficiency = efficiency_for(request, gpu, store)
     setup = plan_setup(request, gpu, efficiency)
-    threads = setup.host_optimizer_threads
-    host = host_optimizer_for(request, gpu, store, None if threads is None else threads[0])
+    host = host_optimizer_for(request, gpu, store, setup.host_optimizer_threads[0])
     if host is not None:
         setup = replace(
             setup, host_optimizer_bandwidth=host[0], host_optimizer_given_source=host[1]
@@ -247,8 +245,6 @@ def _public(c: Calibration) -> CalibrationPublic:
     threads = None
     if host_optimizer is None:
         note += "; host_optimizer_threads is null: no host optimizer step was timed"
-    elif c.engine != Engine.TORCH.value:
-        note += "; host_optimizer_threads is null: DeepSpeed's CPU Adam is not planned by threads"
     else:
         threads = _threads_stepped(d)
     return CalibrationPublic(
