@@ -214,7 +214,8 @@ def plan(
         str | None,
         typer.Option(
             "--host-optimizer-threads",
-            help="FSDP2's CPU offload: one or all threads per rank; default as launchers set.",
+            help="CPU offload (FSDP2 or DeepSpeed): one or all threads per rank; default as "
+            "launchers set.",
         ),
     ] = None,
     top: Annotated[int, typer.Option("--top", help="Rows to show.")] = 15,

@@ -228,8 +228,8 @@ class PlanSetup:
         host_optimizer_bandwidth: host bytes/s one rank's CPU optimizer streams (None: the
             engine's stated figure, ``host_optimizer``).
         host_optimizer_given_source: where a given ``host_optimizer_bandwidth`` comes from.
-        host_threads: the threads each rank's host optimizer steps on (engine torch; None: as
-            the launchers set them, ``host_optimizer_threads``).
+        host_threads: the threads each rank's offloaded optimizer step runs on (None: as the
+            launchers set them, ``host_optimizer_threads``).
         host_threads_source: why ``host_threads``, where given.
         grad_sync: when DDP (torch stages 0-1) reduces gradients under accumulation (a loop
             without ``no_sync`` reduces on every micro-step); FSDP2 (stages 2-3) is planned
