@@ -38,6 +38,7 @@ from calculators.engines.torch.config import REDUCE_DTYPE, resolve_fsdp_config
 from calculators.engines.torch.peak import (
     CONVERT_OUTPUTS,
     CUBLASLT_WORKSPACE,
+    TRAINER_LOOP,
     biased_linear_threads,
 )
 from calculators.hf_config import architecture_from_hf_config
@@ -310,6 +311,8 @@ def _hf_engine_config(
             )
             config.update(resolve_fsdp_config(given, asked).config)
         config[CONVERT_OUTPUTS] = converted
+    if config.get(TRAINER_LOOP) is True:  # the loop kept the loss alone, as measure ran it
+        config["holds_outputs"] = False
     return config
 
 
@@ -323,7 +326,9 @@ def _converted(result: Mapping[str, Any]) -> bool:
 CAPABILITY = {"NVIDIA H100": 9, "NVIDIA H200": 9}
 
 
-def hf_runs(path: Path, converted_as: bool | None = None) -> list[Run]:
+def hf_runs(
+    path: Path, converted_as: bool | None = None, without: tuple[str, ...] = ()
+) -> list[Run]:
     """``python -m measure.validate_hf``: ``{"world", "size", "cases": [{"family", "engine",
     "checkpointing", "result"}]}``, each result as ``/v1/measure`` returns it.
 
@@ -333,10 +338,13 @@ def hf_runs(path: Path, converted_as: bool | None = None) -> list[Run]:
     decoder's of the config (the GPU run had the built module's own order, which moves
     ZeroRedundancyOptimizer's and FSDP2's shard boundaries by a few tensors at most).
     ``converted_as`` predicts every torch run as if forward had (true) or had not (false) been
-    wrapped as accelerate wraps it (``None``: as each run's resolved config says).
+    wrapped as accelerate wraps it (``None``: as each run's resolved config says). ``without``:
+    keys of the file's ``engine_config`` to predict the runs without (a request that leaves
+    them out).
     """
     data = json.loads(path.read_text())
     given = data.get("engine_config") or {}  # validate_hf --engine-config
+    given = {k: v for k, v in given.items() if k not in without}
     out = []
     patched = False  # one process per file: a stage-3 DeepSpeed engine patches F.linear
     for case in data["cases"]:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from calculators.conventions import Engine, Stage
 from calculators.engines.torch.config import REDUCE_DTYPE, offloads
-from calculators.engines.torch.peak import CONVERT_OUTPUTS, biased_linear_threads
+from calculators.engines.torch.peak import CONVERT_OUTPUTS, TRAINER_LOOP, biased_linear_threads
 from calculators.errors import InputError
 from calculators.model_states import TrainingSetup
 from measure.compare import compare_run
@@ -63,6 +63,7 @@ class RunSettings:
             the canonical decoder the calculator derives from an architecture.
         reduce_dtype: FSDP2 reduce-scatters in this 16-bit dtype (``None``: fp32).
         convert_outputs: forward wrapped as accelerate wraps it (fp32 outputs).
+        trainer_loop: the loop keeps only the loss from forward, as transformers' Trainer does.
     """
 
     device_type: str
@@ -73,10 +74,13 @@ class RunSettings:
     tensors: tuple[tuple[str, tuple[int, ...], str], ...] | None = None
     reduce_dtype: str | None = None
     convert_outputs: bool = False
+    trainer_loop: bool = False
 
     def engine_config(self, engine: Engine, ds_body: dict[str, Any] | None) -> dict[str, Any]:
         """The calculator's ``engine_config`` keys for these facts (its input format)."""
         config: dict[str, Any] = {"holds_outputs": self.holds_outputs}
+        if self.trainer_loop:
+            config[TRAINER_LOOP] = True
         if engine is Engine.DEEPSPEED:
             config.update(ds_body or {})
             if self.device_type != "cuda" or self.linear_patched:
@@ -125,6 +129,7 @@ def run_settings(
         # FSDP2 reduces in the 16-bit dtype where the request's engine_config decided so
         reduce_dtype=ms.engine_config.get(REDUCE_DTYPE) if ms.engine is Engine.TORCH else None,
         convert_outputs=ms.engine is Engine.TORCH and ms.engine_config.get(CONVERT_OUTPUTS) is True,
+        trainer_loop=ms.engine_config.get(TRAINER_LOOP) is True,
     )
 
 

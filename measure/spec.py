@@ -29,6 +29,7 @@ from calculators.config_resolution import CONFIG, Decided, Requested
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.deepspeed.config import resolve_config
 from calculators.engines.torch.config import ENGINE_KEYS, check_offload, resolve_fsdp_config
+from calculators.engines.torch.peak import TRAINER_LOOP
 from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import Offload
@@ -599,6 +600,21 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
         offload = decided.offload
         batch = _decided_batch(batch, decided, model)
         engine_config = dict(decided.config)
+    trainer = engine_config.get(TRAINER_LOOP, False)
+    if not isinstance(trainer, bool):
+        raise InputError(f"engine_config.{TRAINER_LOOP}", "must be true or false")
+    if trainer and model.kind is not ModelKind.HF:
+        raise InputError(
+            f"engine_config.{TRAINER_LOOP}",
+            "transformers' Trainer trains a transformers model (hf_config, or a preset of a "
+            "transformers family), whose forward computes the loss from labels",
+        )
+    hold_outputs = _flag(body, "hold_outputs", not trainer)
+    if hold_outputs and trainer:
+        raise InputError(
+            "hold_outputs",
+            f"contradicts engine_config.{TRAINER_LOOP}: the Trainer keeps the loss alone",
+        )
     spec = MeasureSpec(
         model=model,
         dp=dp,
@@ -611,7 +627,7 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
             warmup_steps=_int(body, "warmup_steps", 2, WARMUP_STEPS),
             steps=_int(body, "steps", 2, STEPS),
             grad_accumulation_steps=batch.grad_accumulation_steps if batch else 1,
-            hold_outputs=_flag(body, "hold_outputs", True),
+            hold_outputs=hold_outputs,
         ),
         batch=batch,
         seed=_int(body, "seed", 0, (0, 2**31 - 1)),

@@ -36,6 +36,7 @@ from torch import nn
 
 from calculators.conventions import Optimizer, Stage
 from calculators.engines.deepspeed.config import parse_config
+from calculators.engines.torch.peak import TRAINER_LOOP
 from measure.comms import CommCounter
 from measure.engines.pytorch import make_optimizer_class
 from measure.host_probe import run_probe
@@ -144,6 +145,16 @@ def _measure(
     baseline = mem.allocated()
     baseline_requested = mem.requested()
 
+    # transformers' Trainer keeps the loss alone (compute_loss): a calculators knob, not
+    # DeepSpeed's
+    config = dict(config)
+    trainer = config.pop(TRAINER_LOOP, False) is True
+
+    def forward(ds: Any, x: Any, y: Any) -> tuple[Any, Any]:
+        if trainer:  # the outputs die as compute_loss returns
+            return None, workload.forward(ds, x, y)[1]
+        return workload.forward(ds, x, y)
+
     progress(0.0, "building the model")
     model = workload.build(torch.device("cpu"))  # fp32 on the CPU; DeepSpeed moves and casts it
     opt_cls, opt_kwargs = make_optimizer_class(optimizer)
@@ -168,7 +179,7 @@ def _measure(
             for micro in range(plan.grad_accumulation_steps):  # DeepSpeed steps at the boundary
                 x, y = workload.make_batch(device, gen)
                 counter.phase = "forward"
-                logits, loss = workload.forward(engine, x, y)
+                logits, loss = forward(engine, x, y)
                 if recorded and micro == 0:
                     sync(device)
                     phases["after_forward"] = mem.allocated() - baseline
@@ -202,7 +213,7 @@ def _measure(
         progress((plan.warmup_steps + 1 + i) / plan.total_steps, f"timed step {i + 1}")
         for micro in range(plan.grad_accumulation_steps):
             x, y = workload.make_batch(device, gen)
-            logits, loss = workload.forward(engine, x, y)
+            logits, loss = forward(engine, x, y)
             engine.backward(loss)
             if offloaded and micro == plan.grad_accumulation_steps - 1:
                 # the boundary: CPU Adam over the host partition, then the updated parameters'

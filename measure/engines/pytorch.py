@@ -32,7 +32,7 @@ from torch import nn
 
 from calculators.conventions import Optimizer, Precision, Stage
 from calculators.engines.torch.config import REDUCE_DTYPE, offloads
-from calculators.engines.torch.peak import CONVERT_OUTPUTS
+from calculators.engines.torch.peak import CONVERT_OUTPUTS, TRAINER_LOOP
 from calculators.errors import InputError
 from calculators.traffic import GradSync
 from measure.comms import CommCounter
@@ -270,6 +270,7 @@ def _measure(
     phases: dict[str, int] = {"after_init": mem.allocated()}
 
     held: list[torch.Tensor] = []
+    trainer = spec.engine_config.get(TRAINER_LOOP) is True  # transformers' Trainer
 
     def reduces(i: int) -> contextlib.AbstractContextManager[Any]:
         """grad_sync per_step: DDP's no_sync on all but the last micro-step."""
@@ -285,12 +286,15 @@ def _measure(
         for i, (x, y) in enumerate(batches):
             with reduces(i):  # forward and backward: DDP reads the flag in both
                 with engine.autocast():
-                    out, loss = workload.forward(engine.module, x, y)
+                    if trainer:  # compute_loss returns the loss alone: the outputs die here
+                        out, loss = None, workload.forward(engine.module, x, y)[1]
+                    else:
+                        out, loss = workload.forward(engine.module, x, y)
                 held.clear()  # a loop rebinding ``out``/``loss`` frees the previous ones now
                 if probe is not None and i == 0:
                     probe("after_forward")
                 loss.backward()
-            if plan.hold_outputs:
+            if plan.hold_outputs and out is not None:
                 held.extend((out, loss))
             del out, loss
         if probe is not None:

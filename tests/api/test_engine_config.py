@@ -763,3 +763,41 @@ def test_an_accelerate_config_without_a_policy_says_how_accelerate_reduces(
         client, "/v1/memory", {**request, "engine_config": {"reshard_after_forward": True}}
     )
     assert plain["resolved_config"]["notes"] == []
+
+
+# --- transformers' Trainer loop ----------------------------------------------------------------
+
+LLAMA_1B = json.loads(
+    (Path(__file__).resolve().parents[2] / "bench/hf_configs/llama-1b.json").read_text()
+)
+
+
+@pytest.mark.parametrize("engine", ["torch", "deepspeed"])
+def test_trainer_loop_drops_the_logits_before_backward(client: TestClient, engine: str) -> None:
+    body = {
+        "model": {"hf_config": LLAMA_1B},
+        "dp": 8,
+        "engine": engine,
+        "precision": "mixed_bf16",
+        "batch": {"micro_batch_size": 4, "seq_len": 4096},
+        "stages": [2, 3],
+    }
+    kept = post(client, "/v1/memory", body)["stages"]
+    dropped = post(client, "/v1/memory", {**body, "engine_config": {"trainer_loop": True}})
+    logits = 2 * 4 * 4096 * LLAMA_1B["vocab_size"]  # 16-bit, freed as forward returns
+    for k, d in zip(kept, dropped["stages"], strict=True):
+        # the loss's backward sets these peaks: without the logits, and none held between steps
+        assert k["per_device"]["peak"] - d["per_device"]["peak"] == pytest.approx(logits, rel=0.01)
+        assert d["per_device"]["resident"] < k["per_device"]["resident"]
+
+
+def test_trainer_loop_is_refused_where_it_cannot_hold(client: TestClient) -> None:
+    gpt = {"model": {"preset": "gpt2"}, "dp": 8, "engine": "torch", "batch": BATCH}
+    bad = post(client, "/v1/memory", {**gpt, "engine_config": {"trainer_loop": True}}, 422)
+    assert fields(bad) == {"engine_config.trainer_loop"}
+    llama = {**gpt, "model": {"hf_config": LLAMA_1B}}
+    both = {"trainer_loop": True, "holds_outputs": True}
+    bad = post(client, "/v1/memory", {**llama, "engine_config": both}, 422)
+    assert fields(bad) == {"engine_config.holds_outputs"}
+    bad = post(client, "/v1/memory", {**llama, "engine_config": {"trainer_loop": "yes"}}, 422)
+    assert fields(bad) == {"engine_config.trainer_loop"}

@@ -92,13 +92,18 @@ def _staging(func: Any, args: Any) -> int:
     return reduction_scratch(grad.numel() // rows, rows)
 
 
-def _measured(config: dict[str, Any], stage: int, checkpointing: bool) -> tuple[int, int]:
+def _measured(
+    config: dict[str, Any], stage: int, checkpointing: bool, trainer: bool = False
+) -> tuple[int, int]:
     """The largest live total after the first gradient hook, above the end of forward; the
-    end of forward's total."""
+    end of forward's total (``trainer``: the loop keeps the loss alone, as transformers'
+    Trainer does)."""
     torch.manual_seed(0)
     model = build_hf(hf_config(config), torch.device("cpu"), checkpointing).to(torch.bfloat16)
 
     def forward(ids: Any) -> tuple[Any, Any]:
+        if trainer:
+            return None, model(input_ids=ids, labels=ids.clone()).loss
         out = model(input_ids=ids, labels=ids.clone())
         return out.logits, out.loss
 
@@ -134,15 +139,20 @@ def _live_count(
         logits, loss = forward(ids)
         end_of_forward = mode.live()
         loss.backward()
-    assert logits is not None
+    del logits  # held through backward unless the loop dropped it (None)
     return mode.peak_after_hook - end_of_forward, end_of_forward
 
 
-def _predicted(config: dict[str, Any], stage: int, checkpointing: bool) -> int:
-    return _predicted_for(architecture_from_hf_config(config), stage, checkpointing)
+def _predicted(
+    config: dict[str, Any], stage: int, checkpointing: bool, trainer: bool = False
+) -> int:
+    arch = architecture_from_hf_config(config)
+    return _predicted_for(arch, stage, checkpointing, trainer=trainer)
 
 
-def _predicted_for(arch: Architecture, stage: int, checkpointing: bool, seq: int = SEQ) -> int:
+def _predicted_for(
+    arch: Architecture, stage: int, checkpointing: bool, seq: int = SEQ, trainer: bool = False
+) -> int:
     ckpt = Checkpointing.FULL if checkpointing else Checkpointing.NONE
     setup = TrainingSetup(
         params=count_params(arch),
@@ -152,7 +162,7 @@ def _predicted_for(arch: Architecture, stage: int, checkpointing: bool, seq: int
         engine=Engine.DEEPSPEED,
         architecture=arch,
         batch=Batch(1, seq, ckpt, 1),
-        engine_config={"holds_outputs": True},
+        engine_config={"trainer_loop": True} if trainer else {"holds_outputs": True},
     )
     knobs = parse_config(setup.engine_config)
     params, _ = param_list(setup)
@@ -190,6 +200,24 @@ def test_backward_moments_match_a_live_storage_count(
     # vectors of tokens or hidden elements (norm statistics, labels, a norm weight's
     # gradient) are left out of the formulas: within 0.25 % of what forward keeps
     assert abs(predicted - measured) <= forward // 400, (predicted, measured, forward)
+
+
+@pytest.mark.parametrize(
+    ("family", "stage", "checkpointing"),
+    [("mistral", 1, False), ("mistral", 2, False), ("qwen2", 1, True)],
+)
+def test_backward_moments_under_transformers_trainer_loop(
+    family: str, stage: int, checkpointing: bool
+) -> None:
+    # transformers' Trainer keeps the loss alone: the logits are gone before backward
+    config = family_config(family, "small")
+    config["num_hidden_layers"] = 2
+    measured, forward = _measured(config, stage, checkpointing, trainer=True)
+    predicted = _predicted(config, stage, checkpointing, trainer=True)
+    assert abs(predicted - measured) <= forward // 400, (predicted, measured, forward)
+    # what forward leaves alive lacks the 16-bit logits, and only them
+    _, kept = _measured(config, stage, checkpointing)
+    assert kept - forward == 2 * SEQ * config["vocab_size"]
 
 
 # the canonical decoder (measure.workloads.GPT): a small vocabulary, so the last block's MLP

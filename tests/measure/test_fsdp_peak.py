@@ -31,7 +31,7 @@ from calculators.batch import Batch  # noqa: E402
 from calculators.conventions import Engine, Optimizer, Precision, Stage  # noqa: E402
 from calculators.engines.torch.config import REDUCE_DTYPE  # noqa: E402
 from calculators.engines.torch.memory import estimate  # noqa: E402
-from calculators.engines.torch.peak import CONVERT_OUTPUTS  # noqa: E402
+from calculators.engines.torch.peak import CONVERT_OUTPUTS, TRAINER_LOOP  # noqa: E402
 from calculators.model_states import TrainingSetup  # noqa: E402
 from measure.engines.pytorch import build_engine, root_reshards_after_forward  # noqa: E402
 from measure.memory import LiveStorages  # noqa: E402
@@ -247,15 +247,20 @@ def _hf_step(
                 convert_outputs=spec.engine_config.get(CONVERT_OUTPUTS) is True,
             )
             held: list[torch.Tensor] = []
+            trainer = spec.engine_config.get(TRAINER_LOOP) is True
             for step in range(2):
                 if step == 1:  # the optimizer states exist from the first step on
                     mode.peak = 0
                 mode.phase = "forward"
-                out, loss = workload.forward(engine.module, x, y)
+                if trainer:  # transformers' Trainer: compute_loss returns the loss alone
+                    out, loss = None, workload.forward(engine.module, x, y)[1]
+                else:
+                    out, loss = workload.forward(engine.module, x, y)
                 held.clear()
                 mode.phase = "backward"
                 loss.backward()
-                held.extend((out, loss))
+                if out is not None:
+                    held.extend((out, loss))
                 del out, loss
                 mode.phase = "step"
                 engine.optimizer.step()
@@ -368,6 +373,37 @@ def test_fsdp2_peak_with_accelerates_fp32_outputs(
     # the held fp32 logits replace 16-bit ones: twice their bytes (2 × 2 × tokens × vocab)
     assert got["resident"] > plain["resident"] and got["peak"] > plain["peak"]
     assert got["p_peak"] - plain["p_peak"] == pytest.approx(got["peak"] - plain["peak"], rel=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "world", "stage", "checkpointing", "engine_config", "shape"),
+    [
+        ("llama", 2, Stage.GRADIENTS, "none", {}, {}),
+        ("llama", 2, Stage.PARAMETERS, "none", {CONVERT_OUTPUTS: True}, {}),
+        ("phi3", 4, Stage.PARAMETERS, "none", {CONVERT_OUTPUTS: True}, {"seq_len": 16}),
+        ("mixtral", 2, Stage.PARAMETERS, "full", {}, {}),
+    ],
+)
+def test_fsdp2_peak_under_transformers_trainer_loop(
+    family: str,
+    world: int,
+    stage: Stage,
+    checkpointing: str,
+    engine_config: dict[str, Any],
+    shape: dict[str, int],
+) -> None:
+    """transformers' Trainer keeps the loss alone: the logits (fp32 under accelerate's wrapper)
+    die as forward returns and nothing is held between steps; the count and the prediction
+    drop together."""
+    pytest.importorskip("transformers")
+    plain = _hf_step(family, world, stage, checkpointing, engine_config or None, **shape)
+    got = _hf_step(
+        family, world, stage, checkpointing, {**engine_config, TRAINER_LOOP: True}, **shape
+    )
+    assert abs(got["p_resident"] - got["resident"]) <= 0.005 * got["resident"], got
+    assert abs(got["p_peak"] - got["peak"]) <= 0.005 * got["peak"], got
+    assert got["peak"] < plain["peak"] and got["p_peak"] < plain["p_peak"], (got, plain)
 
 
 @pytest.mark.slow

@@ -90,3 +90,17 @@ def test_host_probe_is_a_flag_or_left_to_the_device(value: bool | None, read: bo
     flag = [] if value is None else ["--host-probe" if value else "--no-host-probe"]
     args = ["--architecture", '{"layers": 2, "hidden": 64, "heads": 2, "vocab_size": 128}']
     assert parse_args([*args, *flag])["host_probe"] is read
+
+
+def test_trainer_loop_keeps_the_loss_alone() -> None:
+    from measure.hf_families import family_config
+
+    hf = {"model": {"hf_config": family_config("llama", "tiny")}, "engine": "torch"}
+    spec = parse_spec(_body(**hf, engine_config={"trainer_loop": True}))
+    assert spec.plan.hold_outputs is False
+    with pytest.raises(InputError) as err:
+        parse_spec(_body(**hf, engine_config={"trainer_loop": True}, hold_outputs=True))
+    assert err.value.field == "hold_outputs"
+    with pytest.raises(InputError) as err:  # measure's own GPT computes no loss from labels
+        parse_spec(_body(engine="torch", engine_config={"trainer_loop": True}))
+    assert err.value.field == "engine_config.trainer_loop"

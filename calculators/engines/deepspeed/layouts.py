@@ -40,6 +40,7 @@ from calculators.engines.torch.peak import (
     CUBLASLT_WORKSPACE,
     biased_linear_threads,
     holds_outputs,
+    trainer_loop,
 )
 from calculators.model_states import NOWHERE, Placement, TrainingSetup, placement
 from calculators.parameters import (
@@ -302,6 +303,9 @@ class StepShape:
     last_layer_backward: int | None = None
     first_layer_backward: int = 0
     last_layer_backward_moved: int | None = None
+    # the 16-bit logits a loop that keeps only the loss (transformers' Trainer) drops as forward
+    # returns: alive inside the model's forward only, not in ``acts``
+    dropped_logits: int = 0
 
     def first_gradient(self, numels: Sequence[int]) -> int:
         """The gradient the head's backward makes first: its weight's, which exists even when
@@ -324,6 +328,11 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
     if arch is None or batch is None:
         return StepShape(None, 0, 0, 0)
     acts = activations(arch, batch, Regime.HALF)
+    dropped = 0
+    if trainer_loop(knobs.extra, arch):
+        # transformers' Trainer keeps the loss alone: the logits die as forward returns
+        dropped = acts.logits
+        acts = replace(acts, logits=0)
     t, v = batch.tokens, arch.vocab_size
     held = 0
     if holds_outputs(knobs.extra):
@@ -369,6 +378,7 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         layer,
         first_layer,
         layer_moved,
+        dropped,
     )
 
 
@@ -424,12 +434,12 @@ def forward_moments(
     }
     assert shape.acts is not None  # shape.known
     cache = shape.acts.cache_only
-    if cache:
+    if cache or shape.dropped_logits:
         # inside the model's forward, computing the loss from ``labels``: its key/value cache
         # (dropped with the output once the loop has the loss) and the fp32 copy of the logits
         # that log_softmax reads
         out["loss_forward"] = Moment(
-            shape.end_of_forward,
+            shape.end_of_forward + shape.dropped_logits,
             {
                 "kv_cache": cache,
                 "loss_transient": shape.acts.loss_transient,

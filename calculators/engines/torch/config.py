@@ -38,7 +38,7 @@ from calculators.config_resolution import (
     decided_stages,
 )
 from calculators.conventions import FP32_BYTES, HALF_BYTES, OffloadDevice, Precision, Stage
-from calculators.engines.torch.peak import CONVERT_OUTPUTS
+from calculators.engines.torch.peak import CONVERT_OUTPUTS, TRAINER_LOOP
 from calculators.errors import InputError
 from calculators.model_states import Offload
 
@@ -287,6 +287,16 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
                 raise InputError(f"{CONFIG}.{where}", "must be true or false")
             body[key] = value
             values.append(Resolved(where, value, "config: " + _outputs_meaning(value)))
+        elif key == TRAINER_LOOP:
+            if not isinstance(value, bool):
+                raise InputError(f"{CONFIG}.{where}", "must be true or false")
+            body[key] = value
+            meaning = (
+                "transformers' Trainer keeps the loss alone: the logits die as forward returns"
+                if value
+                else "the loop keeps the model's outputs"
+            )
+            values.append(Resolved(where, value, "config: " + meaning))
         elif key in NO_EFFECT_KEYS:
             values.append(Resolved(where, value, "config; no effect on the modelled step"))
         elif key == "fsdp_version":
@@ -362,7 +372,7 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
         else:
             accepted = (
                 "reshard_after_forward, mixed_precision (MixedPrecisionPolicy), offload_policy, "
-                f"fsdp_version and accelerate's fsdp_* keys, {CONVERT_OUTPUTS}, "
+                f"fsdp_version and accelerate's fsdp_* keys, {CONVERT_OUTPUTS}, {TRAINER_LOOP}, "
                 + ", ".join(ENGINE_KEYS)
             )
             raise InputError(

@@ -114,10 +114,39 @@ def cublaslt_workspace_bytes(
     return CUBLASLT_WORKSPACE * biased_linear_threads(arch, batch)
 
 
+# transformers' Trainer keeps the loss alone: ``training_step`` calls ``compute_loss``, which
+# returns ``outputs["loss"]``, so the model output, logits included, dies as it returns, before
+# ``accelerator.backward(loss)``; between steps the loop keeps ``loss.detach()`` only.
+TRAINER_LOOP = "trainer_loop"
+
+
+def trainer_loop(config: Mapping[str, Any], arch: Architecture | None = None) -> bool:
+    """Whether the loop keeps only the loss from forward, as transformers' Trainer does (its
+    model computes the loss from ``labels``, so ``arch`` must be a transformers model)."""
+    value = config.get(TRAINER_LOOP, False)
+    if not isinstance(value, bool):
+        raise InputError(f"engine_config.{TRAINER_LOOP}", "must be true or false")
+    if value and arch is not None and arch.modelling is None:
+        raise InputError(
+            f"engine_config.{TRAINER_LOOP}",
+            "transformers' Trainer trains a transformers model, whose forward computes the loss "
+            "from labels: give the model as hf_config or a preset of a transformers family",
+        )
+    return value
+
+
 def holds_outputs(config: Mapping[str, Any]) -> bool:
-    value = config.get("holds_outputs", True)
+    """Whether the loop keeps its last logits and loss between steps (never under
+    :data:`TRAINER_LOOP`)."""
+    trainer = trainer_loop(config)
+    value = config.get("holds_outputs", not trainer)
     if not isinstance(value, bool):
         raise InputError("engine_config.holds_outputs", "must be true or false")
+    if value and trainer:
+        raise InputError(
+            "engine_config.holds_outputs",
+            f"contradicts {TRAINER_LOOP}: transformers' Trainer keeps the loss alone",
+        )
     return value
 
 
@@ -138,13 +167,16 @@ def converts_outputs(config: Mapping[str, Any]) -> bool:
 
 
 def returned_activations(
-    acts: ActivationBreakdown, regime: Regime, fp32_outputs: bool
+    acts: ActivationBreakdown, regime: Regime, fp32_outputs: bool, dropped: bool = False
 ) -> ActivationBreakdown:
     """``acts`` as the loop finds them once the model has returned: under accelerate's
     ``convert_outputs_to_fp32`` (``fp32_outputs``, mixed precision) the caller holds an fp32
     copy of the 16-bit logits, made as forward returns, and the 16-bit logits die with the
     model output they came in (nothing saved them: ``logits.float()``'s backward keeps no
-    input)."""
+    input). A loop that keeps only the loss (``dropped``, :data:`TRAINER_LOOP`) holds no
+    logits at all."""
+    if dropped:
+        return replace(acts, logits=0)
     if regime is Regime.FP32 or not fp32_outputs:
         return acts
     return replace(acts, logits=acts.logits * FP32_BYTES // HALF_BYTES)
@@ -362,7 +394,7 @@ def step_memory(
     """
     inside = activations(arch, batch, regime)
     # from here on, the activations as the loop holds them after the model returned
-    acts = returned_activations(inside, regime, fp32_outputs)
+    acts = returned_activations(inside, regime, fp32_outputs, trainer_loop(config, arch))
     converted = acts is not inside
     # logits + the loss scalar; a transformers model's key/value cache dies with its output
     # object, which the loop (like transformers' Trainer) does not keep: it is alive only while
