@@ -1190,7 +1190,7 @@ def _host_optimizer_only(setup: PlanSetup, config: Config, measured: float) -> C
         other_seconds=step.optimizer_step,
         predicted_step_seconds=step.total,
         host_optimizer_bandwidth=setup.host_optimizer_bandwidth,
-        host_optimizer_threads=_threads_of(setup),
+        host_optimizer_threads=setup.host_optimizer_threads[0],
         notes=(
             *_offload_note(setup, config, step, measured, True),
             _offloaded_step_note("neither figure is"),
@@ -1203,10 +1203,6 @@ def recorded_threads(count: int) -> tuple[HostThreads, str]:
     source that says so."""
     threads = HostThreads.ONE if count == 1 else HostThreads.ALL
     return threads, f"the measured run's ranks stepped on {count} thread(s)"
-
-
-def _threads_of(setup: PlanSetup) -> HostThreads:
-    return setup.host_optimizer_threads[0]
 
 
 def _timed_host_optimizer(
@@ -1281,6 +1277,7 @@ def calibrate(
         raise InputError("figure", "both figures from one run need the run's host probe")
     setup, timed = _timed_host_optimizer(setup, config, host_optimizer_seconds)
     host_bandwidth = setup.host_optimizer_bandwidth if timed else None
+    host_threads = setup.host_optimizer_threads[0] if timed else None
     if learn is Learned.HOST_OPTIMIZER and not timed:
         raise InputError(
             "figure",
@@ -1316,7 +1313,7 @@ def calibrate(
             other_seconds=other,
             predicted_step_seconds=step.total,
             host_optimizer_bandwidth=host_bandwidth,
-            host_optimizer_threads=None if host_bandwidth is None else _threads_of(setup),
+            host_optimizer_threads=host_threads,
             notes=skipped,
         )
     assert probe is not None
@@ -1392,7 +1389,7 @@ def calibrate(
         probe_gpu_seconds=fit.gpu_seconds,
         probe_other_seconds=fit.other_seconds,
         host_optimizer_bandwidth=host_bandwidth,
-        host_optimizer_threads=None if host_bandwidth is None else _threads_of(setup),
+        host_optimizer_threads=host_threads,
         notes=tuple(notes),
     )
 

@@ -29,7 +29,7 @@ from calculators.config_resolution import CONFIG, Decided, Requested
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.deepspeed.config import resolve_config
 from calculators.engines.torch.config import ENGINE_KEYS, check_offload, resolve_fsdp_config
-from calculators.engines.torch.peak import TRAINER_LOOP
+from calculators.engines.torch.peak import TRAINER_LOOP, trainer_loop
 from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import Offload
@@ -600,9 +600,7 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
         offload = decided.offload
         batch = _decided_batch(batch, decided, model)
         engine_config = dict(decided.config)
-    trainer = engine_config.get(TRAINER_LOOP, False)
-    if not isinstance(trainer, bool):
-        raise InputError(f"engine_config.{TRAINER_LOOP}", "must be true or false")
+    trainer = trainer_loop(engine_config)
     if trainer and model.kind is not ModelKind.HF:
         raise InputError(
             f"engine_config.{TRAINER_LOOP}",

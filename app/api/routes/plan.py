@@ -66,7 +66,7 @@ def plan_route(
 
 
 def host_optimizer_for(
-    request: PlanRequest, gpu: Gpu, store: JobStore, threads: HostThreads | None = None
+    request: PlanRequest, gpu: Gpu, store: JobStore, threads: HostThreads
 ) -> tuple[float, str] | None:
     """The host optimizer bandwidth the request gives, else the newest calibration of this GPU,
     precision and engine that timed an offloaded run's host optimizer step on as many threads
@@ -81,15 +81,14 @@ def host_optimizer_for(
             for c in found
             if c.engine == request.engine.value
             and c.detail.get("host_optimizer_bandwidth")
-            and (threads is None or _threads_stepped(c.detail) is threads)
+            and _threads_stepped(c.detail) is threads
         ),
         None,
     )
     if chosen is None:
         return None
     return float(chosen.detail["host_optimizer_bandwidth"]), (
-        f"{_source(chosen)}, its host optimizer step timed"
-        + ("" if threads is None else f" on {threads.value} thread(s) per rank")
+        f"{_source(chosen)}, its host optimizer step timed on {threads.value} thread(s) per rank"
     )
 
 

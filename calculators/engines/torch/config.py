@@ -282,21 +282,11 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
     for key, (where, value) in flat.items():
         if key in ENGINE_KEYS:
             body[key] = value
-        elif key == CONVERT_OUTPUTS:
+        elif key in (CONVERT_OUTPUTS, TRAINER_LOOP):  # the loop's switches
             if not isinstance(value, bool):
                 raise InputError(f"{CONFIG}.{where}", "must be true or false")
             body[key] = value
-            values.append(Resolved(where, value, "config: " + _outputs_meaning(value)))
-        elif key == TRAINER_LOOP:
-            if not isinstance(value, bool):
-                raise InputError(f"{CONFIG}.{where}", "must be true or false")
-            body[key] = value
-            meaning = (
-                "transformers' Trainer keeps the loss alone: the logits die as forward returns"
-                if value
-                else "the loop keeps the model's outputs"
-            )
-            values.append(Resolved(where, value, "config: " + meaning))
+            values.append(Resolved(where, value, "config: " + _loop_meaning(key, value)))
         elif key in NO_EFFECT_KEYS:
             values.append(Resolved(where, value, "config; no effect on the modelled step"))
         elif key == "fsdp_version":
@@ -410,7 +400,7 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
                 True,
                 "accelerate's fsdp_config keys: the run goes through accelerate, whose "
                 "prepare_model wraps forward under bf16/fp16 mixed precision; "
-                + _outputs_meaning(True),
+                + _loop_meaning(CONVERT_OUTPUTS, True),
             )
         )
     if body.get(CONVERT_OUTPUTS) and not precision.is_mixed:
@@ -459,7 +449,11 @@ def resolve_fsdp_config(config: Mapping[str, Any], req: Requested) -> Decided:
     )
 
 
-def _outputs_meaning(on: bool) -> str:
+def _loop_meaning(key: str, on: bool) -> str:
+    if key == TRAINER_LOOP:
+        if on:
+            return "transformers' Trainer keeps the loss alone: the logits die as forward returns"
+        return "the loop keeps the model's outputs"
     if on:
         return (
             "forward runs under autocast and returns an fp32 copy of its 16-bit logits "
