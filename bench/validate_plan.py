@@ -121,6 +121,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="no GPU: re-predict the measured step times in these plan_validation / "
         "plan_profile JSON files with the current model and write plan_model_check.md",
     )
+    ap.add_argument(
+        "--host-optimizer-bandwidth",
+        type=float,
+        default=None,
+        metavar="BYTES_PER_S",
+        help="with --report: predict at this host optimizer bandwidth per rank instead of the "
+        "stated one (e.g. 37.5e9, DeepSpeed's figure before its runs were measured)",
+    )
     return ap.parse_args(argv)
 
 
@@ -373,6 +381,12 @@ def report_files(args: argparse.Namespace) -> int:
         except ValueError as err:
             print(f"{name}: {err}")
             return 2
+        if args.host_optimizer_bandwidth is not None:
+            setup = replace(
+                setup,
+                host_optimizer_bandwidth=args.host_optimizer_bandwidth,
+                host_optimizer_given_source="given by --host-optimizer-bandwidth",
+            )
         env = body.get("environment") or {}
         result = {
             "source": name,

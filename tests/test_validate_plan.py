@@ -181,3 +181,22 @@ def test_committed_offload_runs_are_predicted_on_the_threads_they_recorded() -> 
     assert derived.host_optimizer_threads is not None
     assert derived.host_optimizer_threads[0] is HostThreads.ALL
     assert derived.host_optimizer[0] > setup.host_optimizer[0]
+
+
+def test_a_report_at_a_given_host_bandwidth(tmp_path: Path) -> None:
+    """--host-optimizer-bandwidth re-predicts committed offloaded runs at that figure: the 1B
+    GPT's one-thread DeepSpeed run at Nd 2, 3.24 GB/s as stated now, reads far too fast at the
+    37.5 GB/s stated before."""
+    pytest.importorskip("fastapi")
+    import json
+
+    run = ROOT / "bench/results/plan_validation/ds_offload_h200x2_gpt_nd2.json"
+    errors = {}
+    for given in (None, 37.5e9):
+        out = tmp_path / str(given)
+        argv = ["--report", str(run), "--out", str(out)]
+        argv += [] if given is None else ["--host-optimizer-bandwidth", str(given)]
+        assert validate_plan.main(argv) == 0
+        (body,) = json.loads((out / "plan_model_check.json").read_text())
+        errors[given] = body["median_abs_error_default"]
+    assert errors[None] < 0.05 < 0.85 < errors[37.5e9]
