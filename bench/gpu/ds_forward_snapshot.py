@@ -15,7 +15,10 @@ A world of one gathers nothing (each parameter's gathered copy is its partition)
 ``--hf-config`` builds a real model's ``config.json`` instead, with the zero_optimization knobs
 transformers' Trainer fills from its hidden size ("auto"), ``--offload`` adds the CPU optimizer
 and parameter offload of transformers' sample ZeRO-3 config, ``--checkpointing`` turns on
-transformers' gradient checkpointing::
+transformers' gradient checkpointing, ``--trace-gathers`` records every all-gather of that forward
+(``deepspeed.comm.allgather_fn``): its input's size, whether it was waited on, and, for an input
+still alive after forward, whether the allocator still holds its block and which Python objects
+refer to it (none: only C++ holds it, e.g. the process group's stash)::
 
     NCCL_NVLS_ENABLE=0 DS_ACCELERATOR=cuda PYTHONPATH=$PWD torchrun --nproc-per-node 2 \\
         bench/gpu/ds_forward_snapshot.py --hf-config bench/hf_configs/tinyllama-1.1b.json \\
@@ -26,10 +29,13 @@ transformers' gradient checkpointing::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
 import time
+import traceback
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +56,7 @@ def run(
     offload: bool = False,
     checkpointing: bool = False,
     settle_s: float = 0.0,
+    trace_gathers: bool = False,
 ) -> dict[str, Any]:
     import deepspeed
     import torch
@@ -102,6 +109,8 @@ def run(
         engine.step()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
+    gathers: list[Gather] = []
+    restore = _trace_gathers(gathers) if trace_gathers else None
     torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     loss = engine(input_ids=x, labels=x).loss
     torch.cuda.synchronize()
@@ -109,6 +118,9 @@ def run(
     after = torch.cuda.memory_allocated()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
+    if restore is not None:
+        restore()
+    traced = [g.report(snap) for g in gathers]
     blocks = [
         {
             "size": b["size"],
@@ -131,7 +143,93 @@ def run(
         "allocated_before_forward": before,
         "allocated_after_forward": after,
         "blocks": blocks,
+        "gathers": traced,
     }
+
+
+class Gather:
+    """One all-gather of the traced forward: a weak reference to its input, and its work object
+    wrapped so that a wait on it is seen."""
+
+    def __init__(self, work: Any, source: Any, frames: list[str]) -> None:
+        import torch
+
+        self.work = work
+        self.source = weakref.ref(source)
+        self.ptr = source.data_ptr()
+        self.nbytes = source.numel() * source.element_size()
+        self.frames = frames
+        self.side_stream = torch.cuda.current_stream() != torch.cuda.default_stream()
+        self.waited = False
+
+    def wait(self, *a: Any, **k: Any) -> Any:
+        self.waited = True
+        return self.work.wait(*a, **k)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
+
+    def report(self, snap: dict[str, Any]) -> dict[str, Any]:
+        """What became of the input: alive, in an allocated block, referred to by whom."""
+        source = self.source()
+        held = next(
+            (
+                b["state"]
+                for seg in snap["segments"]
+                for b in _blocks_of(seg)
+                if b["address"] <= self.ptr < b["address"] + b["size"]
+            ),
+            "no segment",
+        )
+        referrers = (
+            []
+            if source is None
+            else sorted({type(r).__name__ for r in gc.get_referrers(source) if r is not self})
+        )
+        return {
+            "bytes": self.nbytes,
+            "waited": self.waited,
+            "completed": bool(self.work.is_completed()),
+            "alive": source is not None,
+            "block": held,
+            "side_stream": self.side_stream,
+            "referrers": referrers,
+            "frames": self.frames,
+        }
+
+
+def _blocks_of(segment: dict[str, Any]) -> list[dict[str, Any]]:
+    """A snapshot segment's blocks with their addresses."""
+    address, out = segment["address"], []
+    for b in segment["blocks"]:
+        out.append({**b, "address": address})
+        address += b["size"]
+    return out
+
+
+def _trace_gathers(into: list[Gather]) -> Any:
+    """Wrap ``deepspeed.comm.allgather_fn`` so each call's input and wait are recorded; returns
+    the function that puts it back."""
+    import deepspeed.comm as dist
+
+    original = dist.allgather_fn
+
+    def traced(output_tensor: Any, input_tensor: Any, *a: Any, **k: Any) -> Any:
+        work = original(output_tensor, input_tensor, *a, **k)
+        if work is None:
+            return work
+        frames = [
+            f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack()[-6:-1]
+        ]
+        into.append(Gather(work, input_tensor, frames))
+        return into[-1]
+
+    dist.allgather_fn = traced
+
+    def restore() -> None:
+        dist.allgather_fn = original
+
+    return restore
 
 
 def report(paths: list[str]) -> None:
@@ -153,6 +251,23 @@ def report(paths: list[str]) -> None:
                 site[2] += b["requested"]
         for where, (count, size, requested) in sorted(sites.items(), key=lambda kv: -kv[1][1]):
             print(f"  {count:4d} {size / mib:9.1f} MiB (requested {requested / mib:9.1f})  {where}")
+        kinds: dict[tuple[Any, ...], list[int]] = {}
+        for g in data.get("gathers", []):
+            key = (
+                g["waited"],
+                g["alive"],
+                g["block"],
+                g["side_stream"],
+                ",".join(g["referrers"]),
+            )
+            kinds.setdefault(key, [0, 0])
+            kinds[key][0] += 1
+            kinds[key][1] += g["bytes"]
+        for (waited, alive, held, side, refs), (count, nbytes) in sorted(kinds.items()):
+            print(
+                f"  gathers: {count:4d} inputs {nbytes / mib:8.1f} MiB  waited={waited} "
+                f"alive={alive} block={held} side_stream={side} referrers=[{refs}]"
+            )
 
 
 def main() -> None:
@@ -171,6 +286,7 @@ def main() -> None:
         default=0.0,
         help="seconds to wait after forward before the snapshot",
     )
+    ap.add_argument("--trace-gathers", action="store_true", help="record each all-gather's input")
     ap.add_argument("--depth", type=int, default=10)
     ap.add_argument("--min-mib", type=float, default=4.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/dssnap"))
@@ -204,6 +320,7 @@ def main() -> None:
         a.offload,
         a.checkpointing,
         a.settle_s,
+        a.trace_gathers,
     )
     if int(os.environ["RANK"]) != 0:
         return
@@ -213,6 +330,7 @@ def main() -> None:
         f"{Path(a.hf_config).stem}{'_offload' if a.offload else ''}"
         f"{'_full' if a.checkpointing else ''}"
         f"{f'_settle{a.settle_s:g}s' if a.settle_s else ''}"
+        f"{'_gathers' if a.trace_gathers else ''}"
         if a.hf_config
         else f"{a.family}_{a.size}_{a.variant}"
     )
