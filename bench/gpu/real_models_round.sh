@@ -34,7 +34,9 @@
 # sliding-window mask) at Nd 2 on GPUs 0,1. SET=15 runs Llama-3.1-8B on padded batches at Nd 4:
 # FSDP2 stage 3 without checkpointing, DeepSpeed stage 3 at 8,192 tokens with it. SET=16 trains
 # in fp32 on padded 1,000-token batches (the memory-efficient kernel with grouped-query heads
-# expanded) at Nd 2 on GPUs 0,1: Qwen3-0.6B and SmolLM2-360M under the torch engines.
+# expanded) at Nd 2 on GPUs 0,1: Qwen3-0.6B and SmolLM2-360M under the torch engines. SET=17
+# runs SET=12's config (optimizer and parameters offloaded) on other models and batch shapes at
+# Nd 2 on GPUs 0,1: SmolLM2-360M, Gemma-3-1B, TinyLlama-1.1B and Qwen3-0.6B.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -160,6 +162,11 @@ elif [[ ${SET:-1} == 15 ]]; then
 elif [[ ${SET:-1} == 16 ]]; then
     job qwen3-0.6b_torch03_fp32_b2s1000_none_padded 0,1 2 29971 qwen3-0.6b torch:0,3 2 1000 none 1 fp32 padded
     job smollm2-360m_torch2_fp32_b4s1000_full_padded 0,1 2 29972 smollm2-360m torch:2 4 1000 full 1 fp32 padded
+elif [[ ${SET:-1} == 17 ]]; then
+    job smollm2-360m_ds3offall_b4s1024_full 0,1 2 29981 smollm2-360m ds3offall 4 1024 full
+    job tinyllama-1.1b_ds3offall_b2s1024_none 0,1 2 29982 tinyllama-1.1b ds3offall 2 1024 none
+    job qwen3-0.6b_ds3offall_b1s2048_full 0,1 2 29983 qwen3-0.6b ds3offall 1 2048 full
+    job gemma-3-1b_ds3offall_b2s1024_none 0,1 2 29984 gemma-3-1b ds3offall 2 1024 none
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none

@@ -100,6 +100,7 @@ def reference_trace(
     calls = [0, 0]
     kept = available
     flat = 0
+    alone: set[int] = set()
 
     def gather(i: int, phase: int) -> int:
         nonlocal n_available
@@ -156,6 +157,10 @@ def reference_trace(
                 use >= n_forward for _, use in uses_gathered
             ):
                 flat += sum(numel[i] for i, _ in uses_gathered)
+            # one parameter gathered alone in forward for its backward use: in flight into
+            # backward
+            if phase == 0 and len(uses_gathered) == 1 and uses_gathered[0][1] >= n_forward:
+                alone.add(uses_gathered[0][0])
         after = step + 1
         for i in [i for i in mine if released(i, after)]:
             if available[i]:
@@ -210,6 +215,7 @@ def reference_trace(
         tuple(sorted(i for later, i in early if not later)),
         tuple(sorted(i for _, i in early)),
         flat,
+        tuple(sorted(alone)),
     )
 
 

@@ -81,6 +81,7 @@ class Stage3Kept:
     persistent_bytes: int  # their gathered 16-bit copies
     gathered_bytes: int  # the other copies alive at the loss's backward
     later_bytes: int  # ... and at the head's and the final norm's backward
+    alone_counts: dict[int, int]  # Stage3Trace.alone_in_flight per size
 
 
 class ParamFacts:
@@ -211,6 +212,7 @@ class ParamFacts:
             persistent_bytes,
             blocks(HALF_BYTES, gathered) + flat,
             blocks(HALF_BYTES, later) + flat,
+            tally([numels[i] for i in trace.alone_in_flight]),
         )
         if len(self._kept) >= _REMEMBERED:
             self._kept.clear()
@@ -1049,6 +1051,7 @@ class Stage3:
         if gathers:  # one rank gathers nothing
             notes += self.coordinator_notes
         moments = self.forward(gathers)
+        forward = tuple(moments)
         # backward: gradients land in the persistent IPG bucket; reduce_scatter_coalesced builds
         # a padded, interleaved copy of the bucket (torch.cat) unless it is one divisible tensor
         if self.buckets and all(n % world == 0 for n in facts.counts):
@@ -1077,13 +1080,31 @@ class Stage3:
         if offload_params:
             cpu_buffers += HALF_BYTES * local  # pinned unconditionally (:888-911)
             notes.append(
-                "parameter offload: 16-bit partitions in pinned host memory; the peak "
-                "reads low against measured runs: a parameter gathered alone is first copied "
-                "from the host to the device (partition_parameters.py _all_gather_sequential), "
-                "and torch's NCCL process group keeps some of those all-gather inputs alive "
-                "after their gather (TORCH_NCCL_AVOID_RECORD_STREAMS=1, torch's default, "
-                "stashes them on the collective); they are not counted"
+                "parameter offload: 16-bit partitions in pinned host memory; a parameter "
+                "gathered alone is first copied from the host to the device "
+                "(partition_parameters.py _all_gather_sequential)"
             )
+            if gathers and kept.alone_counts:
+                inputs = sum(
+                    count * block(HALF_BYTES * -(-n // world))
+                    for n, count in kept.alone_counts.items()
+                )
+                for name in forward:
+                    m = moments[name]
+                    moments[name] = Moment(
+                        m.activations, {**m.buffers, "offload_gather_inputs": inputs}
+                    )
+                alone = sum(kept.alone_counts.values())
+                what = "1 parameter" if alone == 1 else f"{alone} parameters"
+                notes.append(
+                    f"parameter offload: {what} a forward prefetch gathered alone "
+                    f"{'is' if alone == 1 else 'are'} still in flight when forward ends; "
+                    "torch's NCCL process group keeps the device copy each gather was handed "
+                    "until backward waits on it (TORCH_NCCL_AVOID_RECORD_STREAMS=1, torch's "
+                    f"default, stashes the input on the collective): {inputs} bytes, counted "
+                    "from the loss to the last layer's backward (an upper bound: the watchdog "
+                    "lets a completed one go at the next collective)"
+                )
         if offload:
             cpu = Placement(
                 parameters=HALF_BYTES * local if offload_params else 0,

@@ -51,6 +51,12 @@ class Stage3Trace:
             until the last of them is fetched. A prefetch that gathers some parameters for
             forward uses and one for its backward use holds its whole buffer twice into
             backward.
+        alone_in_flight: parameters a forward prefetch gathered alone (the only one of its
+            ``__all_gather_params`` call not gathered yet) for a use in backward: still in
+            flight when forward ends, their gather not waited on until backward fetches them.
+            A single-parameter gather hands the collective the partition itself
+            (partition_parameters.py ``_all_gather_sequential``), or, under parameter offload,
+            a fresh device copy of it that torch's NCCL process group keeps until the wait.
     """
 
     persistent: tuple[bool, ...]
@@ -64,6 +70,7 @@ class Stage3Trace:
     root_backward: tuple[int, ...] = ()
     early_backward: tuple[int, ...] = ()
     flat_extra: int = 0
+    alone_in_flight: tuple[int, ...] = ()
 
 
 # --- ZeRO-3 leaf modules -----------------------------------------------------------------------
@@ -893,9 +900,11 @@ def _stage3_trace(
     gathers = [[0] * n, [0] * n]
     calls = [0, 0]
     kept = available
+    alone = [False] * n  # Stage3Trace.alone_in_flight
     # While a run's copy is walked as the pattern of the copies after it: each parameter's
-    # state before the copy first changed it (gathered, last recorded use, gathers per phase).
-    journal: dict[int, tuple[bool, int, int, int]] | None = None
+    # state before the copy first changed it (gathered, last recorded use, gathers per phase,
+    # gathered alone in flight).
+    journal: dict[int, tuple[bool, int, int, int, bool]] | None = None
     # A copy whose prefetches popped more parameters than any run's copy has entries moved the
     # head by more than a copy of the run it lies in, so nothing repeats it (``repeats``): its
     # journal stops there. ``journal_room``: entries it may still take.
@@ -918,7 +927,7 @@ def _stage3_trace(
     def note(i: int) -> None:
         nonlocal journal, journal_room
         if journal is not None and i not in journal:
-            journal[i] = (available[i], recent[i], gathers[0][i], gathers[1][i])
+            journal[i] = (available[i], recent[i], gathers[0][i], gathers[1][i], alone[i])
             journal_room -= 1
             if journal_room < 0:
                 journal = None
@@ -944,7 +953,7 @@ def _stage3_trace(
             return
         phase = 0 if step < n_forward else 1
         requested = 0
-        batch = 0
+        batch = last = 0
         # what the backward steps before the first block's gather (Stage3Trace.early_backward)
         early_step = (step > n_forward) if n_forward <= step < early_end else None
         first = bisect_left(movable, head)
@@ -966,7 +975,8 @@ def _stage3_trace(
                 n_available += size
                 gathered[phase] += size
                 counts[i] += 1
-                batch = 1
+                batch += 1
+                last = i
                 if early_step is not None:
                     early.append((early_step, i))
                 if use < n_forward:
@@ -981,6 +991,8 @@ def _stage3_trace(
             calls[phase] += 1
             if waited and pending:
                 flat[0] += requested
+            elif batch == 1 and pending and phase == 0:
+                alone[last] = True
 
     def released(i: int, after: int) -> bool:
         """Released after a use at ``after - 1``: the walk from ``after`` keeps i if its next
@@ -1065,7 +1077,7 @@ def _stage3_trace(
         first0: int,
         entry0: int,
         head0: int,
-        reference: dict[int, tuple[bool, int, int, int]],
+        reference: dict[int, tuple[bool, int, int, int, bool]],
     ) -> tuple[int, list[tuple[int, int]]]:
         """How many copies from ``c`` on walk exactly as copy ``c - 1`` just did, shifted a
         copy each (and the parameters that copy read, each with its shift per copy).
@@ -1168,7 +1180,9 @@ def _stage3_trace(
         return k, lanes
 
     def repeat(
-        k: int, lanes: list[tuple[int, int]], reference: dict[int, tuple[bool, int, int, int]]
+        k: int,
+        lanes: list[tuple[int, int]],
+        reference: dict[int, tuple[bool, int, int, int, bool]],
     ) -> None:
         """Copies 1..k after the reference copy leave each parameter it read ``m·dx`` further
         down the list as it left that one (the window's first: a parameter the prefetch reads
@@ -1186,6 +1200,8 @@ def _stage3_trace(
                 if more:
                     counts = _lane(gathers[phase], x, dx, 1, k + 1)
                     _set(gathers[phase], x, dx, 1, k + 1, [v + more for v in counts])
+            if was and alone[x] and not was[4]:
+                _set(alone, x, dx, 1, k + 1, [True] * k)
 
     def walk_run(first0: int, entry0: int, r: _Run) -> int | None:
         """The copies of a run one by one, each the pattern for the copies after it: where a
@@ -1315,6 +1331,7 @@ def _stage3_trace(
         tuple(sorted(i for later, i in early if not later)),
         tuple(sorted(i for _, i in early)),
         flat[0],
+        tuple(compress(range(n), alone)),
     )
 
 
