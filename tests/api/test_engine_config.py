@@ -801,3 +801,24 @@ def test_trainer_loop_is_refused_where_it_cannot_hold(client: TestClient) -> Non
     assert fields(bad) == {"engine_config.holds_outputs"}
     bad = post(client, "/v1/memory", {**llama, "engine_config": {"trainer_loop": "yes"}}, 422)
     assert fields(bad) == {"engine_config.trainer_loop"}
+
+
+def test_an_auto_config_says_which_loop_the_figures_assume(client: TestClient) -> None:
+    body = {
+        "model": {"hf_config": LLAMA_1B},
+        "dp": 2,
+        "engine": "deepspeed",
+        "batch": {"micro_batch_size": 2, "seq_len": 1024},
+    }
+
+    def loop_notes(config: dict[str, Any]) -> list[str]:
+        notes = post(client, "/v1/memory", {**body, "engine_config": config})["resolved_config"]
+        return [n for n in notes["notes"] if "Trainer or accelerate fills" in n]
+
+    (note,) = loop_notes(TRAINER_ZERO3)
+    assert "engine_config.trainer_loop: true" in note
+    # said once the loop is: the Trainer's, or a loop that keeps its outputs
+    assert loop_notes({**TRAINER_ZERO3, "trainer_loop": True}) == []
+    assert loop_notes({**TRAINER_ZERO3, "holds_outputs": True}) == []
+    # a config without "auto" values is not the Trainer's or accelerate's to fill
+    assert loop_notes({"zero_optimization": {"stage": 3}}) == []

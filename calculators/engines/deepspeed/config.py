@@ -28,6 +28,7 @@ from calculators.conventions import (
     Precision,
     Stage,
 )
+from calculators.engines.torch.peak import TRAINER_LOOP
 from calculators.errors import InputError
 from calculators.model_states import Offload, TrainingSetup
 from calculators.parameters import ParamTensor, architecture_params, implied_params
@@ -832,6 +833,14 @@ def resolve_config(config: Mapping[str, Any], req: Requested) -> Decided:
         stages[0] if len(stages) == 1 else None,
     )
     parse_config(reader.body)  # every value left is one the model reads or ignores
+    if _autos(config) and TRAINER_LOOP not in config and "holds_outputs" not in config:
+        reader.notes.append(
+            'the config has "auto" values, which transformers\' Trainer or accelerate fills: the '
+            "figures assume a loop that keeps its last outputs between steps (a loop written "
+            "for accelerate); transformers' Trainer keeps the loss alone, for which a "
+            f"transformers model's request sends engine_config.{TRAINER_LOOP}: true (a lower "
+            "peak)"
+        )
     return Decided(
         config=reader.body,
         stages=stages,
