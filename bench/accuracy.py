@@ -322,6 +322,28 @@ def _converted(result: Mapping[str, Any]) -> bool:
     return any(v.get("key") == CONVERT_OUTPUTS and v.get("value") is True for v in values)
 
 
+def _filled(given: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` with each ``"auto"`` value replaced by what the run resolved it to (its
+    resolved config's values; one it left unresolved is dropped, as DeepSpeed drops it)."""
+    resolved = {
+        v["key"]: v["value"] for v in (result.get("resolved_config") or {}).get("values") or []
+    }
+
+    def fill(node: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, Mapping):
+                out[key] = fill(value, f"{path}.")
+            elif value != "auto":
+                out[key] = value
+            elif resolved.get(path) is not None:
+                out[key] = resolved[path]
+        return out
+
+    return fill(given, "")
+
+
 # the GPUs whose compute capability the results record by name (it sizes cuBLAS workspaces)
 CAPABILITY = {"NVIDIA H100": 9, "NVIDIA H200": 9}
 
@@ -397,7 +419,9 @@ def hf_runs(
             stage = Stage(run["stage"])
             bare, family = spec_setup(body, run["world_size"], None)
             converted = _converted(result) if converted_as is None else converted_as
-            config = _hf_engine_config(bare, stage, patched, major, given, env, converted)
+            config = _hf_engine_config(
+                bare, stage, patched, major, _filled(given, result), env, converted
+            )
             setup, _ = spec_setup(body, run["world_size"], config)
             label = f"{case['family']} ckpt={case['checkpointing']}"
             r = _validate_run(path, f"{data['world']} | {label}", run, setup, family)
@@ -595,7 +619,7 @@ SOURCES = (
         "2 × 1,000 or 4 × 1,000, some with 2 or 4 micro-steps, some padded, mixed bf16 (torch "
         "also pure bf16 and fp32), ± full checkpointing, transformers Trainer's ds_config "
         '("auto" values; ± CPU optimizer and parameter offload) for DeepSpeed, H100/H200 (NCCL)',
-        "bash bench/gpu/real_models_round.sh (SET=1 to 16)",
+        "bash bench/gpu/real_models_round.sh (SET=1 to 17)",
     ),
     Source(
         "canonical_ds/*.json",
