@@ -822,3 +822,16 @@ def test_an_auto_config_says_which_loop_the_figures_assume(client: TestClient) -
     assert loop_notes({**TRAINER_ZERO3, "holds_outputs": True}) == []
     # a config without "auto" values is not the Trainer's or accelerate's to fill
     assert loop_notes({"zero_optimization": {"stage": 3}}) == []
+
+
+@pytest.mark.parametrize("key", ["trainer_loop", "holds_outputs", "compute_capability_major"])
+def test_auto_is_refused_for_the_services_own_keys(client: TestClient, key: str) -> None:
+    body = {
+        "model": {"hf_config": LLAMA_1B},
+        "dp": 2,
+        "engine": "deepspeed",
+        "batch": {"micro_batch_size": 2, "seq_len": 1024},
+        "engine_config": {**TRAINER_ZERO3, key: "auto"},
+    }
+    bad = post(client, "/v1/memory", body, 422)
+    assert fields(bad) == {f"engine_config.{key}"}

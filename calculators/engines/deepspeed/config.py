@@ -28,7 +28,8 @@ from calculators.conventions import (
     Precision,
     Stage,
 )
-from calculators.engines.torch.peak import TRAINER_LOOP
+from calculators.engines.torch.config import ENGINE_KEYS
+from calculators.engines.torch.peak import CONVERT_OUTPUTS, TRAINER_LOOP
 from calculators.errors import InputError
 from calculators.model_states import Offload, TrainingSetup
 from calculators.parameters import ParamTensor, architecture_params, implied_params
@@ -752,6 +753,12 @@ class _Reader:
             elif _default_of(key) is not None or key == "zero_optimization.overlap_comm":
                 self.drop(path)
                 dropped[key] = f"auto: not filled by the {_TRAINER}; {_DROPPED}"
+            elif key in (*ENGINE_KEYS, TRAINER_LOOP, CONVERT_OUTPUTS):
+                raise InputError(
+                    f"{CONFIG}.{key}",
+                    'this key is read by the service, not by DeepSpeed or the Trainer: "auto" '
+                    "is not one of its values",
+                )
             else:
                 self.drop(path)
                 self.note(
