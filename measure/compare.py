@@ -16,6 +16,7 @@ MEMORY_KEYS = (
     "model_state_resident",
     "model_state_requested",
     "peak",
+    "peak_requested",
     "parameters",
     "gradients",
     "optimizer_states",
@@ -52,6 +53,11 @@ def predicted_memory(est: StageEstimate) -> dict[str, Any]:
         # states beyond it
         "model_state_requested": states - sum(est.components.get(k, 0) for k in BLOCK_COMPONENTS),
         "peak": est.peak,
+        # the same against the bytes the tensors asked for at the peak (the allocator's
+        # whole-block hand-outs left out on both sides, as far as the figures replay them)
+        "peak_requested": None
+        if est.peak is None
+        else est.peak - sum(est.components.get(k, 0) for k in BLOCK_COMPONENTS),
         "parameters": est.device.parameters,
         "gradients": est.device.gradients,
         "optimizer_states": est.device.optimizer_states,

@@ -138,6 +138,15 @@ class DeviceMemory:
             return int(stats.get("requested_bytes.all.current", fallback))
         return self.allocated()
 
+    def peak_requested(self) -> int | None:
+        """The most bytes the tensors asked for at once since the last reset
+        (``requested_bytes.all.peak``: :meth:`peak` less the allocator's whole-block hand-outs);
+        ``None`` off CUDA."""
+        if not self.is_cuda:
+            return None
+        stats = torch.cuda.memory_stats(self.device)
+        return int(stats.get("requested_bytes.all.peak", stats["allocated_bytes.all.peak"]))
+
     def reset_peak(self) -> None:
         if self.is_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -193,6 +193,7 @@ def _measure(
             sync(device)
     sync(device)
     peak = mem.peak()
+    peak_requested = mem.peak_requested()
     resident = mem.allocated() - baseline
     requested = mem.requested() - baseline_requested
     reserved = mem.reserved()
@@ -247,6 +248,7 @@ def _measure(
         "model_state_requested": requested - held_bytes,
         "baseline": baseline,
         "peak": None if peak is None else peak - baseline,
+        "peak_requested": None if peak_requested is None else peak_requested - baseline_requested,
         "peak_over_baseline": None if peak is None else peak - baseline,
         **parts,
         **phases,

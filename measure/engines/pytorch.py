@@ -328,6 +328,7 @@ def _measure(
     parts: dict[str, int] = {}
 
     phase_peaks: dict[str, int] = {}
+    requested_peaks: list[int] = []  # the same for the bytes the tensors asked for
     peak_names = {"after_forward": "forward", "after_backward": "backward", "after_step": "step"}
 
     def probe(phase: str) -> None:
@@ -336,6 +337,7 @@ def _measure(
         if phase in peak_names and cuda:
             # the highest allocation since the previous probe: which moment holds the peak
             phase_peaks[peak_names[phase]] = max(mem.peak() or 0, phases[phase])
+            requested_peaks.append(max(mem.peak_requested() or 0, mem.requested()))
             mem.reset_peak()
         if phase == "after_zero_grad":
             parts["requested"] = mem.requested()
@@ -352,6 +354,7 @@ def _measure(
     step(probe)
     sync(device)
     peak = max([mem.peak() or 0, *phase_peaks.values()]) if cuda else None
+    peak_requested = max([mem.peak_requested() or 0, *requested_peaks]) if cuda else None
     reserved = mem.reserved()
     nvml = mem.nvml_used()
 
@@ -386,6 +389,7 @@ def _measure(
         "model_state_requested": parts.pop("requested") - baseline_requested - held_bytes,
         "baseline": baseline,
         "peak": peak,
+        "peak_requested": peak_requested,
         "peak_over_baseline": None if peak is None else peak - baseline,
         **parts,
         **{

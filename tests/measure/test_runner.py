@@ -180,6 +180,9 @@ def test_cuda_simulated_mixed_bf16() -> None:
     for r in result["runs"]:
         m = r["measured"]
         assert m["peak"] >= m["resident"] > 0
+        # the tensors asked for no more than the allocator handed out, whole blocks and all
+        assert 0 < m["peak_requested"] <= m["peak"]
+        assert r["relative_error"]["peak_requested"] is not None
         assert abs(r["relative_error"]["model_state_resident"]) < 0.02
         assert abs(r["communication"]["relative_error"]) < 0.02
 
