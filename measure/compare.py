@@ -46,18 +46,15 @@ def predicted_memory(est: StageEstimate) -> dict[str, Any]:
     states = est.components.get("model_states_resident")
     if states is None:  # deepspeed: resident less what the loop holds (workspaces stay in)
         states = est.resident - est.components.get("held_outputs", 0)
+    # the blocks the allocator hands FSDP2's shards and states beyond their requests
+    blocks = sum(est.components.get(k, 0) for k in BLOCK_COMPONENTS)
     return {
         "resident": est.resident,
         "model_state_resident": states,
-        # what the tensors ask for: less the blocks the allocator hands FSDP2's shards and
-        # states beyond it
-        "model_state_requested": states - sum(est.components.get(k, 0) for k in BLOCK_COMPONENTS),
+        # what the tensors ask for: less those blocks
+        "model_state_requested": states - blocks,
         "peak": est.peak,
-        # the same against the bytes the tensors asked for at the peak (the allocator's
-        # whole-block hand-outs left out on both sides, as far as the figures replay them)
-        "peak_requested": None
-        if est.peak is None
-        else est.peak - sum(est.components.get(k, 0) for k in BLOCK_COMPONENTS),
+        "peak_requested": None if est.peak is None else est.peak - blocks,
         "parameters": est.device.parameters,
         "gradients": est.device.gradients,
         "optimizer_states": est.device.optimizer_states,
