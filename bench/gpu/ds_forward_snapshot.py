@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu.forward_snapshot import live_blocks  # noqa: E402
+from bench.gpu.forward_snapshot import addressed_blocks, live_blocks  # noqa: E402
 
 
 def run(
@@ -175,9 +175,8 @@ class Gather:
         held = next(
             (
                 b["state"]
-                for seg in snap["segments"]
-                for b in _blocks_of(seg)
-                if b["address"] <= self.ptr < b["address"] + b["size"]
+                for address, b in addressed_blocks(snap)
+                if address <= self.ptr < address + b["size"]
             ),
             "no segment",
         )
@@ -196,15 +195,6 @@ class Gather:
             "referrers": referrers,
             "frames": self.frames,
         }
-
-
-def _blocks_of(segment: dict[str, Any]) -> list[dict[str, Any]]:
-    """A snapshot segment's blocks with their addresses."""
-    address, out = segment["address"], []
-    for b in segment["blocks"]:
-        out.append({**b, "address": address})
-        address += b["size"]
-    return out
 
 
 def _trace_gathers(into: list[Gather]) -> Any:

@@ -61,19 +61,28 @@ def live_blocks(
         if trace.get("action") == "alloc":
             history[trace["addr"]] = trace
     out = []
+    for addr, b in addressed_blocks(snap):
+        if b["state"] == "active_allocated" and b["size"] >= min_size:
+            t = b if b.get("frames") else history.get(addr, {})
+            out.append(
+                {
+                    "size": b["size"],
+                    "requested": b.get("requested_size", b["size"]),
+                    "recorded": addr in history,
+                    "frames": _frames(t, depth),
+                }
+            )
+    return out
+
+
+def addressed_blocks(snap: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """Every block of ``snap``'s segments with its address (a segment's blocks lie end to
+    end from the segment's address)."""
+    out = []
     for seg in snap["segments"]:
         addr = seg["address"]
         for b in seg["blocks"]:
-            if b["state"] == "active_allocated" and b["size"] >= min_size:
-                t = b if b.get("frames") else history.get(addr, {})
-                out.append(
-                    {
-                        "size": b["size"],
-                        "requested": b.get("requested_size", b["size"]),
-                        "recorded": addr in history,
-                        "frames": _frames(t, depth),
-                    }
-                )
+            out.append((addr, b))
             addr += b["size"]
     return out
 
