@@ -95,6 +95,9 @@ class TransformersModelling:
         rotary_cat: the rotation ends in ``torch.cat`` (partial rotary, Phi-3).
         rotary_dim: dimensions rotated per head; ``None`` means ``head_dim``.
         rope_kinds: distinct rotary embeddings in use (Gemma-3: local and global).
+        nope_layers: layers that rotate nothing (SmolLM3's ``no_rope_layers`` zeros): their
+            attention reads the projections' outputs as they are.
+        nope_sliding_layers: how many of ``nope_layers`` are sliding-window layers.
         final_logit_softcap: ``tanh`` soft-capping of the logits (Gemma-2).
         shared_expert_ffn: width of the always-on shared expert (Qwen2-MoE, DeepSeek-V3).
         fused_experts: the experts are two 3-D parameters, ``experts.gate_up_proj``
@@ -138,6 +141,8 @@ class TransformersModelling:
     rotary_cat: bool = False
     rotary_dim: int | None = None
     rope_kinds: int = 1
+    nope_layers: int = 0
+    nope_sliding_layers: int = 0
     final_logit_softcap: bool = False
     shared_expert_ffn: int | None = None
     fused_experts: bool = False

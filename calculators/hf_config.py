@@ -92,12 +92,12 @@ _HEAD_DIM_DEFAULT = {
     "gemma2": 256,
     "gemma3_text": 256,
 }
-_TIED_DEFAULT = {"gemma", "gemma2", "gemma3_text"}
+_TIED_DEFAULT = {"gemma", "gemma2", "gemma3_text", "smollm3"}
 _GEMMA = {"gemma", "gemma2", "gemma3_text"}
 _MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
 
 
-_WINDOW_DEFAULT = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096}
+_WINDOW_DEFAULT = {"mistral": 4096, "ministral": 4096, "gemma2": 4096, "gemma3_text": 4096}
 _QWEN = {"qwen2", "qwen3", "qwen2_moe", "qwen3_moe"}
 
 
@@ -105,10 +105,17 @@ def _sliding_window(cfg: Mapping[str, Any], model_type: str) -> int | None:
     """The window transformers' mask functions use (``None``: causal masks only)."""
     if model_type in ("llama", "gemma"):
         return None
+    # SmolLM3's mask for its sliding layers reads sliding_window whatever use_sliding_window
+    # says (modeling_smollm3.py: the mask mapping follows layer_types)
     if model_type in _QWEN and not _flag(cfg, "use_sliding_window", False):
         return None  # configuration_qwen*.py: sliding_window if use_sliding_window else None
     default = _WINDOW_DEFAULT.get(model_type, 4096 if model_type in _QWEN else None)
     if "sliding_window" in cfg and cfg["sliding_window"] is None:
+        if model_type == "ministral":
+            # modeling_ministral.py builds the sliding-window mask whatever the layer types
+            raise InputError(
+                f"{_FIELD}.sliding_window", "is required for ministral (transformers needs it)"
+            )
         return None
     window: int | None = _get(cfg, "sliding_window", default=default, required=False)
     if window is not None and window < 0:
@@ -132,6 +139,12 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, layers: int) -> list[s
         return [
             "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
         ]
+    if model_type == "smollm3":
+        # configuration_smollm3.py: the NoPE layers slide when use_sliding_window and a window
+        # are both set
+        slides = _flag(cfg, "use_sliding_window", False) and cfg.get("sliding_window") is not None
+        nope = [not rope for rope in _rope_layers(cfg, layers)]
+        return ["sliding_attention" if slides and n else "full_attention" for n in nope]
     if model_type in _QWEN:
         first = _get(cfg, "max_window_layers", default=28, required=False)
         if not _flag(cfg, "use_sliding_window", False):
@@ -140,11 +153,26 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, layers: int) -> list[s
     return ["sliding_attention"] * layers  # mistral, mixtral, phi3: every layer when windowed
 
 
+def _rope_layers(cfg: Mapping[str, Any], layers: int) -> list[bool]:
+    """Which layers rotate q and k: SmolLM3's ``no_rope_layers`` (1: rotary, 0: none), by
+    default every layer but each ``no_rope_layer_interval``-th (configuration_smollm3.py)."""
+    given = _list(cfg, "no_rope_layers")
+    if not given:
+        interval = _get(cfg, "no_rope_layer_interval", default=4, required=False)
+        if interval < 1:
+            raise InputError(f"{_FIELD}.no_rope_layer_interval", "must be at least 1")
+        return [(i + 1) % interval != 0 for i in range(layers)]
+    if len(given) != layers or any(x not in (0, 1) or isinstance(x, float) for x in given):
+        raise InputError(f"{_FIELD}.no_rope_layers", f"must list {layers} layers, each 0 or 1")
+    return [bool(x) for x in given]
+
+
 def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     """The RMSNorm + RoPE + gated-MLP families, each as its ``modeling_<family>.py`` builds it.
 
-    llama / mistral / qwen2 / qwen3 / phi3: ``LlamaDecoderLayer``'s layout (phi3 fuses
-    ``qkv_proj`` and ``gate_up_proj``; qwen3 adds per-head q/k norms); gemma / gemma2 /
+    llama / mistral / qwen2 / qwen3 / phi3 / smollm3: ``LlamaDecoderLayer``'s layout (phi3 fuses
+    ``qkv_proj`` and ``gate_up_proj``; qwen3 adds per-head q/k norms; smollm3 rotates nothing
+    in its NoPE layers); gemma / gemma2 /
     gemma3_text: ``(1 + weight)`` norms, tied head, GeGLU, four norms per layer from gemma2 on;
     mixtral / qwen2_moe / qwen3_moe: a top-k router and ``num_experts`` SwiGLU experts (qwen2_moe
     adds a gated shared expert).
@@ -157,6 +185,9 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     head_dim = _get(
         cfg, "head_dim", default=_HEAD_DIM_DEFAULT.get(model_type, hidden // heads), required=False
     )
+    if model_type == "ministral" and cfg.get("head_dim") is None:
+        # modeling_ministral.py reads config.head_dim, whose default is None
+        raise InputError(f"{_FIELD}.head_dim", "is required for ministral (transformers needs it)")
     attention_bias = _flag(cfg, "attention_bias", False)
     if model_type in ("qwen2", "qwen2_moe"):
         qkv_bias = _flag(cfg, "qkv_bias", True)  # Qwen2 biases q, k and v, never o
@@ -181,6 +212,8 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     types = _layer_types(cfg, model_type, layers)
     window = _sliding_window(cfg, model_type)
     rope_kinds = len(set(types)) if model_type == "gemma3_text" else 1
+    rope = _rope_layers(cfg, layers) if model_type == "smollm3" else [True] * layers
+    sliding = [kind == "sliding_attention" and window is not None for kind in types]
     modelling = TransformersModelling(
         family=model_type,
         norm_plus_one=model_type in _GEMMA,
@@ -193,6 +226,8 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
         rotary_cat=model_type == "phi3",
         rotary_dim=int(head_dim * fraction) if fraction != 1.0 else None,
         rope_kinds=rope_kinds,
+        nope_layers=rope.count(False),
+        nope_sliding_layers=sum(s and not r for s, r in zip(sliding, rope, strict=True)),
         final_logit_softcap=model_type == "gemma2"
         and cfg.get("final_logit_softcapping", 30.0) is not None,
         shared_expert_ffn=shared,
@@ -219,7 +254,7 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
         max_seq_len=_get(cfg, "max_position_embeddings", default=2048, required=False),
         tied_embeddings=_flag(cfg, "tie_word_embeddings", model_type in _TIED_DEFAULT),
         # Llama's mlp_bias covers gate/up/down; attention_bias q, k, v and o
-        bias=_flag(cfg, "mlp_bias", False) if model_type == "llama" else False,
+        bias=_flag(cfg, "mlp_bias", False) if model_type in ("llama", "smollm3") else False,
         qkv_bias=qkv_bias,
         norm=Norm.RMSNORM,
         position_embedding=PositionEmbedding.ROPE,
@@ -403,6 +438,7 @@ def _bloom(cfg: Mapping[str, Any]) -> Architecture:
 _FAMILIES: dict[str, Callable[[Mapping[str, Any]], Architecture]] = {
     "llama": _llama_like,
     "mistral": _llama_like,
+    "ministral": _llama_like,
     "mixtral": _llama_like,
     "qwen2": _llama_like,
     "qwen3": _llama_like,
@@ -410,6 +446,7 @@ _FAMILIES: dict[str, Callable[[Mapping[str, Any]], Architecture]] = {
     "gemma2": _llama_like,
     "gemma3_text": _llama_like,
     "phi3": _llama_like,
+    "smollm3": _llama_like,
     "qwen2_moe": _llama_like,
     "qwen3_moe": _llama_like,
     "deepseek_v3": _deepseek_v3,

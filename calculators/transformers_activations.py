@@ -159,6 +159,7 @@ def layer_terms(
     use_cache: bool,
     masked: bool = False,
     dense: bool | None = None,
+    rotated: bool = True,
 ) -> LayerTerms:
     """Bytes one decoder layer saves for backward, without checkpointing.
 
@@ -173,6 +174,10 @@ def layer_terms(
 
     ``dense``: a layer with a dense MLP (every layer of a dense model, DeepSeek's first
     ``dense_layers``); by default the model's own kind.
+
+    ``rotated``: the layer rotates q and k (all but SmolLM3's NoPE layers). Under autocast a
+    layer that does not hands attention its bf16 projections, which need no cast: with one
+    key/value head, attention then saves views of k and v where a rotated layer's casts copy.
     """
     if dense is None:
         dense = arch.num_experts == 1
@@ -204,7 +209,7 @@ def layer_terms(
     if _m(arch).eager_attention:
         # with one key/value head and one sequence, repeat_kv's expanded view reshapes to
         # (heads, d, s) without a copy, so bmm saves views of k and v (autocast's casts copy)
-        views = arch.n_kv_heads == 1 and b == 1 and not d.autocast
+        views = arch.n_kv_heads == 1 and b == 1 and (not d.autocast or not rotated)
         kv_saved = q if grouped and not views else kv
         attention += _eager_attention(arch, batch, sdpa, q, kv_saved, kv_saved, q)
         return LayerTerms(norms, linear_inputs, attention, mlp)
@@ -215,7 +220,7 @@ def layer_terms(
     math = regime == "fp32" and not masked and grouped
     efficient = regime == "fp32" and not math
     # repeat_kv with a mask; the math path expands k/v itself
-    gqa_expanded = (masked or math) and grouped and not _mqa_views(arch, regime, masked)
+    gqa_expanded = (masked or math) and grouped and not _mqa_views(arch, regime, masked, rotated)
     k_width = q if gqa_expanded else kv
     attention += sdpa * t * q + 2 * sdpa * t * k_width  # q, k, v as SDPA saves them
     if _m(arch).fused_projections and not use_cache and not gqa_expanded:
@@ -277,12 +282,12 @@ def _eager_attention(
     return saved
 
 
-def _mqa_views(arch: Architecture, regime: str, masked: bool) -> bool:
+def _mqa_views(arch: Architecture, regime: str, masked: bool, rotated: bool = True) -> bool:
     """Whether a masked layer's ``repeat_kv`` hands SDPA views rather than copies: with one
     key/value head, ``expand`` then ``reshape`` merges a size-1 dim with a stride-0 one, which
     needs no copy, so SDPA saves views of the cache's own k and v (under autocast its bf16
-    casts of them are full-size copies instead)."""
-    return masked and arch.n_kv_heads == 1 and regime != "autocast"
+    casts of a rotated layer's fp32 k and v are full-size copies instead)."""
+    return masked and arch.n_kv_heads == 1 and (regime != "autocast" or not rotated)
 
 
 def _mask_bias(batch: Batch, sdpa: int) -> int:
@@ -660,8 +665,10 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     kinds = [(start < dense, n) for start, n in block_kinds(arch)]
     per_layer = layer_terms(arch, batch, regime, use_cache, masked=batch.padded, dense=kinds[-1][0])
     total = _total(per_layer)
-    # cos and sin (batch dim 1: position_ids is arange(s)[None]), once per rotary embedding
-    rotary = 2 * d.res * s * (m.rotary_dim or arch.d_head) * m.rope_kinds
+    # cos and sin (batch dim 1: position_ids is arange(s)[None]), once per rotary embedding;
+    # saved by the rotation, or kept as every checkpointed call's argument
+    rotates = m.nope_layers < arch.layers or checkpointed
+    rotary = 2 * d.res * s * (m.rotary_dim or arch.d_head) * m.rope_kinds if rotates else 0
     embedding = INDEX_BYTES * t + rotary
     if checkpointed:
         # each checkpointed call keeps its hidden_states argument; position_ids ride along,
@@ -684,13 +691,17 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
             n * _total(layer_terms(arch, batch, regime, use_cache, masked=True, dense=kind))
             for kind, n in kinds
         )
+        layers += _unrotated(arch, batch, regime, use_cache, m.nope_layers, masked=True)
         recompute_total = 0
     else:
-        # sliding-window layers exist only in families whose layers are all of one kind
+        # sliding-window and NoPE layers exist only in families whose layers are all of one kind
         masked_total = _total(layer_terms(arch, batch, regime, use_cache, masked=True))
         layers = masked * masked_total - masked * total
         for kind, n in kinds:
             layers += n * _total(layer_terms(arch, batch, regime, use_cache, dense=kind))
+        nope_masked = m.nope_sliding_layers if windowed else 0
+        layers += _unrotated(arch, batch, regime, use_cache, nope_masked, masked=True)
+        layers += _unrotated(arch, batch, regime, use_cache, m.nope_layers - nope_masked)
         recompute_total = 0
     head = _norm_internal(arch, t, h, d.res) + _norm_output(d, t, h, 1)
     logits = d.lin * t * v
@@ -713,6 +724,17 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
         cache=cache,
         cache_only=cache_only,
     )
+
+
+def _unrotated(
+    arch: Architecture, batch: Batch, regime: str, use_cache: bool, n: int, masked: bool = False
+) -> int:
+    """What ``n`` layers that rotate nothing save beyond the same layers rotating
+    (``layer_terms``' ``rotated``; 0 or less)."""
+    if not n:
+        return 0
+    plain = layer_terms(arch, batch, regime, use_cache, masked=masked, rotated=False)
+    return n * (_total(plain) - _total(layer_terms(arch, batch, regime, use_cache, masked=masked)))
 
 
 def _checkpointed_masks(arch: Architecture, batch: Batch, windowed: bool, d: Dtypes) -> int:
@@ -741,7 +763,9 @@ def _cache(
     ``cache_utils.py`` ``DynamicLayer.update``: torch.cat copies of the rotated k and of v per
     layer, held by the output's past_key_values. SDPA saves the same copies, except under
     autocast: the rotated k is fp32, the cache allocates v in k's dtype (cat promotes), and
-    SDPA saves bf16 casts of both; in fp32 with GQA SDPA saves expanded copies instead.
+    SDPA saves bf16 casts of both; in fp32 with GQA SDPA saves expanded copies instead. A
+    layer that rotates nothing (SmolLM3's NoPE layers) caches its bf16 projections under
+    autocast, which SDPA saves as they are: such layers follow the 16-bit regime.
     DeepSeek caches the normed latent (which ``kv_b_proj`` then reads, saving the cache's
     copy; under autocast a bf16 cast of it) and the rotary key (copied into every head's k).
     """
@@ -751,8 +775,25 @@ def _cache(
         if d.autocast:
             return cache, cache
         return cache, arch.layers * d.res * t * mla.qk_rope_head_dim
+    nope = _m(arch).nope_layers if d.autocast else 0
+    if not nope:
+        return _layers_cache(arch, t, d, regime, arch.layers, masked, one_sequence)
+    # ``masked`` is every layer (a padded batch), the sliding layers, or none
+    nope_masked = nope if masked == arch.layers else _m(arch).nope_sliding_layers if masked else 0
+    rotated = _layers_cache(
+        arch, t, d, regime, arch.layers - nope, masked - nope_masked, one_sequence
+    )
+    plain = _layers_cache(arch, t, dtypes("half"), "half", nope, nope_masked, one_sequence)
+    return rotated[0] + plain[0], rotated[1] + plain[1]
+
+
+def _layers_cache(
+    arch: Architecture, t: int, d: Dtypes, regime: str, layers: int, masked: int, one_sequence: bool
+) -> tuple[int, int]:
+    """``_cache`` of ``layers`` layers (``masked`` of them masked) whose cached k and v have
+    ``d.res`` bytes an element."""
     per_layer_cache = 2 * d.res * t * arch.kv_dim
-    cache = arch.layers * per_layer_cache
+    cache = layers * per_layer_cache
     if _m(arch).eager_attention:
         # eager's bmm saves the cache's own k and v where every head has its own, or views of
         # them where one key/value head serves one sequence; ``repeat_kv`` copies other

@@ -14,6 +14,13 @@ from typing import Any
 _SHAPES: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama", "tie_word_embeddings": False},
     "mistral": {"model_type": "mistral", "tie_word_embeddings": False, "sliding_window": None},
+    # a full layer then three sliding ones over half the context (family_config)
+    "ministral": {
+        "model_type": "ministral",
+        "tie_word_embeddings": False,
+        "head_dim": None,
+        "sliding_window": None,
+    },
     "qwen2": {"model_type": "qwen2", "tie_word_embeddings": True},
     "qwen3": {"model_type": "qwen3", "tie_word_embeddings": True, "head_dim": None},
     "gemma": {"model_type": "gemma", "tie_word_embeddings": True, "head_dim": None},
@@ -30,6 +37,8 @@ _SHAPES: dict[str, dict[str, Any]] = {
         "sliding_window": None,
     },
     "phi3": {"model_type": "phi3", "tie_word_embeddings": False},
+    # every fourth layer rotates nothing (no_rope_layer_interval's default)
+    "smollm3": {"model_type": "smollm3", "tie_word_embeddings": True},
     "mixtral": {
         "model_type": "mixtral",
         "tie_word_embeddings": False,
@@ -101,6 +110,10 @@ def family_config(family: str, size: str = "tiny") -> dict[str, Any]:
             body[key] = positions // 2  # local layers see half the context
         else:  # the experts' widths
             body[key] = ffn // 2
+    if family == "ministral":  # Ministral-8B's interleaving: one full layer to three sliding
+        body["layer_types"] = [
+            "full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)
+        ]
     if family == "deepseek_v3":
         head = hidden // heads
         experts, top_k, groups, top_groups = _DEEPSEEK_ROUTING[size]

@@ -36,7 +36,12 @@
 # in fp32 on padded 1,000-token batches (the memory-efficient kernel with grouped-query heads
 # expanded) at Nd 2 on GPUs 0,1: Qwen3-0.6B and SmolLM2-360M under the torch engines. SET=17
 # runs SET=12's config (optimizer and parameters offloaded) on other models and batch shapes at
-# Nd 2 on GPUs 0,1: SmolLM2-360M, Gemma-3-1B, TinyLlama-1.1B and Qwen3-0.6B.
+# Nd 2 on GPUs 0,1: SmolLM2-360M, Gemma-3-1B, TinyLlama-1.1B and Qwen3-0.6B. SET=18 runs
+# SmolLM3-3B's shape (every fourth of its 36 layers without rotary embeddings, a tied
+# 128,256-token vocabulary) at Nd 2 on GPUs 0,1: DDP and ZeroRedundancyOptimizer under autocast,
+# DeepSpeed stages 3 and 2, FSDP2 stages 2 and 3, and FSDP2 stage 3 on padded batches. SET=19
+# runs it at Nd 4 on all four GPUs: FSDP2 stage 3 at 2 × 4,096 tokens, DeepSpeed stage 3 at one
+# 8,192-token sequence with checkpointing, FSDP2 stage 2 with checkpointing and two micro-steps.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -167,6 +172,16 @@ elif [[ ${SET:-1} == 17 ]]; then
     job tinyllama-1.1b_ds3offall_b2s1024_none 0,1 2 29982 tinyllama-1.1b ds3offall 2 1024 none
     job qwen3-0.6b_ds3offall_b1s2048_full 0,1 2 29983 qwen3-0.6b ds3offall 1 2048 full
     job gemma-3-1b_ds3offall_b2s1024_none 0,1 2 29984 gemma-3-1b ds3offall 2 1024 none
+elif [[ ${SET:-1} == 18 ]]; then
+    job smollm3-3b_torch01_b1s2048_none 0,1 2 29991 smollm3-3b torch:0,1 1 2048 none
+    job smollm3-3b_ds3_b2s2048_full 0,1 2 29992 smollm3-3b ds3 2 2048 full
+    job smollm3-3b_torch23_b1s4096_none 0,1 2 29993 smollm3-3b torch:2,3 1 4096 none
+    job smollm3-3b_ds2_b1s4096_none 0,1 2 29994 smollm3-3b ds2 1 4096 none
+    job smollm3-3b_torch3_b2s1024_none_padded 0,1 2 29995 smollm3-3b torch:3 2 1024 none 1 mixed_bf16 padded
+elif [[ ${SET:-1} == 19 ]]; then
+    job smollm3-3b_torch3_nd4_b2s4096_none 0,1,2,3 4 29996 smollm3-3b torch:3 2 4096 none
+    job smollm3-3b_ds3_nd4_b1s8192_full 0,1,2,3 4 29997 smollm3-3b ds3 1 8192 full
+    job smollm3-3b_torch2_nd4_b2s2048_full_ga2 0,1,2,3 4 29998 smollm3-3b torch:2 2 2048 full 2
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none

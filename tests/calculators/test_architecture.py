@@ -299,6 +299,18 @@ HF_CASES: list[tuple[str, dict[str, Any], int]] = [
 HF_CONFIGS = {name: cfg for name, cfg, _ in HF_CASES}
 
 
+_SMALL = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+}
+_MINISTRAL = {**_SMALL, "model_type": "ministral", "head_dim": 16, "sliding_window": 16}
+_SMOLLM3 = {**_SMALL, "model_type": "smollm3"}
+
+
 @pytest.mark.parametrize(("name", "cfg", "expected"), HF_CASES, ids=[c[0] for c in HF_CASES])
 def test_hf_config_counts(
     name: str,  # noqa: ARG001 (the id)
@@ -332,6 +344,11 @@ def test_hf_config_counts(
             {**HF_CONFIGS["phi-3-mini"], "partial_rotary_factor": 1.5},
             "model.hf_config.partial_rotary_factor",
         ),
+        ({**_MINISTRAL, "head_dim": None}, "model.hf_config.head_dim"),
+        ({**_MINISTRAL, "sliding_window": None}, "model.hf_config.sliding_window"),
+        ({**_SMOLLM3, "no_rope_layers": [1, 0]}, "model.hf_config.no_rope_layers"),
+        ({**_SMOLLM3, "no_rope_layers": [1, 2, 1, 0]}, "model.hf_config.no_rope_layers"),
+        ({**_SMOLLM3, "no_rope_layer_interval": 0}, "model.hf_config.no_rope_layer_interval"),
     ],
 )
 def test_hf_config_errors_name_the_key(cfg: dict[str, Any], field: str) -> None:

@@ -45,6 +45,9 @@ MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 def _arch(family: str, layers: int, size: str = "tiny") -> Architecture:
     body = family_config(family, size)
     body.update(model_type=family, num_hidden_layers=layers)
+    if "layer_types" in body:  # the family's pattern, as long as the layers
+        types = body["layer_types"]
+        body["layer_types"] = [types[i % len(types)] for i in range(layers)]
     return architecture_from_hf_config(body)
 
 

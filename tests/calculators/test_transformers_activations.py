@@ -41,6 +41,12 @@ _MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 CONFIGS: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama"},
     "mistral": {"model_type": "mistral", "sliding_window": None},
+    # sliding and full layers by layer_types
+    "ministral": {
+        "model_type": "ministral",
+        "head_dim": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
     "qwen2": {"model_type": "qwen2"},
     "qwen3": {"model_type": "qwen3", "head_dim": 16},
     "gemma": {"model_type": "gemma", "head_dim": 16, "num_key_value_heads": 1},
@@ -53,6 +59,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "layer_types": ["sliding_attention", "full_attention"],
     },
     "phi3": {"model_type": "phi3", "partial_rotary_factor": 0.5},
+    # a NoPE layer after a rotary one
+    "smollm3": {"model_type": "smollm3", "no_rope_layers": [1, 0]},
     "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
     "qwen2_moe": {"model_type": "qwen2_moe", **_MOE, "shared_expert_intermediate_size": 48},
     "qwen3_moe": {"model_type": "qwen3_moe", "head_dim": 16, "norm_topk_prob": True, **_MOE},
@@ -152,11 +160,14 @@ def test_deepseek_variants_equal_the_trace(variant: int, regime: Regime) -> None
 # sliding-window layers whose window the sequence reaches: masked SDPA (memory-efficient kernel)
 WINDOWED: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": 16},
+    "ministral": {"sliding_window": 16},
     "mixtral": {"sliding_window": 16},
     "phi3": {"sliding_window": 16},
     "gemma2": {"sliding_window": 16},
     "gemma3_text": {"sliding_window": 16},
     "qwen2": {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1},
+    # the NoPE layer slides
+    "smollm3": {"use_sliding_window": True, "sliding_window": 16},
 }
 
 
@@ -235,6 +246,30 @@ def test_windows_over_one_key_value_head_equal_the_trace(
     # repeat_kv of one key/value head is a view: SDPA saves the cache's own k and v (Gemma 3 1B)
     cfg = {**_config("gemma3_text"), **WINDOWED["gemma3_text"], "num_key_value_heads": 1}
     _check(cfg, Batch(2, 40, checkpointing), regime)
+
+
+# SmolLM3 layers that rotate nothing: under autocast their k and v stay bf16, so the cache holds
+# them in bf16 and attention saves them (or, with one key/value head, views of them) uncast
+NOPE_VARIANTS: dict[str, dict[str, Any]] = {
+    "every layer": {"no_rope_layers": [0, 0]},
+    "one key/value head, sliding": {
+        "num_key_value_heads": 1,
+        "use_sliding_window": True,
+        "sliding_window": 16,
+    },
+    "one key/value head, eager": {"num_key_value_heads": 1, "attn_implementation": "eager"},
+    "the default interval": {"num_hidden_layers": 4, "no_rope_layers": None},
+}
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("variant", sorted(NOPE_VARIANTS))
+def test_layers_without_rotary_equal_the_trace(variant: str, regime: Regime) -> None:
+    cfg = {**_config("smollm3"), **NOPE_VARIANTS[variant]}
+    for checkpointing in Checkpointing.NONE, Checkpointing.FULL:
+        _check(cfg, Batch(2, 40, checkpointing), regime)
+        _check(cfg, Batch(1, 12, checkpointing), regime)
+        _check(cfg, Batch(2, 24, checkpointing, padded=True), regime)
 
 
 @pytest.mark.parametrize("checkpointing", [Checkpointing.NONE, Checkpointing.FULL])

@@ -42,6 +42,8 @@ def _deep(family: str) -> dict[str, Any]:
             "sliding_attention",
             "full_attention",
         ]
+    if "no_rope_layers" in config:  # NoPE layers between rotary ones
+        config["no_rope_layers"] = [1, 0, 1, 1, 0]
     return config
 
 
