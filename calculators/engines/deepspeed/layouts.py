@@ -6,7 +6,7 @@ Paths relative to ``deepspeed/runtime/`` of 0.19.8: engine.py, fp16/unfused_opti
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
@@ -111,6 +111,28 @@ class ParamFacts:
     def counts(self) -> dict[int, int]:
         """How many parameters have each size."""
         return tally(self.numels)
+
+    @cached_property
+    def block_bounds(self) -> list[int]:
+        """Where each block's elements start in the flat group, then where the last block
+        ends; empty for a list without blocks (a bare count's single tensor)."""
+        params = self.params
+        starts: list[int] = []
+        if isinstance(params, ParamList):  # from the template, without naming every tensor
+            template = params.template
+            at = template.first
+            for kind in template.kinds:
+                for _ in range(kind.blocks):
+                    starts.append(at)
+                    at += template.block_length(kind)
+        else:
+            first: dict[str, int] = {}
+            for i, p in enumerate(params):
+                if p.group.startswith("blocks."):
+                    first.setdefault(p.group, i)
+                    at = i + 1
+            starts = list(first.values())
+        return [self.offsets[i] for i in (*starts, at)] if starts else []
 
     @cached_property
     def half_blocks(self) -> int:
@@ -723,6 +745,9 @@ class Stage12:
         self.in_hooks = in_hooks
         self.hooks_note = in_hooks and facts.psi > rbs
         self.extents = facts.bucket_extents(rbs, in_hooks)
+        self.flush_activations = (
+            [self._alive_at_flush(lo) for lo, *_ in self.extents[:-1]] if in_hooks else []
+        )
         moments = forward_moments(shape, shape.first_gradient(facts.numels), 0, ipg, in_hooks)
         if not in_hooks:
             # overlap_comm off: hooks only set up the bucket; autograd keeps every gradient until
@@ -760,6 +785,33 @@ class Stage12:
             )
         self.before_reduction = moments
 
+    def _alive_at_flush(self, lo: int) -> int:
+        """The activations alive when backward reduces a bucket whose lowest element is
+        ``lo``: the next gradient, that of the parameter ending at element ``lo - 1``,
+        overflows it (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``), so
+        backward is inside that parameter's block. The blocks below it still hold what they
+        saved (with checkpointing, their inputs), that block what it saved or recomputed, and
+        the gradient entering it and the one it makes are alive; the loss's and the head's
+        tensors are gone. Blocks are taken as saving alike (``layers`` spread evenly). 0 where
+        the model's blocks or activations are unknown."""
+        shape, bounds = self.shape, self.facts.block_bounds
+        acts = shape.acts
+        if acts is None or not bounds:
+            return 0
+        layers = len(bounds) - 1
+        at = lo - 1  # the element the overflowing parameter ends at
+        if at >= bounds[-1]:  # still in the head or the final norm
+            return shape.end_of_forward - shape.log_softmax_out - shape.logits_path_freed
+        if at < bounds[0]:  # the embedding's
+            return acts.embedding + shape.block_input
+        below = bisect_right(bounds, at)  # blocks 0 .. below - 1 not done
+        return (
+            acts.embedding
+            + -(-acts.layers * below // layers)
+            + acts.recompute
+            + 2 * shape.block_input
+        )
+
     def layout(self, world: int) -> Layout:
         """What rank 0 keeps under ``world`` data-parallel ranks."""
         facts, stage, knobs, shape = self.facts, self.stage, self.knobs, self.shape
@@ -784,11 +836,12 @@ class Stage12:
         ]
         if self.hooks_note:
             notes.append(
-                "buckets reduced during backward are counted without the activations "
-                "still alive at that point"
+                "buckets reduced during backward are counted with the activations of the "
+                "blocks backward has not reached yet (blocks taken as saving alike)"
             )
 
-        reduce_peak = 0
+        # (activations, reduction buffers) of each reduction: the largest sum is the moment
+        reduce_peak, reduce_acts = 0, 0
         grads_left = 0 if in_hooks else facts.half_blocks
         allocated = 0  # grads_in_partition, once a bucket has reached rank 0's partition
         extents = self.extents
@@ -796,25 +849,29 @@ class Stage12:
         if extents:
             # every bucket but the last; a bucket's 16-bit allocations are 0 in backward order
             # (the hooks' walk), where autograd's gradients were never all alive
-            for lo, last_elem, rounded, flat in extents[:-1]:
+            flushes = self.flush_activations or [0] * (len(extents) - 1)
+            for (lo, last_elem, rounded, flat), acts in zip(extents[:-1], flushes, strict=True):
                 # flattened only when the bucket spans more than one rank's partition
                 copy = flat if spread and lo // part != last_elem // part else 0
                 grads_left -= rounded  # moved into the bucket, autograd's freed
                 alive = grads_left + copy + allocated
-                if alive > reduce_peak:
-                    reduce_peak = alive
+                if alive + acts > reduce_peak + reduce_acts:
+                    reduce_peak, reduce_acts = alive, acts
                 if lo < part:
                     allocated = gip
             lo, last_elem, _, flat = extents[-1]  # the last bucket, reduced by the epilogue
             copy = flat if spread and lo // part != last_elem // part else 0
-            reduce_peak = max(reduce_peak, copy + allocated)
+            if copy + allocated > reduce_peak + reduce_acts:
+                reduce_peak, reduce_acts = copy + allocated, 0
         if offload:
             gip = 0  # offload copies each in-partition slice straight to the pinned fp32 buffer
-        reduce_peak = max(reduce_peak, gip)
+        if gip > reduce_peak + reduce_acts:
+            reduce_peak, reduce_acts = gip, 0
 
         moments = dict(self.before_reduction)
         moments["gradient_reduction"] = Moment(
-            0, {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak}
+            reduce_acts,
+            {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak},
         )
         if stage is Stage.GRADIENTS and not offload:
             # each micro-step's epilogue keeps the partition's gradients in all_grad_tensors
@@ -844,7 +901,7 @@ class Stage12:
             # per in-partition gradient: fp64 norm copy and an fp32 copy before the host copy
             # (set_norm_for_param_grad_in_gpu, async_inplace_copy_grad_to_fp32_buffer_from_gpu)
             moments["gradient_reduction"] = Moment(
-                0,
+                reduce_acts,
                 {
                     "held_outputs": shape.held,
                     "ipg_buckets": ipg,
