@@ -42,6 +42,9 @@
 # DeepSpeed stages 3 and 2, FSDP2 stages 2 and 3, and FSDP2 stage 3 on padded batches. SET=19
 # runs it at Nd 4 on all four GPUs: FSDP2 stage 3 at 2 × 4,096 tokens, DeepSpeed stage 3 at one
 # 8,192-token sequence with checkpointing, FSDP2 stage 2 with checkpointing and two micro-steps.
+# SET=20 runs DeepSpeed stage 2 with the Trainer's config but 5e8-element buckets written in
+# (bench/ds_configs/zero2_5e8_buckets.json, as many hand-written configs have them) at Nd 4:
+# SmolLM3-3B's shape and Llama-3.2-3B with checkpointing, so buckets are reduced mid-backward.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -55,7 +58,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 budget=${BUDGET_S:-520}
 start=$SECONDS
 
-# NAME GPUS ND PORT CONFIG ENGINE(ds2|ds3|ds2off|ds3off|ds3offall|torch:STAGES) MICRO SEQ CHECKPOINTING
+# NAME GPUS ND PORT CONFIG ENGINE(ds2|ds3|ds2off|ds3off|ds3offall|ds2big|torch:STAGES) MICRO SEQ CHECKPOINTING
 # [ACCUMULATION [PRECISION [padded]]]
 job() {
     local name=$1 gpus=$2 nd=$3 port=$4 config=$5 engine=$6 micro=$7 seq=$8 ckpt=$9
@@ -72,6 +75,7 @@ job() {
     case $engine in
     ds2 | ds3) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}.json") ;;
     ds3offall) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero3_offload_all.json") ;;
+    ds2big) args+=(--engine deepspeed --engine-config "bench/ds_configs/zero2_5e8_buckets.json") ;;
     ds2off | ds3off)
         engine=${engine%off}
         args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}_offload.json")
@@ -182,6 +186,9 @@ elif [[ ${SET:-1} == 19 ]]; then
     job smollm3-3b_torch3_nd4_b2s4096_none 0,1,2,3 4 29996 smollm3-3b torch:3 2 4096 none
     job smollm3-3b_ds3_nd4_b1s8192_full 0,1,2,3 4 29997 smollm3-3b ds3 1 8192 full
     job smollm3-3b_torch2_nd4_b2s2048_full_ga2 0,1,2,3 4 29998 smollm3-3b torch:2 2 2048 full 2
+elif [[ ${SET:-1} == 20 ]]; then
+    job smollm3-3b_ds2big_nd4_b1s4096_full 0,1,2,3 4 29999 smollm3-3b ds2big 1 4096 full
+    job llama-3.2-3b_ds2big_nd4_b2s2048_full 0,1,2,3 4 29989 llama-3.2-3b ds2big 2 2048 full
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none
