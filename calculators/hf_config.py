@@ -170,9 +170,9 @@ def _rope_layers(cfg: Mapping[str, Any], layers: int) -> list[bool]:
 def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     """The RMSNorm + RoPE + gated-MLP families, each as its ``modeling_<family>.py`` builds it.
 
-    llama / mistral / qwen2 / qwen3 / phi3 / smollm3: ``LlamaDecoderLayer``'s layout (phi3 fuses
-    ``qkv_proj`` and ``gate_up_proj``; qwen3 adds per-head q/k norms; smollm3 rotates nothing
-    in its NoPE layers); gemma / gemma2 /
+    llama / mistral / ministral / qwen2 / qwen3 / phi3 / smollm3: ``LlamaDecoderLayer``'s layout
+    (phi3 fuses ``qkv_proj`` and ``gate_up_proj``; qwen3 adds per-head q/k norms; ministral
+    takes a window per layer; smollm3 rotates nothing in its NoPE layers); gemma / gemma2 /
     gemma3_text: ``(1 + weight)`` norms, tied head, GeGLU, four norms per layer from gemma2 on;
     mixtral / qwen2_moe / qwen3_moe: a top-k router and ``num_experts`` SwiGLU experts (qwen2_moe
     adds a gated shared expert).
