@@ -9,6 +9,7 @@ finds the same block for every flush.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -19,13 +20,14 @@ from calculators.engines.deepspeed import layouts
 from calculators.engines.deepspeed.config import Knobs
 from calculators.hf_config import architecture_from_hf_config
 from calculators.model_states import TrainingSetup
-from calculators.parameters import architecture_params
+from calculators.parameters import architecture_params, implied_params
 from measure.hf_families import family_config
 
 
-def _flush_blocks(arch: Architecture, bucket: int) -> list[int | None]:
+def _flushes(arch: Architecture, bucket: int) -> list[tuple[int | None, tuple[int, ...]]]:
     """For each bucket reduced during backward, the block whose gradient overflowed it (None:
-    outside the blocks), walked gradient by gradient as the hooks see them."""
+    outside the blocks) and that parameter's shape, walked gradient by gradient as the hooks
+    see them."""
     tensors = list(architecture_params(arch))
     held, out = 0, []
     for i in range(len(tensors) - 1, -1, -1):
@@ -34,14 +36,19 @@ def _flush_blocks(arch: Architecture, bucket: int) -> list[int | None]:
             continue
         if held and held + n > bucket:
             group = tensors[i].group
-            out.append(int(group.split(".")[1]) if group.startswith("blocks.") else None)
+            block = int(group.split(".")[1]) if group.startswith("blocks.") else None
+            out.append((block, tensors[i].shape))
             held = 0
         held += n
     return out
 
 
 def _expected(
-    shape: layouts.StepShape, arch: Architecture, block: int | None, below_embedding: bool
+    shape: layouts.StepShape,
+    arch: Architecture,
+    block: int | None,
+    dims: tuple[int, ...],
+    below_embedding: bool,
 ) -> int:
     acts = shape.acts
     assert acts is not None
@@ -49,11 +56,13 @@ def _expected(
         if below_embedding:
             return acts.embedding + shape.block_input
         return shape.end_of_forward - shape.log_softmax_out - shape.logits_path_freed
+    # a linear's weight gradient: its output's and its input's gradients alive beside it
+    linear = shape.token_bytes * sum(dims) if len(dims) == 2 else 0
     return (
         acts.embedding
         + -(-acts.layers * (block + 1) // arch.layers)
         + acts.recompute
-        + 2 * shape.block_input
+        + max(2 * shape.block_input, linear)
     )
 
 
@@ -72,11 +81,33 @@ def test_each_flush_counts_the_blocks_backward_has_not_finished(
     shape = layouts.step_shape(setup, knobs)
     facts = layouts.ParamFacts(architecture_params(arch))
     stage = layouts.Stage12(facts, Stage.GRADIENTS, knobs, 2, shape, True, 1)
-    blocks = _flush_blocks(arch, bucket)
-    assert len(stage.flush_activations) == len(blocks)
+    flushes = _flushes(arch, bucket)
+    assert len(stage.flush_activations) == len(flushes)
     first_block = facts.block_bounds[0]
-    for (lo, *_), block, got in zip(stage.extents, blocks, stage.flush_activations, strict=False):
-        assert got == _expected(shape, arch, block, lo - 1 < first_block)
+    for (lo, *_), (block, dims), got in zip(
+        stage.extents, flushes, stage.flush_activations, strict=False
+    ):
+        assert got == _expected(shape, arch, block, dims, lo - 1 < first_block)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        *(family_config(f, "tiny") for f in ("llama", "qwen2_moe", "deepseek_v3", "phi3")),
+        7_500_000_123,  # a bare count: the implied decoder, its first block grown
+    ],
+)
+def test_shapes_read_from_the_template_are_the_listed_ones(model: dict[str, Any] | int) -> None:
+    params = (
+        implied_params(model)
+        if isinstance(model, int)
+        else architecture_params(architecture_from_hf_config(model))
+    )
+    assert params is not None
+    facts = layouts.ParamFacts(params)
+    listed = layouts.ParamFacts(tuple(params))
+    assert [facts.shape_at(i) for i in range(len(params))] == [t.shape for t in params]
+    assert facts.block_bounds == listed.block_bounds
 
 
 def test_a_flush_mid_backward_can_set_the_peak() -> None:

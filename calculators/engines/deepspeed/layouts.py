@@ -134,6 +134,30 @@ class ParamFacts:
             starts = list(first.values())
         return [self.offsets[i] for i in (*starts, at)] if starts else []
 
+    def shape_at(self, i: int) -> tuple[int, ...]:
+        """The shape of parameter ``i``, read from the template of a list that has one (its
+        blocks and experts repeat the template's tensors) rather than naming every tensor."""
+        params = self.params
+        if not isinstance(params, ParamList):
+            return params[i].shape
+        template = params.template
+        tensors = template.tensors
+        if i < template.first:
+            return tensors[i].shape
+        at, t = template.first, template.first  # full index and template index of a kind
+        for kind in template.kinds:
+            length = template.block_length(kind)
+            if i < at + kind.blocks * length:
+                u = (i - at) % length
+                if u >= kind.pre:
+                    u -= kind.pre
+                    run = template.experts * kind.expert
+                    u = kind.pre + (u % kind.expert if u < run else kind.expert + u - run)
+                return tensors[t + u].shape
+            at += kind.blocks * length
+            t += kind.pre + kind.expert + kind.post
+        return tensors[len(tensors) - (template.length - i)].shape
+
     @cached_property
     def half_blocks(self) -> int:
         """One 16-bit allocation per parameter (``blocks(HALF_BYTES, numels)``)."""
@@ -330,6 +354,7 @@ class StepShape:
     # the 16-bit logits a loop that keeps only the loss (transformers' Trainer) drops as forward
     # returns: alive inside the model's forward only, not in ``acts``
     dropped_logits: int = 0
+    token_bytes: int = 0  # one 16-bit feature over the micro-batch's tokens
 
     def first_gradient(self, numels: Sequence[int]) -> int:
         """The gradient the head's backward makes first: its weight's, which exists even when
@@ -403,6 +428,7 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         first_layer,
         layer_moved,
         dropped,
+        HALF_BYTES * t,
     )
 
 
@@ -791,9 +817,10 @@ class Stage12:
         overflows it (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``), so
         backward is inside that parameter's block. The blocks below it still hold what they
         saved (with checkpointing, their inputs), that block what it saved or recomputed, and
-        the gradient entering it and the one it makes are alive; the loss's and the head's
-        tensors are gone. Blocks are taken as saving alike (``layers`` spread evenly). 0 where
-        the model's blocks or activations are unknown."""
+        the gradients of the overflowing parameter's linear (its output's and its input's,
+        ``tokens × (out + in)``; at least the block's input and output gradients) are alive;
+        the loss's and the head's tensors are gone. Blocks are taken as saving alike (``layers``
+        spread evenly). 0 where the model's blocks or activations are unknown."""
         shape, bounds = self.shape, self.facts.block_bounds
         acts = shape.acts
         if acts is None or not bounds:
@@ -805,12 +832,15 @@ class Stage12:
         if at < bounds[0]:  # the embedding's
             return acts.embedding + shape.block_input
         below = bisect_right(bounds, at)  # blocks 0 .. below - 1 not done
-        return (
-            acts.embedding
-            + -(-acts.layers * below // layers)
-            + acts.recompute
-            + 2 * shape.block_input
+        # the overflowing gradient's own op: a linear's weight gradient is made beside its
+        # input's, with its output's gradient still alive (the block's input and output
+        # gradients at least)
+        facts = self.facts
+        dims = facts.shape_at(bisect_right(facts.offsets, at) - 1)
+        in_flight = max(
+            2 * shape.block_input, shape.token_bytes * sum(dims) if len(dims) == 2 else 0
         )
+        return acts.embedding + -(-acts.layers * below // layers) + acts.recompute + in_flight
 
     def layout(self, world: int) -> Layout:
         """What rank 0 keeps under ``world`` data-parallel ranks."""
