@@ -178,6 +178,34 @@ class ParamTemplate:
     def block_length(self, kind: BlockKind) -> int:
         return kind.pre + self.experts * kind.expert + kind.post
 
+    def template_index(self, i: int) -> int:
+        """The template tensor that the full list's tensor ``i`` copies (``index`` inverted)."""
+        if i < self.first:
+            return i
+        at, t = self.first, self.first  # where each kind starts, in the list and the template
+        for kind in self.kinds:
+            length = self.block_length(kind)
+            if i < at + kind.blocks * length:
+                u = (i - at) % length
+                if u >= kind.pre:
+                    u -= kind.pre
+                    run = self.experts * kind.expert
+                    u = kind.pre + (u % kind.expert if u < run else kind.expert + u - run)
+                return t + u
+            at += kind.blocks * length
+            t += kind.pre + kind.expert + kind.post
+        return len(self.tensors) - (self.length - i)
+
+    def block_starts(self) -> list[int]:
+        """Where each block starts in the full list, then where the last one ends (empty
+        without blocks)."""
+        at, starts = self.first, []
+        for kind in self.kinds:
+            for _ in range(kind.blocks):
+                starts.append(at)
+                at += self.block_length(kind)
+        return [*starts, at] if starts else []
+
     @property
     def length(self) -> int:
         """Tensors in the full list."""

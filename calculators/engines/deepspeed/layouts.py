@@ -117,46 +117,25 @@ class ParamFacts:
         """Where each block's elements start in the flat group, then where the last block
         ends; empty for a list without blocks (a bare count's single tensor)."""
         params = self.params
-        starts: list[int] = []
         if isinstance(params, ParamList):  # from the template, without naming every tensor
-            template = params.template
-            at = template.first
-            for kind in template.kinds:
-                for _ in range(kind.blocks):
-                    starts.append(at)
-                    at += template.block_length(kind)
+            starts = params.template.block_starts()
         else:
             first: dict[str, int] = {}
             for i, p in enumerate(params):
                 if p.group.startswith("blocks."):
                     first.setdefault(p.group, i)
-                    at = i + 1
-            starts = list(first.values())
-        return [self.offsets[i] for i in (*starts, at)] if starts else []
+                    end = i + 1
+            starts = [*first.values(), end] if first else []
+        return [self.offsets[i] for i in starts]
 
     def shape_at(self, i: int) -> tuple[int, ...]:
         """The shape of parameter ``i``, read from the template of a list that has one (its
         blocks and experts repeat the template's tensors) rather than naming every tensor."""
         params = self.params
-        if not isinstance(params, ParamList):
-            return params[i].shape
-        template = params.template
-        tensors = template.tensors
-        if i < template.first:
-            return tensors[i].shape
-        at, t = template.first, template.first  # full index and template index of a kind
-        for kind in template.kinds:
-            length = template.block_length(kind)
-            if i < at + kind.blocks * length:
-                u = (i - at) % length
-                if u >= kind.pre:
-                    u -= kind.pre
-                    run = template.experts * kind.expert
-                    u = kind.pre + (u % kind.expert if u < run else kind.expert + u - run)
-                return tensors[t + u].shape
-            at += kind.blocks * length
-            t += kind.pre + kind.expert + kind.post
-        return tensors[len(tensors) - (template.length - i)].shape
+        if isinstance(params, ParamList):
+            template = params.template
+            return template.tensors[template.template_index(i)].shape
+        return params[i].shape
 
     @cached_property
     def half_blocks(self) -> int:
