@@ -352,6 +352,29 @@ def first_block_span(params: Sequence[ParamTensor]) -> tuple[int, int]:
     return first, end
 
 
+def block_starts(params: Sequence[ParamTensor]) -> list[int]:
+    """Where each block's tensors start in ``params``, then where the last block ends (empty
+    without blocks): from the template of a list that has one, else from the groups."""
+    if isinstance(params, ParamList):
+        return params.template.block_starts()
+    first: dict[str, int] = {}
+    end = 0
+    for i, p in enumerate(params):
+        if p.group != ROOT_GROUP:
+            first.setdefault(p.group, i)
+            end = i + 1
+    return [*first.values(), end] if first else []
+
+
+def shape_at(params: Sequence[ParamTensor], i: int) -> tuple[int, ...]:
+    """The shape of ``params[i]``, read from the template of a list that has one (its blocks
+    and experts repeat the template's tensors) rather than naming every tensor."""
+    if isinstance(params, ParamList):
+        template = params.template
+        return template.tensors[template.template_index(i)].shape
+    return params[i].shape
+
+
 @lru_cache(maxsize=16)
 def architecture_params(arch: Architecture) -> ParamList:
     """Every parameter of ``arch`` in ``named_parameters`` order, once per architecture (a sweep

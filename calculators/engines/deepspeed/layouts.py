@@ -46,8 +46,10 @@ from calculators.model_states import NOWHERE, Placement, TrainingSetup, placemen
 from calculators.parameters import (
     ParamList,
     ParamTensor,
+    block_starts,
     first_block_span,
     param_numels,
+    shape_at,
     tally,
 )
 
@@ -116,26 +118,7 @@ class ParamFacts:
     def block_bounds(self) -> list[int]:
         """Where each block's elements start in the flat group, then where the last block
         ends; empty for a list without blocks (a bare count's single tensor)."""
-        params = self.params
-        if isinstance(params, ParamList):  # from the template, without naming every tensor
-            starts = params.template.block_starts()
-        else:
-            first: dict[str, int] = {}
-            for i, p in enumerate(params):
-                if p.group.startswith("blocks."):
-                    first.setdefault(p.group, i)
-                    end = i + 1
-            starts = [*first.values(), end] if first else []
-        return [self.offsets[i] for i in starts]
-
-    def shape_at(self, i: int) -> tuple[int, ...]:
-        """The shape of parameter ``i``, read from the template of a list that has one (its
-        blocks and experts repeat the template's tensors) rather than naming every tensor."""
-        params = self.params
-        if isinstance(params, ParamList):
-            template = params.template
-            return template.tensors[template.template_index(i)].shape
-        return params[i].shape
+        return [self.offsets[i] for i in block_starts(self.params)]
 
     @cached_property
     def half_blocks(self) -> int:
@@ -815,7 +798,7 @@ class Stage12:
         # input's, with its output's gradient still alive (the block's input and output
         # gradients at least)
         facts = self.facts
-        dims = facts.shape_at(bisect_right(facts.offsets, at) - 1)
+        dims = shape_at(facts.params, bisect_right(facts.offsets, at) - 1)
         in_flight = max(
             2 * shape.block_input, shape.token_bytes * sum(dims) if len(dims) == 2 else 0
         )
