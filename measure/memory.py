@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
 import subprocess
 import weakref
@@ -158,15 +159,21 @@ class DeviceMemory:
         return int(torch.cuda.memory_reserved(self.device)) if self.is_cuda else None
 
     def nvml_used(self) -> int | None:
-        """Device-level used bytes (CUDA context and NCCL buffers included), if NVML is there."""
+        """Device-level used bytes (CUDA context and NCCL buffers included), if NVML or
+        nvidia-smi is there: of the physical GPU behind this device, named by its UUID, since
+        NVML numbers every GPU of the host while ``CUDA_VISIBLE_DEVICES`` renumbers the visible
+        ones from 0."""
         if not self.is_cuda:
             return None
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        gpu = physical_gpu(index)
+        if gpu is None:
+            return None
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            handle = pynvml.nvmlDeviceGetHandleByUUID(gpu)
             return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
         except Exception:  # noqa: BLE001 - NVML is optional; fall back to nvidia-smi
             pass
@@ -175,7 +182,7 @@ class DeviceMemory:
             return None
         try:
             out = subprocess.run(
-                [smi, f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                [smi, f"--id={gpu}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                 capture_output=True,
                 text=True,
                 timeout=10,
@@ -184,6 +191,17 @@ class DeviceMemory:
             return int(float(out.splitlines()[0]) * 2**20)  # nvidia-smi reports MiB
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
             return None
+
+
+def physical_gpu(index: int) -> str | None:
+    """The UUID (``GPU-…``, as NVML and nvidia-smi name GPUs) of CUDA device ``index``; without
+    one, the index itself only where ``CUDA_VISIBLE_DEVICES`` leaves the numbering as NVML's
+    (unset), else ``None``: another GPU's figure would be read."""
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None and str(uuid):
+        text = str(uuid)
+        return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+    return str(index) if os.environ.get("CUDA_VISIBLE_DEVICES") is None else None
 
 
 @contextlib.contextmanager
