@@ -55,9 +55,35 @@ from calculators.speed import (
     split_phase,
 )
 
-# bench/results/torch_peak.json: nvml_used − reserved = 1.2-1.3 GiB on an H100 with torch 2.11
-# (CUDA context, loaded kernels, NCCL buffers): memory the allocator never sees.
-CONTEXT_RESERVE = 13 * GIB // 10
+# Device memory the caching allocator never sees (the CUDA context, loaded kernels, NCCL's
+# buffers): rank 0's nvml_used − reserved read together after a step (python3
+# bench/context_reserve.py). On H200 with torch 2.11, NCCL 2.28 and DeepSpeed 0.19.8
+# (bench/results/context/, bench/gpu/context_round.sh; the real-model runs at Nd 2 and 4 in
+# bench/results/real_models): torch 1.89 GiB alone, 2.15-2.18 GiB in an NCCL world of 2 or 4;
+# DeepSpeed 2.28 and 2.65-2.66 GiB; on H100 at Nd 2, 2.05 and 2.53 GiB. Kept rounded up to
+# 0.1 GiB. Across nodes NCCL's network buffers come on top (not measured).
+CONTEXT_RESERVE: dict[tuple[Engine, bool], int] = {
+    (Engine.TORCH, False): 19 * GIB // 10,
+    (Engine.TORCH, True): 22 * GIB // 10,
+    (Engine.DEEPSPEED, False): 23 * GIB // 10,
+    (Engine.DEEPSPEED, True): 27 * GIB // 10,
+}
+
+
+def context_reserve(engine: Engine, gpus: int) -> tuple[int, str]:
+    """Device bytes outside the allocator for ``engine`` over ``gpus`` ranks, and where the
+    figure comes from (``CONTEXT_RESERVE``)."""
+    world = gpus > 1
+    reserve = CONTEXT_RESERVE[engine, world]
+    source = (
+        f"nvml_used − memory_reserved of rank 0 after a step, {engine.value} "
+        + ("in an NCCL world of 2 or 4 ranks on one node" if world else "on one GPU")
+        + ", H100/H200 (torch 2.11, NCCL 2.28, DeepSpeed 0.19.8), rounded up to 0.1 GiB"
+        + ("; across nodes NCCL's network buffers come on top (not measured)" if world else "")
+    )
+    return reserve, source
+
+
 # bench/results/torch_peak.json: reserved is 10-25 % above the allocated peak (the caching
 # allocator's rounding and freed blocks kept for reuse); the low end is kept free.
 ALLOCATOR_MARGIN = 0.10
@@ -223,7 +249,8 @@ class PlanSetup:
         search: what may vary.
         efficiency: the GEMM efficiency and host cost per kernel to assume.
         gpu_figures: the other GPU-side figures (attention and memory efficiency, passes).
-        context_reserve: device bytes outside the allocator (CUDA context, NCCL).
+        context_reserve: device bytes outside the allocator (CUDA context, NCCL); None: the
+            measured figure for the engine and the number of ranks (``context_reserve``).
         allocator_margin: fraction of the device kept free for the allocator's rounding.
         host_optimizer_bandwidth: host bytes/s one rank's CPU optimizer streams (None: the
             engine's stated figure, ``host_optimizer``).
@@ -252,7 +279,7 @@ class PlanSetup:
     search: Search = field(default_factory=Search)
     efficiency: Efficiency = field(default_factory=Efficiency)
     gpu_figures: GpuFigures = field(default_factory=GpuFigures)
-    context_reserve: int = CONTEXT_RESERVE
+    context_reserve: int | None = None
     allocator_margin: float = ALLOCATOR_MARGIN
     host_optimizer_bandwidth: float | None = None
     host_optimizer_given_source: str = "given"
@@ -296,9 +323,16 @@ class PlanSetup:
         return self.global_batch_size // self.gpus
 
     @property
+    def reserve(self) -> tuple[int, str]:
+        """The device bytes outside the allocator, and where the figure comes from."""
+        if self.context_reserve is not None:
+            return self.context_reserve, "given"
+        return context_reserve(self.engine, self.gpus)
+
+    @property
     def usable_memory(self) -> int:
         """Device bytes the allocator's peak may reach."""
-        return int((self.gpu.memory - self.context_reserve) * (1 - self.allocator_margin))
+        return int((self.gpu.memory - self.reserve[0]) * (1 - self.allocator_margin))
 
     @property
     def peak_flops(self) -> float:
@@ -463,6 +497,7 @@ class Assumptions:
     causal_attention_fraction: float
     attention_backward_factor: float
     context_reserve: int
+    context_reserve_source: str
     allocator_margin: float
     usable_memory: int
     host_optimizer_bandwidth: float
@@ -1424,7 +1459,8 @@ def assumptions(setup: PlanSetup) -> Assumptions:
         ),
         causal_attention_fraction=1.0 if setup.padded or eager else CAUSAL_FRACTION,
         attention_backward_factor=ATTENTION_BACKWARD_FACTOR,
-        context_reserve=setup.context_reserve,
+        context_reserve=setup.reserve[0],
+        context_reserve_source=setup.reserve[1],
         allocator_margin=setup.allocator_margin,
         usable_memory=setup.usable_memory,
         host_optimizer_bandwidth=setup.host_optimizer[0],

@@ -68,10 +68,12 @@ BREAKDOWN_NOTES = [
     "tensors share 2 MiB segments) and keeps freed blocks for reuse, so reserved >= peak by an "
     "amount that depends on the order of allocations; /v1/measure reports it (10-25 % above "
     "the peak in bench/results/torch_peak.json)",
-    "outside the allocator, nvidia-smi also counts the CUDA context and loaded kernels (about "
-    "1.2-1.3 GiB with torch 2.11 on an H100: nvml_used - reserved in "
-    "bench/results/torch_peak.json) and NCCL's buffers (NCCL_BUFFSIZE, 4 MiB by default, per "
-    "channel and peer; NCCL environment-variable documentation)",
+    "outside_allocator is not predicted: nvidia-smi also counts the CUDA context, loaded "
+    "kernels and NCCL's buffers, which depend on the driver, CUDA and NCCL builds; measured as "
+    "rank 0's nvml_used - reserved after a step with torch 2.11, NCCL 2.28 and DeepSpeed "
+    "0.19.8 on H100/H200 (bench/results/context): torch 1.9 GiB on one GPU and 2.2 GiB in an "
+    "NCCL world of 2 or 4, DeepSpeed 2.3 and 2.7 GiB. fits compares the allocated peak with "
+    "device_memory alone; /v1/plan keeps these bytes free",
 ]
 
 

@@ -352,7 +352,11 @@ class PlanAssumptions(BaseModel):
         "kernel's half, or all of them with a padding mask (padded)."
     )
     attention_backward_factor: float = Field(description="Attention backward / forward FLOPs.")
-    context_reserve: int = Field(description="Device bytes outside the allocator.")
+    context_reserve: int = Field(
+        description="Device bytes outside the allocator (CUDA context, kernels, NCCL's buffers), "
+        "measured per engine and for one rank or several."
+    )
+    context_reserve_source: str = Field(description="Where context_reserve comes from.")
     allocator_margin: float = Field(description="Fraction kept free for allocator rounding.")
     usable_memory: int = Field(description="(memory − context_reserve) × (1 − allocator_margin).")
     host_optimizer_bandwidth: float = Field(

@@ -25,6 +25,7 @@ from calculators.plan import (
     _Evaluator,
     calibrate,
     configs,
+    context_reserve,
     plan,
     predict,
 )
@@ -487,3 +488,39 @@ def test_calibrating_on_an_offloaded_run_says_what_it_takes_as_given() -> None:
     assert any("the run offloads" in n for n in found.notes)
     plain = calibrate(s, replace(c, offload=OffloadChoice.NONE), step.total)
     assert not any("offloads" in n for n in plain.notes)
+
+
+@pytest.mark.parametrize("engine", [Engine.TORCH, Engine.DEEPSPEED])
+def test_context_reserve_covers_what_was_measured_outside_the_allocator(engine: Engine) -> None:
+    """The reserve for one rank and for an NCCL world is not below the device memory the
+    dedicated runs found outside the allocator (rank 0's nvml_used − reserved after a step,
+    ``bench/results/context``, ``bench/gpu/context_round.sh``)."""
+    from pathlib import Path
+
+    from bench.context_reserve import results
+
+    seen = 0
+    for path in sorted(Path("bench/results/context").glob("*.json")):
+        for _, result in results(path):
+            if result["engine"] != engine.value:
+                continue
+            for run in result["runs"]:
+                m = run["measured"]
+                outside = m["nvml_used"] - m["reserved"]
+                reserve, source = context_reserve(engine, run["world_size"])
+                assert 0 < outside <= reserve, (path.name, outside, reserve)
+                assert engine.value in source
+                seen += 1
+    assert seen >= 2  # one rank and two
+
+
+def test_the_reserve_follows_engine_and_ranks_unless_given() -> None:
+    alone = setup(gpus=1, gpus_per_node=1, global_batch_size=8)
+    world = setup()
+    ds = setup(Engine.DEEPSPEED)
+    assert alone.reserve[0] < world.reserve[0] < ds.reserve[0]
+    assert "NCCL world" in world.reserve[1] and "one GPU" in alone.reserve[1]
+    given = replace(world, context_reserve=3 * 2**30)
+    assert given.reserve == (3 * 2**30, "given")
+    assert given.usable_memory < world.usable_memory
+    assert plan(world).assumptions.context_reserve_source == world.reserve[1]
