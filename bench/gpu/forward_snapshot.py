@@ -2,12 +2,20 @@
 
 Builds the model and engine exactly as ``POST /v1/measure`` does (one process, a world of one
 over NCCL), runs two warm-up steps, then records the caching allocator's history over one more
-forward and writes every live block (size, requested size, the Python frames that allocated
-it) with the predicted components beside it::
+forward and writes every live block (size, requested size, stream, the Python frames that
+allocated it) with the predicted components beside it::
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=$PWD python3 bench/gpu/forward_snapshot.py \\
         --family qwen3 --stages 0,2,3 --out /tmp/snap
     (or --hf-config bench/hf_configs/gemma-3-1b.json --micro-batch-size 1 --seq-len 2048)
+
+Under ``torchrun --nproc-per-node N`` the world is N ranks over NCCL and rank 0 writes;
+``--trace-step`` also writes the allocator's events over the whole recorded step (forward,
+backward, optimizer step), in order, for replaying it. ``--report FILE...`` prints, without a
+GPU, where the live blocks exceed their requests (by allocating site) and which blocks
+FSDP2's gathered parameters got::
+
+    python3 bench/gpu/forward_snapshot.py --report bench/results/forward_snapshot/*_nd2.json.gz
 
 ``--device cpu`` checks the script on a CPU (no allocator history; block lists stay empty).
 """
@@ -15,6 +23,7 @@ it) with the predicted components beside it::
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -68,6 +77,8 @@ def live_blocks(
                 {
                     "size": b["size"],
                     "requested": b.get("requested_size", b["size"]),
+                    "stream": b.get("stream", 0),
+                    "segment_size": b.get("segment_size", 0),
                     "recorded": addr in history,
                     "frames": _frames(t, depth),
                 }
@@ -77,18 +88,75 @@ def live_blocks(
 
 def addressed_blocks(snap: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     """Every block of ``snap``'s segments with its address (a segment's blocks lie end to
-    end from the segment's address)."""
+    end from the segment's address), each with its segment's stream and size."""
     out = []
     for seg in snap["segments"]:
         addr = seg["address"]
         for b in seg["blocks"]:
+            b = {**b, "stream": seg.get("stream", 0), "segment_size": seg.get("total_size", 0)}
             out.append((addr, b))
             addr += b["size"]
     return out
 
 
+def step_events(snap: dict[str, Any], depth: int) -> list[dict[str, Any]]:
+    """The allocator's recorded events in order: action, address, size, stream and the
+    allocating frames (``alloc`` only)."""
+    out = []
+    for t in snap.get("device_traces", [[]])[0]:
+        e = {k: t.get(k) for k in ("action", "addr", "size", "stream")}
+        if t.get("action") == "alloc":
+            e["frames"] = _frames(t, depth)
+        out.append(e)
+    return out
+
+
+def _world(device_type: str) -> tuple[torch.device, int, int]:
+    """The device, rank and world size: torchrun's world where it set one, else one rank."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return world_of_one(device_type, 29571), 0, 1
+    dist.init_process_group("nccl")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local), dist.get_rank(), world
+
+
+def report(paths: list[str]) -> None:
+    """Per snapshot: the live blocks' bytes beyond their requests by allocating site, and the
+    gathered parameters' requests (FSDP2 ``alloc_storage``) with the blocks they got."""
+    for name in paths:
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(name, "rt") as f:
+            record = json.load(f)
+        blocks = record["blocks"]
+        excess = sum(b["size"] - b["requested"] for b in blocks)
+        print(
+            f"{Path(name).name}: stage {record['stage']}, Nd {record.get('world', 1)}, "
+            f"{len(blocks)} live blocks after forward, {excess / 2**20:.2f} MiB beyond requests"
+        )
+        by_site: Counter[str] = Counter()
+        count: Counter[str] = Counter()
+        for b in blocks:
+            if b["size"] > b["requested"]:
+                site = b["frames"][0] if b["frames"] else "(allocated before the recorded step)"
+                by_site[site] += b["size"] - b["requested"]
+                count[site] += 1
+        for site, n in by_site.most_common():
+            print(f"  {n / 2**20:7.2f} MiB over {count[site]:3d} blocks  {site}")
+        got: Counter[tuple[int, int]] = Counter(
+            (b["requested"], b["size"])
+            for b in blocks
+            if b["frames"] and "alloc_storage" in b["frames"][0] and b["requested"] > 2**20
+        )
+        for (asked, size), n in sorted(got.items()):
+            mib = f"{asked / 2**20:.3f} MiB handed {size / 2**20:.3f} MiB"
+            print(f"  gathered parameter of {mib}: {n}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", nargs="+", help="print what these snapshots hold; no GPU")
     ap.add_argument("--family", default="qwen3")
     ap.add_argument("--stages", default="0,2,3")
     ap.add_argument("--checkpointing", default="none")
@@ -99,11 +167,15 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/snap"))
+    ap.add_argument("--trace-step", action="store_true", help="also write the step's events")
     a = ap.parse_args()
+    if a.report:
+        report(a.report)
+        return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cuda = a.device == "cuda"
-    device = world_of_one(a.device, 29571)
+    device, rank, world = _world(a.device)
     for stage_n in (int(s) for s in a.stages.split(",")):
         stage = Stage(stage_n)
         if a.hf_config:
@@ -113,7 +185,7 @@ def main() -> int:
             config, name = family_config(a.family, a.size), a.family
         body = {
             "model": {"hf_config": config},
-            "dp": 1,
+            "dp": world,
             "stages": [stage_n],
             "precision": "mixed_bf16",
             "optimizer": "adamw",
@@ -147,11 +219,20 @@ def main() -> int:
         with engine.autocast():
             logits, loss = workload.forward(engine.module, x, y)
         blocks: list[dict[str, Any]] = []
-        after = 0
+        events: list[dict[str, Any]] = []
+        after = peak = 0
         if cuda:
             torch.cuda.synchronize()
             after = torch.cuda.memory_allocated()
             blocks = live_blocks(a.depth)
+            if a.trace_step:
+                torch.cuda.reset_peak_memory_stats()
+                loss.backward()
+                engine.optimizer.step()
+                engine.optimizer.zero_grad(set_to_none=True)
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated()
+                events = step_events(torch.cuda.memory._snapshot(), a.depth)
             torch.cuda.memory._record_memory_history(enabled=None)
         by_site: Counter[str] = Counter()
         count: Counter[str] = Counter()
@@ -165,14 +246,20 @@ def main() -> int:
             "checkpointing": a.checkpointing,
             "allocated_before_forward": before,
             "allocated_after_forward": after,
+            "world": world,
+            "peak_after_forward": peak,
             "sites": [
                 {"bytes": n, "blocks": count[k], "site": k} for k, n in by_site.most_common()
             ],
             "blocks": blocks,
+            "events": events,
         }
-        path = out / f"snapshot_{name}_stage{stage_n}_{a.checkpointing}.json"
-        path.write_text(json.dumps(record, indent=1))
-        print(path, before, after, len(blocks))
+        suffix = f"_nd{world}" if world > 1 else ""
+        path = out / f"snapshot_{name}_stage{stage_n}_{a.checkpointing}{suffix}.json"
+        if rank == 0:
+            path.write_text(json.dumps(record, indent=None if events else 1))
+            excess = sum(b["size"] - b["requested"] for b in blocks)
+            print(path, before, after, len(blocks), "excess", excess, "peak", peak)
         del logits, loss, engine, model
         if cuda:
             torch.cuda.empty_cache()

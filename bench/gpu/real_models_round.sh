@@ -45,6 +45,17 @@
 # SET=20 runs DeepSpeed stage 2 with the Trainer's config but 5e8-element buckets written in
 # (bench/ds_configs/zero2_5e8_buckets.json, as many hand-written configs have them) at Nd 4:
 # SmolLM3-3B's shape and Llama-3.2-3B with checkpointing, so buckets are reduced mid-backward.
+# SET=21 runs two shapes no earlier set ran, at Nd 4: Gemma-7B (16 heads of 256, no key/value
+# grouping, a 256,000-token vocabulary) under FSDP2 stage 3 with checkpointing and DeepSpeed
+# stage 3 without, and Phi-3-mini (fused qkv and gate/up projections) under FSDP2 stage 2
+# without checkpointing and DeepSpeed stage 2 with it. SET=22 runs Qwen3-30B-A3B (48 layers of
+# 128 experts, eight per token) under FSDP2 stage 3 in pure bf16 with checkpointing at Nd 4
+# (JOB_TIMEOUT_S=420: its fp32 build takes most of a GPU before it is cast and sharded).
+# SET=23 runs the same three shapes otherwise at Nd 4: Phi-3-mini under DDP and
+# ZeroRedundancyOptimizer at 4,096 tokens, Gemma-7B under FSDP2 stage 2 with checkpointing, and
+# Qwen3-30B-A3B under FSDP2 stage 3 in pure bf16 at 4,096 tokens without checkpointing.
+# SET=24 runs DeepSpeed stage 2 (the Trainer's config) at Nd 4 on a real-size mixture of experts,
+# Qwen1.5-MoE-A2.7B, and on Gemma-7B, both with checkpointing.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -189,6 +200,20 @@ elif [[ ${SET:-1} == 19 ]]; then
 elif [[ ${SET:-1} == 20 ]]; then
     job smollm3-3b_ds2big_nd4_b1s4096_full 0,1,2,3 4 29999 smollm3-3b ds2big 1 4096 full
     job llama-3.2-3b_ds2big_nd4_b2s2048_full 0,1,2,3 4 29989 llama-3.2-3b ds2big 2 2048 full
+elif [[ ${SET:-1} == 21 ]]; then
+    job gemma-7b_torch3_nd4_b1s4096_full 0,1,2,3 4 30001 gemma-7b torch:3 1 4096 full
+    job phi-3-mini-4k_torch2_nd4_b2s2048_none 0,1,2,3 4 30002 phi-3-mini-4k torch:2 2 2048 none
+    job gemma-7b_ds3_nd4_b1s4096_none 0,1,2,3 4 30003 gemma-7b ds3 1 4096 none
+    job phi-3-mini-4k_ds2_nd4_b2s4096_full 0,1,2,3 4 30004 phi-3-mini-4k ds2 2 4096 full
+elif [[ ${SET:-1} == 22 ]]; then
+    job qwen3-30b-a3b_torch3_bf16_nd4_b1s2048_full 0,1,2,3 4 30005 qwen3-30b-a3b torch:3 1 2048 full 1 bf16
+elif [[ ${SET:-1} == 23 ]]; then
+    job phi-3-mini-4k_torch01_nd4_b1s4096_none 0,1,2,3 4 30006 phi-3-mini-4k torch:0,1 1 4096 none
+    job gemma-7b_torch2_nd4_b1s2048_full 0,1,2,3 4 30007 gemma-7b torch:2 1 2048 full
+    job qwen3-30b-a3b_torch3_bf16_nd4_b1s4096_none 0,1,2,3 4 30008 qwen3-30b-a3b torch:3 1 4096 none 1 bf16
+elif [[ ${SET:-1} == 24 ]]; then
+    job qwen1.5-moe-a2.7b_ds2_nd4_b1s4096_full 0,1,2,3 4 30009 qwen1.5-moe-a2.7b ds2 1 4096 full
+    job gemma-7b_ds2_nd4_b2s2048_full 0,1,2,3 4 30010 gemma-7b ds2 2 2048 full
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none
