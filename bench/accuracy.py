@@ -623,7 +623,14 @@ SOURCES = (
         "2 × 1,000 or 4 × 1,000, some with 2 or 4 micro-steps, some padded, mixed bf16 (torch "
         "also pure bf16 and fp32), ± full checkpointing, transformers Trainer's ds_config "
         '("auto" values; ± CPU optimizer and parameter offload) for DeepSpeed, H100/H200 (NCCL)',
-        "bash bench/gpu/real_models_round.sh (SET=1 to 17)",
+        "bash bench/gpu/real_models_round.sh (SET=1 to 24)",
+    ),
+    Source(
+        "context/*.json",
+        real_model_runs,
+        "Qwen3-0.6B's config.json, 1 × 512 tokens, mixed bf16, DDP and FSDP2 stage 3, DeepSpeed "
+        "stage 2 (the Trainer's ds_config), Nd 1 on a host's second GPU and Nd 2, H200 (NCCL)",
+        "bash bench/gpu/context_round.sh",
     ),
     Source(
         "canonical_ds/*.json",

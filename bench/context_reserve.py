@@ -5,7 +5,7 @@ beyond the allocator's segments (the CUDA context, loaded kernels, NCCL's buffer
 engine, Nd and GPU::
 
     python3 bench/context_reserve.py bench/results/real_models/h200x4_set2[1-4].json
-    python3 bench/context_reserve.py /tmp/ctx/context/*.json   # bench/gpu/context_round.sh
+    python3 bench/context_reserve.py bench/results/context/*.json   # bench/gpu/context_round.sh
 
 Files: ``python -m measure`` results, or the packed lists of ``bench/gpu/real_models_round.sh``.
 Only runs alone on their GPUs read true: a job sharing a GPU adds its neighbour's memory, and

@@ -51,11 +51,13 @@ ROUNDING = 0.005  # the table writes % with two decimals
 def test_every_results_file_is_read() -> None:
     # a results file that no SOURCES entry reads would hold claims nobody checks
     other = {p.name for pattern in OTHER_CLAIMS for p in RESULTS.glob(pattern)}
-    # the folders of real models' and canonical decoders' runs hold only runs of the table
+    # the folders of real models', canonical decoders' and the context round's runs hold only
+    # runs of the table
     runs = [
         *RESULTS.glob("*.json"),
         *RESULTS.glob("real_models/*.json"),
         *RESULTS.glob("canonical_ds/*.json"),
+        *RESULTS.glob("context/*.json"),
     ]
     committed = {p.name for p in runs} - other
     read = {p.name for source in SOURCES for p in RESULTS.glob(source.pattern)}
