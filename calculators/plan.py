@@ -77,7 +77,11 @@ def context_reserve(engine: Engine, gpus: int) -> tuple[int, str]:
     reserve = CONTEXT_RESERVE[engine, world]
     source = (
         f"nvml_used − memory_reserved of rank 0 after a step, {engine.value} "
-        + ("in an NCCL world of 2 or 4 ranks on one node" if world else "on one GPU")
+        + (
+            f"with {gpus} ranks, as measured in NCCL worlds of 2 and 4 on one node"
+            if world
+            else "on one GPU"
+        )
         + ", H100/H200 (torch 2.11, NCCL 2.28, DeepSpeed 0.19.8), rounded up to 0.1 GiB"
         + ("; across nodes NCCL's network buffers come on top (not measured)" if world else "")
     )

@@ -519,7 +519,7 @@ def test_the_reserve_follows_engine_and_ranks_unless_given() -> None:
     world = setup()
     ds = setup(Engine.DEEPSPEED)
     assert alone.reserve[0] < world.reserve[0] < ds.reserve[0]
-    assert "NCCL world" in world.reserve[1] and "one GPU" in alone.reserve[1]
+    assert "with 8 ranks" in world.reserve[1] and "one GPU" in alone.reserve[1]
     given = replace(world, context_reserve=3 * 2**30)
     assert given.reserve == (3 * 2**30, "given")
     assert given.usable_memory < world.usable_memory
