@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench.gpu.world import world_of_one  # noqa: E402
+from bench.gpu.world import world_from_env  # noqa: E402
 from calculators.conventions import Stage  # noqa: E402
 from measure.engines.pytorch import build_engine  # noqa: E402
 from measure.hf_families import family_config  # noqa: E402
@@ -111,17 +111,6 @@ def step_events(snap: dict[str, Any], depth: int) -> list[dict[str, Any]]:
     return out
 
 
-def _world(device_type: str) -> tuple[torch.device, int, int]:
-    """The device, rank and world size: torchrun's world where it set one, else one rank."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return world_of_one(device_type, 29571), 0, 1
-    dist.init_process_group("nccl")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    return torch.device("cuda", local), dist.get_rank(), world
-
-
 def report(paths: list[str]) -> None:
     """Per snapshot: the live blocks' bytes beyond their requests by allocating site, and the
     gathered parameters' requests (FSDP2 ``alloc_storage``) with the blocks they got."""
@@ -175,7 +164,7 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cuda = a.device == "cuda"
-    device, rank, world = _world(a.device)
+    device, rank, world = world_from_env(a.device, 29571)
     for stage_n in (int(s) for s in a.stages.split(",")):
         stage = Stage(stage_n)
         if a.hf_config:

@@ -19,3 +19,15 @@ def world_of_one(device_type: str, port: int) -> torch.device:
     if cuda:
         torch.cuda.set_device(device)
     return device
+
+
+def world_from_env(device_type: str, port: int) -> tuple[torch.device, int, int]:
+    """The device, rank and world size: torchrun's world (NCCL) where it set one, else a world
+    of one (:func:`world_of_one`)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return world_of_one(device_type, port), 0, 1
+    dist.init_process_group("nccl")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local), dist.get_rank(), world
