@@ -65,6 +65,7 @@ PEAK_REQUESTED = "requested peak"
 SENT = "bytes sent per rank"
 METRICS = (PEAK, PEAK_REQUESTED, RESIDENT, AFTER_FORWARD, AFTER_BACKWARD, SENT)
 PADDED = ", padded"  # a family's runs on padded batches, shown as rows of their own
+OFFLOADED = ", checkpoint offload"  # transformers' checkpoints keeping their inputs on the host
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,7 @@ def spec_setup(
                 Checkpointing(batch.get("activation_checkpointing", "none")),
                 batch.get("grad_accumulation_steps", 1),
                 batch.get("padded", False),
+                batch.get("checkpoint_offload", False),
             ),
             engine_config=dict(config or spec.get("engine_config") or {}),
         ),
@@ -380,6 +382,8 @@ def hf_runs(
         if shape is None:
             raise ValueError(f"{path.name}: no batch in workload {result['workload']!r}")
         padded = shape[3] is not None
+        # validate_hf --checkpoint-offload
+        ckpt_offload = result["workload"].endswith(", offloaded)")
         hf_config = family_config(case["family"], data["size"])
         attention = data.get("attn_implementation")  # validate_hf --attn-implementation
         if attention:
@@ -398,6 +402,7 @@ def hf_runs(
                 "seq_len": int(shape[2]),
                 "activation_checkpointing": case["checkpointing"],
                 "padded": padded,
+                "checkpoint_offload": ckpt_offload,
             },
             "allow_slow_cpu": True,
         }
@@ -432,6 +437,7 @@ def hf_runs(
             # sizes other than the small configs get their own rows, named by parameter count
             shown = r.family if data["size"] == "small" else f"{r.family} {size_label}"
             shown += PADDED if padded else ""
+            shown += OFFLOADED if ckpt_offload else ""
             shown += f", {attention}" if attention else ""
             if engine == "torch" and REDUCE_DTYPE in config:  # FSDP2 reducing in 16 bits
                 shown += f", reduce {config[REDUCE_DTYPE]}"
@@ -504,6 +510,7 @@ def real_model_setups(path: Path) -> list[RealModelRun]:
         if "--hf-config" in args:
             family = Path(args[args.index("--hf-config") + 1]).stem
             family += PADDED if "--padded" in args else ""
+            family += OFFLOADED if "--checkpoint-offload" in args else ""
         else:  # a model given as architecture: the canonical decoder, named by the job
             family = f"canonical {entry['name'].split('_')[0]}"
         major = next(

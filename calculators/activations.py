@@ -84,6 +84,8 @@ class ActivationBreakdown:
             the model's forward computes the loss from ``labels``, gone once the loop has taken
             the loss from the output and dropped the rest (transformers' Trainer:
             ``compute_loss`` returns ``outputs["loss"]``), so not part of ``end_of_forward``.
+        offloaded: bytes of the checkpointed layers' inputs held in pinned host memory
+            (``batch.checkpoint_offload``), not on the device and not in ``layers``.
     """
 
     per_layer: LayerActivations
@@ -97,6 +99,7 @@ class ActivationBreakdown:
     autocast_weights: int
     cache: int = 0
     cache_only: int = 0
+    offloaded: int = 0
 
     @property
     def end_of_forward(self) -> int:
@@ -282,6 +285,13 @@ def activations(
     """
     if arch.modelling is not None:
         return _transformers_activations(arch, batch, regime, tp, pp)
+    if batch.checkpoint_offload:
+        raise InputError(
+            "batch.checkpoint_offload",
+            "offload is transformers' gradient checkpointing option (a model given by "
+            "hf_config or a preset of a transformers family); the canonical decoder's "
+            "checkpoints keep their inputs on the device",
+        )
     if batch.padded:
         raise InputError(
             "batch.padded",
@@ -370,12 +380,22 @@ def _transformers_activations(
     if full:
         # backward casts the recomputed layer's weights again
         recompute += hf.layer_weight_copies(arch, regime.value)
+    offloaded = offloaded_inputs(arch, batch, regime)
+    if offloaded:
+        # save_on_cpu packs each checkpoint's hidden_states argument into pinned host memory
+        # (the masks, rotary tables and position_ids ride in the call's keyword arguments and
+        # stay on the device); backward copies a layer's input back for its recomputation, and
+        # with an fp32 residual stream the recomputed input norm saves that copy itself
+        # (``x.to(float32)`` returns it), which ``terms.recompute`` leaves to ``layers``
+        layers -= offloaded
+        if _residual_bytes(regime) == FP32_BYTES:
+            recompute += offloaded // arch.layers
     if traced is not None:
         # the trace's totals in place of the formulas: the layers carry whatever the trace
         # saved beyond the embedding, head and loss terms (the recomputed layer stays analytical)
         return ActivationBreakdown(
             per_layer=per_layer,
-            layers=traced.saved - terms.embedding - terms.head - terms.loss,
+            layers=traced.saved - terms.embedding - terms.head - terms.loss - offloaded,
             recompute=recompute,
             embedding=terms.embedding,
             head=terms.head,
@@ -385,6 +405,7 @@ def _transformers_activations(
             autocast_weights=traced.autocast_weights,
             cache=traced.cache,
             cache_only=traced.cache_only,
+            offloaded=offloaded,
         )
     return ActivationBreakdown(
         per_layer=per_layer,
@@ -398,7 +419,23 @@ def _transformers_activations(
         autocast_weights=autocast_weights,
         cache=terms.cache,
         cache_only=terms.cache_only,
+        offloaded=offloaded,
     )
+
+
+def _residual_bytes(regime: Regime) -> int:
+    """Bytes per element of the residual stream: fp32 parameters (autocast, fp32) keep it in
+    fp32."""
+    return HALF_BYTES if regime is Regime.HALF else FP32_BYTES
+
+
+def offloaded_inputs(arch: Architecture, batch: Batch | None, regime: Regime) -> int:
+    """Bytes of pinned host memory transformers' checkpoint offload fills in one micro-batch's
+    forward (``batch.checkpoint_offload``): every layer's ``hidden_states`` argument, freed as
+    backward copies it back; 0 without offload."""
+    if batch is None or not batch.checkpoint_offload:
+        return 0
+    return arch.layers * _residual_bytes(regime) * batch.tokens * arch.hidden
 
 
 def _traced(

@@ -32,6 +32,11 @@ class Batch:
             code then attend through a (batch, 1, seq, seq) mask, which changes what attention
             saves; an unpadded or packed batch (or a mask of all ones, which transformers
             drops) is ``False``.
+        checkpoint_offload: transformers' gradient checkpointing with ``offload=True``
+            (``gradient_checkpointing_enable(offload=True)``; the Trainer's
+            ``gradient_checkpointing_kwargs={"offload": True}``): each checkpointed layer's
+            input is packed into pinned host memory (``torch.autograd.graph.save_on_cpu``) and
+            copied back for the layer's recomputation. Needs full checkpointing.
     """
 
     micro_batch_size: int
@@ -39,11 +44,17 @@ class Batch:
     activation_checkpointing: Checkpointing = Checkpointing.NONE
     grad_accumulation_steps: int = 1
     padded: bool = False
+    checkpoint_offload: bool = False
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "seq_len", "grad_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise InputError(f"batch.{name}", "must be at least 1")
+        if self.checkpoint_offload and self.activation_checkpointing is not Checkpointing.FULL:
+            raise InputError(
+                "batch.checkpoint_offload",
+                "offloads the inputs full checkpointing keeps: needs activation_checkpointing full",
+            )
 
     @property
     def tokens(self) -> int:

@@ -24,6 +24,8 @@ class StageEstimate:
         peak: the highest bytes allocated during a step, when it can be estimated.
         components: named engine-specific parts of ``resident``/``peak`` (bytes).
         cpu_buffers: host bytes beyond model states (pinned staging buffers).
+        cpu_activations: pinned host bytes holding the checkpointed layers' inputs
+            (``batch.checkpoint_offload``) at the end of forward.
         notes: what the figure assumes, in short sentences.
         theory: the ZeRO paper's model states for the same setup (the first rung of the
             theory → allocated → reserved → device breakdown).
@@ -40,6 +42,7 @@ class StageEstimate:
     components: Mapping[str, int] = field(default_factory=dict)
     cpu_buffers: int = 0
     notes: tuple[str, ...] = ()
+    cpu_activations: int = 0
     theory: int | None = None
 
     @property
@@ -65,6 +68,7 @@ def stage_estimate(
     temporary_buffers: int | None = None,
     components: Mapping[str, int] | None = None,
     cpu_buffers: int = 0,
+    cpu_activations: int = 0,
 ) -> StageEstimate:
     """``StageEstimate(...)``, its fields set at once: the frozen dataclass's ``__init__`` sets
     each through ``object.__setattr__``, a fifth of the paper question's answer (and a sweep
@@ -84,6 +88,7 @@ def stage_estimate(
         cpu_buffers=cpu_buffers,
         notes=notes,
         theory=theory,
+        cpu_activations=cpu_activations,
     )
     return est
 

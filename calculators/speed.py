@@ -409,7 +409,7 @@ class MicroStep:
 def activation_bytes(arch: Architecture, batch: Batch, regime: Regime) -> int:
     """Bytes a micro-step's blocks, head and loss save for backward without checkpointing: what
     the memory-bound kernels stream (embedding indices and autocast's weight copies left out)."""
-    plain = replace(batch, activation_checkpointing=Checkpointing.NONE)
+    plain = replace(batch, activation_checkpointing=Checkpointing.NONE, checkpoint_offload=False)
     a = activations(arch, plain, regime)
     return a.per_layer.total * arch.layers + a.head + a.logits + a.loss
 
@@ -454,7 +454,11 @@ def micro_step(
     act = activation_bytes(arch, batch, regime)
     rerun = 0  # full checkpointing reruns the blocks' forward in backward
     if batch.activation_checkpointing is Checkpointing.FULL:
-        a = activations(arch, replace(batch, activation_checkpointing=Checkpointing.NONE), regime)
+        a = activations(
+            arch,
+            replace(batch, activation_checkpointing=Checkpointing.NONE, checkpoint_offload=False),
+            regime,
+        )
         rerun = a.per_layer.total * arch.layers
     bandwidth = memory_bandwidth * gpu.memory_efficiency
     mem_fwd = act * gpu.activation_passes_forward + params * gpu.parameter_bytes_forward

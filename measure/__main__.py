@@ -56,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         help="padded batches: an attention_mask with zeros (a transformers model's last "
         "sequence padded from its middle)",
     )
+    p.add_argument(
+        "--checkpoint-offload",
+        action="store_true",
+        help="transformers' gradient checkpointing with offload=True: the checkpointed layers' "
+        "inputs in pinned host memory (needs --activation-checkpointing full)",
+    )
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument(
@@ -125,10 +131,12 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
                 spec["batch"][key] = getattr(a, key)
         if a.padded:
             spec["batch"]["padded"] = True
+        if a.checkpoint_offload:
+            spec["batch"]["checkpoint_offload"] = True
     elif a.activation_checkpointing is not None or a.grad_accumulation_steps is not None:
         p.error("--activation-checkpointing and --grad-accumulation-steps need a batch")
-    elif a.padded:
-        p.error("--padded needs a batch")
+    elif a.padded or a.checkpoint_offload:
+        p.error("--padded and --checkpoint-offload need a batch")
     return spec
 
 

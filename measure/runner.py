@@ -523,6 +523,12 @@ def run(spec: dict[str, Any], progress: Progress = _noop) -> dict[str, Any]:
     """
     ms = parse_spec(spec)
     device = _device(ms.device)
+    if device.type == "cpu" and ms.batch is not None and ms.batch.checkpoint_offload:
+        raise InputError(
+            "batch.checkpoint_offload",
+            "needs a CUDA device: transformers' offload pins its host copies (save_on_cpu "
+            "with pin_memory), which a host without an accelerator cannot",
+        )
     mode = _resolve_mode(ms, device)
     progress(0.0, f"checking the request: {mode} dp={ms.dp} on {device.type}")
     cpu_seconds = check_cpu_run(ms) if mode != "torchrun" or device.type == "cpu" else None

@@ -339,6 +339,9 @@ def _batch(body: Any) -> Batch | None:
     padded = body.get("padded", False)
     if not isinstance(padded, bool):
         raise InputError("batch.padded", "must be true or false")
+    offload = body.get("checkpoint_offload", False)
+    if not isinstance(offload, bool):
+        raise InputError("batch.checkpoint_offload", "must be true or false")
     return Batch(
         micro_batch_size=values["micro_batch_size"],
         seq_len=values["seq_len"],
@@ -349,6 +352,7 @@ def _batch(body: Any) -> Batch | None:
         ),
         grad_accumulation_steps=accumulation,
         padded=padded,
+        checkpoint_offload=offload,
     )
 
 
@@ -521,6 +525,8 @@ def _decided_batch(batch: Batch | None, decided: Decided, model: ModelChoice) ->
         activation_checkpointing=checkpointing,
         grad_accumulation_steps=steps,
         padded=batch.padded if batch else False,
+        checkpoint_offload=bool(batch and batch.checkpoint_offload)
+        and checkpointing is Checkpointing.FULL,
     )
 
 
@@ -579,6 +585,13 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
                 "batch.activation_checkpointing",
                 "transformers checkpoints whole decoder layers: none or full",
             )
+    if model.kind is not ModelKind.HF and batch is not None and batch.checkpoint_offload:
+        raise InputError(
+            "batch.checkpoint_offload",
+            "offload is transformers' gradient checkpointing option: it applies to a model "
+            "built by transformers' modelling code (hf_config, or a preset of a transformers "
+            "family)",
+        )
     if model.kind is not ModelKind.HF and batch is not None and batch.padded:
         raise InputError(
             "batch.padded",

@@ -59,6 +59,7 @@ def _body(
             "seq_len": a.seq_len,
             "activation_checkpointing": checkpointing,
             "padded": a.padded,
+            "checkpoint_offload": a.checkpoint_offload and checkpointing == "full",
         },
         "warmup_steps": a.warmup_steps,
         "steps": a.steps,
@@ -181,7 +182,8 @@ def _stem(a: argparse.Namespace, label: str) -> str:
     stages = "" if a.stages == [0, 1, 2, 3] else "_stage" + "".join(map(str, a.stages))
     padded = "_padded" if a.padded else ""
     attention = "" if a.attn_implementation == "sdpa" else f"_{a.attn_implementation}"
-    return f"hf_{label}{suffix}{size}{stages}{padded}{attention}"
+    offload = "_offload" if a.checkpoint_offload else ""
+    return f"hf_{label}{suffix}{size}{stages}{padded}{attention}{offload}"
 
 
 def _write(a: argparse.Namespace, label: str, results: list[dict[str, Any]]) -> None:
@@ -277,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="train on padded batches: an attention_mask with zeros (the last sequence padded "
         "from its middle)",
+    )
+    ap.add_argument(
+        "--checkpoint-offload",
+        action="store_true",
+        help="the checkpointed cases offload their layers' inputs to pinned host memory "
+        "(transformers' gradient_checkpointing_enable(offload=True))",
     )
     ap.add_argument(
         "--attn-implementation",

@@ -117,6 +117,20 @@ def forward_to(client: TestClient) -> httpx.MockTransport:
                 "batch": {"micro_batch_size": 2, "seq_len": 4096, "padded": True},
             },
         ),
+        (
+            ["--preset", "llama3-8b", "--dp", "8", "--micro-batch", "1", "--seq-len", "8192"]
+            + ["--checkpointing", "full", "--checkpoint-offload"],
+            {
+                "model": {"preset": "llama3-8b"},
+                "dp": 8,
+                "batch": {
+                    "micro_batch_size": 1,
+                    "seq_len": 8192,
+                    "activation_checkpointing": "full",
+                    "checkpoint_offload": True,
+                },
+            },
+        ),
     ],
 )
 def test_memory_json_equals_the_api(

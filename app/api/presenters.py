@@ -223,16 +223,17 @@ def per_device(est: StageEstimate) -> PerDevice:
     return PerDevice(**per_device_body(est))
 
 
-def _host_body(p: Placement, buffers: int = 0) -> dict[str, int]:
+def _host_body(p: Placement, buffers: int = 0, activations: int = 0) -> dict[str, int]:
     """:class:`HostMemory`'s fields, in its order."""
-    if p is NOWHERE and not buffers:
+    if p is NOWHERE and not buffers and not activations:
         return _NO_HOST_BODY
     return {
-        "total": p.parameters + p.gradients + p.optimizer_states + buffers,
+        "total": p.parameters + p.gradients + p.optimizer_states + buffers + activations,
         "parameters": p.parameters,
         "gradients": p.gradients,
         "optimizer_states": p.optimizer_states,
         "buffers": buffers,
+        "activations": activations,
     }
 
 
@@ -243,6 +244,7 @@ _NO_HOST_BODY: dict[str, int] = {
     "gradients": 0,
     "optimizer_states": 0,
     "buffers": 0,
+    "activations": 0,
 }
 
 
@@ -293,7 +295,7 @@ def stage_memory_body(
             "peak": peak,
         },
         "per_device_readable": said,
-        "cpu": _host_body(est.cpu, est.cpu_buffers),
+        "cpu": _host_body(est.cpu, est.cpu_buffers, est.cpu_activations),
         "nvme": _host_body(est.nvme),
         "fits": None if device_memory is None else est.fits(device_memory),
         "components": components if type(components) is dict else dict(components),
@@ -831,7 +833,7 @@ def _candidate_out(rank: int, c: Candidate) -> CandidateOut:
         ),
         per_device=per_device(c.memory),
         headroom=c.headroom,
-        cpu=HostMemory(**_host_body(c.memory.cpu, c.memory.cpu_buffers)),
+        cpu=HostMemory(**_host_body(c.memory.cpu, c.memory.cpu_buffers, c.memory.cpu_activations)),
         sent_bytes_per_rank=c.sent_bytes_per_rank,
         assumptions=OverlapOut(**asdict(c.overlap)),
     )

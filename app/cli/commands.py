@@ -106,6 +106,14 @@ Padded = Annotated[
         "seq) mask and expanded key/value in every layer).",
     ),
 ]
+CheckpointOffload = Annotated[
+    bool | None,
+    typer.Option(
+        "--checkpoint-offload/--no-checkpoint-offload",
+        help="transformers' gradient checkpointing with offload=True: each checkpointed layer's "
+        "input in pinned host memory (needs --checkpointing full).",
+    ),
+]
 DeviceMemory = Annotated[
     str | None,
     typer.Option(
@@ -153,6 +161,7 @@ def memory(
     padded: Padded = None,
     seq_len: SeqLen = None,
     checkpointing: Checkpointing = None,
+    checkpoint_offload: CheckpointOffload = None,
     grad_accum: GradAccum = None,
     device_memory: DeviceMemory = None,
     body: Body = None,
@@ -299,6 +308,7 @@ def measure(
     padded: Padded = None,
     seq_len: SeqLen = None,
     checkpointing: Checkpointing = None,
+    checkpoint_offload: CheckpointOffload = None,
     grad_accum: GradAccum = None,
     mode: Annotated[
         str | None,

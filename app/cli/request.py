@@ -122,6 +122,7 @@ FIELDS: Mapping[str, BodyField] = {
     "checkpointing": BodyField("--checkpointing", ("batch", "activation_checkpointing")),
     "grad_accum": BodyField("--grad-accum", ("batch", "grad_accumulation_steps")),
     "padded": BodyField("--padded", ("batch", "padded")),
+    "checkpoint_offload": BodyField("--checkpoint-offload", ("batch", "checkpoint_offload")),
     # /v1/communication takes accumulation steps beside the model, not in a batch
     "grad_accumulation_steps": BodyField("--grad-accum", ("grad_accumulation_steps",)),
     "recomputation": BodyField("--checkpointing", ("activation_checkpointing",)),

@@ -150,6 +150,11 @@ class HostMemory(BaseModel):
     gradients: int = 0
     optimizer_states: int = 0
     buffers: int = 0
+    activations: int = Field(
+        0,
+        description="Pinned bytes holding the checkpointed layers' inputs at the end of "
+        "forward (batch.checkpoint_offload), freed as backward copies them back.",
+    )
 
 
 class Breakdown(BaseModel):

@@ -157,3 +157,13 @@ class BatchIn(StrictModel):
         "all ones (transformers drops it) or packed sequences. Applies to models given by "
         "hf_config or a preset of a transformers family.",
     )
+    checkpoint_offload: StrictBool = Field(
+        False,
+        description="transformers' gradient checkpointing with offload "
+        "(model.gradient_checkpointing_enable(offload=True); transformers' Trainer: "
+        'gradient_checkpointing_kwargs={"offload": true}): each checkpointed layer\'s input '
+        "is held in pinned host memory (torch.autograd.graph.save_on_cpu) instead of on the "
+        "device, and copied back for its recomputation; the bytes show in cpu.activations. "
+        "Needs activation_checkpointing full and a model given by hf_config or a preset of a "
+        "transformers family.",
+    )

@@ -235,6 +235,7 @@
       activation_checkpointing: s.activation_checkpointing,
       grad_accumulation_steps: integer(s.grad_accumulation_steps, "grad_accumulation_steps"),
       ...(s.padded === "1" ? { padded: true } : {}),
+      ...(s.checkpoint_offload === "1" ? { checkpoint_offload: true } : {}),
     };
   }
 

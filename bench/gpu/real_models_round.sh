@@ -55,7 +55,14 @@
 # ZeroRedundancyOptimizer at 4,096 tokens, Gemma-7B under FSDP2 stage 2 with checkpointing, and
 # Qwen3-30B-A3B under FSDP2 stage 3 in pure bf16 at 4,096 tokens without checkpointing.
 # SET=24 runs DeepSpeed stage 2 (the Trainer's config) at Nd 4 on a real-size mixture of experts,
-# Qwen1.5-MoE-A2.7B, and on Gemma-7B, both with checkpointing.
+# Qwen1.5-MoE-A2.7B, and on Gemma-7B, both with checkpointing. SET=25 runs again, at Nd 2 on
+# GPUs 0,1, the four real-model runs whose peak read more than 1 % low when they ran before the
+# requested peak was measured (SmolLM2-360M under DDP and ZeroRedundancyOptimizer, Qwen2.5-0.5B
+# under DeepSpeed with the optimizer, and with everything, offloaded), so the requested peak
+# tells a missing tensor from the allocator's blocks. SET=26 runs transformers' checkpoint offload
+# (gradient_checkpointing_enable(offload=True)) on real models at long sequences, Nd 2 on GPUs
+# 0,1: Llama-3.1-8B under FSDP2 stage 3, Qwen2.5-7B under DeepSpeed stage 3 and SmolLM3-3B under
+# DDP and ZeroRedundancyOptimizer, one 8,192-token sequence each.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -70,10 +77,10 @@ budget=${BUDGET_S:-520}
 start=$SECONDS
 
 # NAME GPUS ND PORT CONFIG ENGINE(ds2|ds3|ds2off|ds3off|ds3offall|ds2big|torch:STAGES) MICRO SEQ CHECKPOINTING
-# [ACCUMULATION [PRECISION [padded]]]
+# [ACCUMULATION [PRECISION [padded|- [offload]]]] (offload: transformers' checkpoint offload)
 job() {
     local name=$1 gpus=$2 nd=$3 port=$4 config=$5 engine=$6 micro=$7 seq=$8 ckpt=$9
-    local accumulation=${10:-1} precision=${11:-mixed_bf16} padded=${12:-}
+    local accumulation=${10:-1} precision=${11:-mixed_bf16} padded=${12:-} offload=${13:-}
     if ((SECONDS - start > budget)); then
         echo "$name: skipped (budget)" >>"$out/status.txt"
         return
@@ -83,6 +90,7 @@ job() {
         --grad-accumulation-steps "$accumulation" --precision "$precision"
         --warmup-steps 2 --steps 2 --no-host-probe)
     [[ $padded == padded ]] && args+=(--padded)
+    [[ $offload == offload ]] && args+=(--checkpoint-offload)
     case $engine in
     ds2 | ds3) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}.json") ;;
     ds3offall) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero3_offload_all.json") ;;
@@ -214,6 +222,15 @@ elif [[ ${SET:-1} == 23 ]]; then
 elif [[ ${SET:-1} == 24 ]]; then
     job qwen1.5-moe-a2.7b_ds2_nd4_b1s4096_full 0,1,2,3 4 30009 qwen1.5-moe-a2.7b ds2 1 4096 full
     job gemma-7b_ds2_nd4_b2s2048_full 0,1,2,3 4 30010 gemma-7b ds2 2 2048 full
+elif [[ ${SET:-1} == 25 ]]; then
+    job smollm2-360m_torch01_b2s1024_full 0,1 2 30011 smollm2-360m torch:0,1 2 1024 full
+    job qwen2.5-0.5b_ds2off_b2s1024_none 0,1 2 30012 qwen2.5-0.5b ds2off 2 1024 none
+    job qwen2.5-0.5b_ds3offall_b2s1024_none 0,1 2 30013 qwen2.5-0.5b ds3offall 2 1024 none
+    job smollm2-360m_torch01_bf16_b4s512_full_ga2 0,1 2 30014 smollm2-360m torch:0,1 4 512 full 2 bf16
+elif [[ ${SET:-1} == 26 ]]; then
+    job llama-3.1-8b_torch3_b1s8192_full_offload 0,1 2 30021 llama-3.1-8b torch:3 1 8192 full 1 mixed_bf16 - offload
+    job qwen2.5-7b_ds3_b1s8192_full_offload 0,1 2 30022 qwen2.5-7b ds3 1 8192 full 1 mixed_bf16 - offload
+    job smollm3-3b_torch01_b1s8192_full_offload 0,1 2 30023 smollm3-3b torch:0,1 1 8192 full 1 mixed_bf16 - offload
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none

@@ -52,12 +52,13 @@ class PaperModel:
         # first stage's model states (whose refusals come first)
         notes: tuple[str, ...] = ()
         acts: int | None = None
+        offloaded = 0
         for stage, (device, cpu, nvme) in zip(
             stages, model_state_placements_each(setup, stages), strict=True
         ):
             resident = device.parameters + device.gradients + device.optimizer_states
             if not notes:
-                acts, said = self._activations(setup)
+                acts, offloaded, said = self._activations(setup)
                 notes = ("temporary_buffers is null: the paper counts no engine buffers", said)
             yield stage_estimate(
                 stage=stage,
@@ -69,21 +70,28 @@ class PaperModel:
                 peak=None if acts is None else resident + acts,
                 notes=notes,
                 theory=resident,  # the paper's model states are its own theory
+                cpu_activations=offloaded,
             )
 
     @staticmethod
-    def _activations(setup: TrainingSetup) -> tuple[int | None, str]:
-        """The activations the peak adds, and the note that says what they are (or why not)."""
+    def _activations(setup: TrainingSetup) -> tuple[int | None, int, str]:
+        """The activations the peak adds, the host bytes checkpoint offload holds, and the
+        note that says what they are (or why not)."""
         if setup.architecture is None or setup.batch is None:
-            return None, "activations and peak are null: they need " + (
-                "a batch" if setup.architecture is not None else "an architecture and a batch"
+            return (
+                None,
+                0,
+                "activations and peak are null: they need "
+                + ("a batch" if setup.architecture is not None else "an architecture and a batch"),
             )
         # everything autograd holds when forward and the loss are done, the paper's 16-bit
         # activations (34·s·b·h per layer for ffn = 4h) on the first pipeline stage
         regime = Regime.FP32 if setup.precision is Precision.FP32 else Regime.HALF
         acts = activations(setup.architecture, setup.batch, regime, tp=setup.tp, pp=setup.pp)
-        return acts.end_of_forward, (
-            f"activations in {regime.value} regime; peak = model states + activations"
+        return (
+            acts.end_of_forward,
+            acts.offloaded,
+            (f"activations in {regime.value} regime; peak = model states + activations"),
         )
 
     def across_dp(self, setup: TrainingSetup) -> DpEstimates:  # noqa: ARG002

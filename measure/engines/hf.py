@@ -7,6 +7,7 @@ The module is transformers' own modelling code::
                                              dtype=torch.float32)  # random init, no download
     # (attn_implementation="eager" where the body's "attn_implementation" says so)
     model.gradient_checkpointing_enable()   # when batch.activation_checkpointing is "full"
+    # (offload=True when batch.checkpoint_offload: the layers' inputs in pinned host memory)
     loss = model(input_ids=x, labels=x).loss
     # a padded batch: model(input_ids=x, attention_mask=mask, labels=y), the last sequence
     # padded from its middle (mask 0, label -100 there)
@@ -44,9 +45,12 @@ def hf_config(body: Mapping[str, Any]) -> Any:
     return config
 
 
-def build_hf(config: Any, device: torch.device, checkpointing: bool) -> nn.Module:
+def build_hf(
+    config: Any, device: torch.device, checkpointing: bool, offload: bool = False
+) -> nn.Module:
     """``AutoModelForCausalLM.from_config`` on ``device``, fp32, train mode; SDPA attention
-    unless the config body's ``attn_implementation`` asked for eager."""
+    unless the config body's ``attn_implementation`` asked for eager; ``offload``: the
+    checkpoints keep their inputs in pinned host memory (transformers' ``offload=True``)."""
     from transformers import AutoModelForCausalLM
 
     impl = getattr(config, "_attn_implementation", None) or "sdpa"
@@ -56,7 +60,8 @@ def build_hf(config: Any, device: torch.device, checkpointing: bool) -> nn.Modul
         )
     model.train()
     if checkpointing:
-        model.gradient_checkpointing_enable()  # transformers' default: use_reentrant=False
+        # transformers' default: use_reentrant=False
+        model.gradient_checkpointing_enable(**({"offload": True} if offload else {}))
     return model  # type: ignore[no-any-return]
 
 
@@ -123,9 +128,10 @@ def hf_workload(spec: MeasureSpec) -> Workload:
     micro, seq = spec.micro_batch_size, spec.seq_len
     full = spec.checkpointing is Checkpointing.FULL
     padded = spec.batch is not None and spec.batch.padded
+    offload = spec.batch is not None and spec.batch.checkpoint_offload
 
     def build(device: torch.device) -> nn.Module:
-        return build_hf(config, device, full)
+        return build_hf(config, device, full, offload)
 
     def make_batch(device: torch.device, gen: torch.Generator) -> Batch:
         tokens = torch.randint(0, vocab, (micro, seq), generator=gen).to(device)
@@ -140,7 +146,8 @@ def hf_workload(spec: MeasureSpec) -> Workload:
         name=f"{body['model_type']} (transformers, b{micro} s{seq}"
         + (", padded" if padded else "")
         + (", eager attention" if body.get("attn_implementation") == "eager" else "")
-        + (", gradient checkpointing)" if full else ")"),
+        + (", gradient checkpointing" if full else "")
+        + (", offloaded)" if offload else ")"),
         architecture=spec.model.architecture,
         tensors=hf_tensors(body),
         build=build,

@@ -400,3 +400,53 @@ def test_a_padded_batch_counts_the_mask_and_is_refused_for_the_canonical_decoder
     )
     assert r.status_code == 422, r.text
     assert "batch.padded" in r.text
+
+
+@pytest.mark.parametrize(
+    ("engine", "stage", "residual"), [("torch", 0, 4), ("torch", 3, 2), ("deepspeed", 2, 2)]
+)
+def test_checkpoint_offload_moves_the_layer_inputs_to_host_memory(
+    client: TestClient, engine: str, stage: int, residual: int
+) -> None:
+    # Llama 3 8B: 32 layers, hidden 4096; DDP keeps an fp32 residual stream under autocast,
+    # FSDP2's bf16 policy and DeepSpeed a bf16 one
+    batch = {"micro_batch_size": 1, "seq_len": 8192, "activation_checkpointing": "full"}
+    body = {"model": {"preset": "llama3-8b"}, "dp": 8, "engine": engine, "stages": [stage]}
+    kept = post(client, {**body, "batch": batch})["stages"][0]
+    moved = post(client, {**body, "batch": {**batch, "checkpoint_offload": True}})["stages"][0]
+    inputs = 32 * residual * 8192 * 4096
+    assert kept["cpu"]["activations"] == 0
+    assert moved["cpu"]["activations"] == inputs
+    assert moved["cpu"]["total"] == kept["cpu"]["total"] + inputs
+    # at the start of backward (DDP's peak is its optimizer step, with no activations) the device
+    # holds none of them; at the peak at most one layer's input comes back
+    start = "peak_candidate_loss_backward"
+    if engine == "torch":
+        assert kept["components"][start] - moved["components"][start] == inputs
+    assert kept["per_device"]["peak"] - moved["per_device"]["peak"] >= (
+        0 if stage == 0 else inputs - inputs // 32
+    )
+    assert moved["per_device"]["resident"] == kept["per_device"]["resident"]
+
+
+@pytest.mark.parametrize(
+    ("model", "batch"),
+    [
+        ({"preset": "llama3-8b"}, {"activation_checkpointing": "none"}),
+        ({"preset": "llama3-8b"}, {"activation_checkpointing": "selective"}),
+        ({"preset": "gpt2"}, {"activation_checkpointing": "full"}),
+    ],
+)
+def test_checkpoint_offload_is_refused_where_it_does_not_apply(
+    client: TestClient, model: dict[str, Any], batch: dict[str, Any]
+) -> None:
+    r = client.post(
+        "/v1/memory",
+        json={
+            "model": model,
+            "dp": 8,
+            "batch": {"micro_batch_size": 1, "seq_len": 1024, "checkpoint_offload": True, **batch},
+        },
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["field"] == "batch.checkpoint_offload"

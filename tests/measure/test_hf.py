@@ -183,3 +183,41 @@ def test_accelerates_forward_wrapper_returns_fp32_logits_the_prediction_holds() 
         meas, pred = r["measured"]["resident"], r["predicted"]["resident"]
         assert abs(pred - meas) <= 0.005 * meas, (r["stage"], pred, meas)
         assert r["measured"]["held_outputs"] == 4 * 32 * cfg["vocab_size"] + 4
+
+
+def test_checkpoint_offload_is_parsed_and_refused_where_it_cannot_run() -> None:
+    batch = {
+        "micro_batch_size": 1,
+        "seq_len": 32,
+        "activation_checkpointing": "full",
+        "checkpoint_offload": True,
+    }
+    spec = parse_spec(_body("llama", batch=batch))
+    assert spec.batch is not None and spec.batch.checkpoint_offload
+    # transformers pins the host copies: a host without an accelerator cannot run it
+    with pytest.raises(InputError) as err:
+        run(_body("llama", batch=batch))
+    assert err.value.field == "batch.checkpoint_offload"
+    body = _body("llama", batch=batch)
+    body["model"] = {"preset": "gpt2"}
+    with pytest.raises(InputError) as err:
+        parse_spec(body)
+    assert err.value.field == "batch.checkpoint_offload"
+    with pytest.raises(InputError) as err:
+        parse_spec(_body("llama", batch={**batch, "activation_checkpointing": "none"}))
+    assert err.value.field == "batch.checkpoint_offload"
+
+
+@pytest.mark.gpu
+def test_checkpoint_offload_trains_with_the_inputs_on_the_host() -> None:
+    batch = {
+        "micro_batch_size": 2,
+        "seq_len": 64,
+        "activation_checkpointing": "full",
+        "checkpoint_offload": True,
+    }
+    result = run({**_body("qwen3", stages=[2], batch=batch), "dp": 1, "device": "cuda"})
+    assert result["workload"].endswith(", offloaded)")
+    (r,) = result["runs"]
+    meas, pred = r["measured"]["peak_requested"], r["predicted"]["peak"]
+    assert abs(pred - meas) <= 0.01 * meas, (pred, meas)

@@ -375,6 +375,36 @@ def test_a_padded_batch_matches_the_api(visit: Visit) -> None:
     assert_page_equals_api(visit.page, resp)
 
 
+def test_checkpoint_offload_matches_the_api_and_shows_the_host_bytes(visit: Visit) -> None:
+    visit.open()
+
+    def edit(page: Any) -> None:
+        page.select_option("select[name=source]", "hf_config")
+        page.fill("textarea[name=hf_config]", json.dumps(MISTRAL_7B, indent=2))
+        page.check("input[name=use_batch]")
+        page.fill("input[name=seq_len]", "4096")
+        page.select_option("select[name=activation_checkpointing]", "full")
+        page.check("input[name=checkpoint_offload]")
+
+    visit.change(edit)
+    body = {
+        "model": {"hf_config": MISTRAL_7B},
+        "dp": 8,
+        "precision": "mixed_bf16",
+        "device_memory": 80_000_000_000,
+        "batch": {
+            "micro_batch_size": 1,
+            "seq_len": 4096,
+            "activation_checkpointing": "full",
+            "checkpoint_offload": True,
+        },
+    }
+    resp = api_memory(visit.base_url, body)
+    assert resp["stages"][0]["cpu"]["activations"] > 0
+    assert_page_equals_api(visit.page, resp)
+    assert visit.page.locator("tr[data-key='cpu.total']").count() == 1
+
+
 def test_bad_input_names_the_field(visit: Visit) -> None:
     visit.open()
     visit.change(lambda page: page.fill("input[name=tp]", "0"))

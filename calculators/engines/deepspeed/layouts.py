@@ -507,9 +507,11 @@ def first_block_backward(
     # made late: the first block's gradients and those before it, bar a tied head's
     early = [*numels[:1]] if shape.tied and first_block > 0 else []
     grads = blocks(HALF_BYTES, numels if accumulation > 1 else [*early, *numels[block_end:]])
+    # the first block's saved input (none on the device when offload holds the inputs in host
+    # memory: the copy its recomputation made back is freed once that recomputation is done)
+    kept = 0 if acts.offloaded else acts.layers - (shape.blocks - 1) * shape.block_input
     alive = (
-        acts.layers
-        - (shape.blocks - 1) * shape.block_input
+        kept
         + acts.embedding
         + acts.logits
         + acts.loss

@@ -214,6 +214,7 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
         temporary_buffers=buffers_at_peak,
         components=components,
         cpu_buffers=layout.cpu_buffers,
+        cpu_activations=shape.acts.offloaded if shape.acts is not None else 0,
     )
     if stage is Stage.NONE:
         shared.stage0 = result

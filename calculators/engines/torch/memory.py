@@ -354,6 +354,7 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
         peak=base + memory.above_states,
         components=components,
         notes=tuple(notes),
+        cpu_activations=memory.offloaded,
     )
 
 

@@ -195,6 +195,7 @@ class StepMemory:
         step_gradients: gradient bytes alive from the end of backward through the step.
         moments: bytes above model states + workspaces at each candidate moment.
         peak_moment: which moment is the peak.
+        offloaded: host bytes checkpoint offload packs the layers' inputs into.
     """
 
     activations: int
@@ -203,6 +204,7 @@ class StepMemory:
     end_of_forward: int = 0
     step_gradients: int = 0
     moments: Mapping[str, int] = field(default_factory=dict)
+    offloaded: int = 0
 
     @property
     def peak_moment(self) -> str:
@@ -423,11 +425,12 @@ def step_memory(
         # block is alive and saved by nothing yet, and transformers' decoder keeps
         # ``inputs_embeds`` (the embedding's output) as a local until its forward returns
         # (``hidden_states = inputs_embeds``, then rebinding ``hidden_states`` per layer),
-        # which only a checkpointed first layer saves as its input
+        # which only a checkpointed first layer saves as its input (on the device: offload
+        # packs the saved one into host memory, the local stays)
         res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
         hidden = res * batch.tokens * arch.hidden
-        embeds = (
-            arch.modelling is not None and batch.activation_checkpointing is not Checkpointing.FULL
+        embeds = arch.modelling is not None and (
+            batch.activation_checkpointing is not Checkpointing.FULL or batch.checkpoint_offload
         )
         moments["last_block_gather"] = (
             forward_gathered
@@ -527,6 +530,7 @@ def step_memory(
         end_of_forward=end_of_forward,
         step_gradients=step_gradients,
         moments=moments,
+        offloaded=inside.offloaded,
     )
 
 
