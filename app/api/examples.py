@@ -77,6 +77,23 @@ MEMORY_EXAMPLES: dict[str, dict[str, Any]] = {
             "device_memory": 80_000_000_000,
         },
     },
+    "checkpoint_offload": {
+        "summary": "Llama 3 8B under FSDP2, checkpointed layers' inputs offloaded to the host",
+        "value": {
+            "model": {"preset": "llama3-8b"},
+            "dp": 8,
+            "stages": [3],
+            "precision": "mixed_bf16",
+            "engine": "torch",
+            "batch": {
+                "micro_batch_size": 1,
+                "seq_len": 8192,
+                "activation_checkpointing": "full",
+                "checkpoint_offload": True,
+            },
+            "device_memory": 80_000_000_000,
+        },
+    },
 }
 
 CAPACITY_EXAMPLES: dict[str, dict[str, Any]] = {

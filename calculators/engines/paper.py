@@ -91,7 +91,7 @@ class PaperModel:
         return (
             acts.end_of_forward,
             acts.offloaded,
-            (f"activations in {regime.value} regime; peak = model states + activations"),
+            f"activations in {regime.value} regime; peak = model states + activations",
         )
 
     def across_dp(self, setup: TrainingSetup) -> DpEstimates:  # noqa: ARG002

@@ -64,6 +64,26 @@ def test_a_padded_batch_traced_equals_the_analytical_figures() -> None:
         assert padded["activations"] > u["per_device"]["activations"]
 
 
+def test_checkpoint_offload_traced_equals_the_analytical_figures() -> None:
+    pytest.importorskip("transformers", reason="traced mode needs transformers")
+    pytest.importorskip("torch", reason="traced mode needs torch")
+    answers = []
+    with TestClient(app) as client:
+        for model in ("analytical", "traced"):
+            body = _body(model)
+            body["batch"] = {**body["batch"], "activation_checkpointing": "full"}
+            body["batch"]["checkpoint_offload"] = True
+            r = client.post("/v1/memory", json=body)
+            assert r.status_code == 200, r.text
+            answers.append(r.json()["stages"])
+    analytical, traced = (
+        [(s["per_device"]["peak"], s["cpu"]["activations"]) for s in a] for a in answers
+    )
+    assert analytical == traced
+    # two layers' inputs: fp32 under DDP's autocast (stage 0), bf16 under FSDP2's policy (stage 3)
+    assert [host for _, host in traced] == [2 * 4 * 48 * 64, 2 * 2 * 48 * 64]
+
+
 def test_traced_without_transformers_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     trace = pytest.importorskip("measure.trace", reason="needs torch", exc_type=ImportError)
     monkeypatch.setattr(trace, "transformers_available", lambda: False)
