@@ -44,6 +44,7 @@ from app.schemas.plan import (
     StepTimeOut,
 )
 from calculators.architecture import Architecture
+from calculators.batch import Checkpointing
 from calculators.capacity import MAX_GROWN_LAYERS, MAX_PARAMS, CapacityResult, needed
 from calculators.capacity import StageCapacity as CapacityRow
 from calculators.config_resolution import Decided
@@ -99,9 +100,26 @@ EAGER_NOTE = (
     "more fp32 tensors of that size; every layer takes an additive mask, which it does not keep, "
     "so padded and unpadded batches have the same figures"
 )
+CHECKPOINTED_NOTE = (
+    "checkpointing follows transformers' gradient_checkpointing_enable(): every decoder layer "
+    "checkpointed (every_n_layers 1) and its input kept on the device; with offload=True set "
+    "batch.checkpoint_offload; every_n_layers above 1 is not modelled (those figures read low)"
+)
+OFFLOADED_NOTE = (
+    "checkpointing follows transformers' gradient_checkpointing_enable(offload=True): every "
+    "decoder layer checkpointed (every_n_layers 1), its input in pinned host memory "
+    "(cpu.activations) and copied back for its recomputation; every_n_layers above 1 is not "
+    "modelled (those figures read low)"
+)
 UNPADDED_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, UNPADDED_NOTE]
 PADDED_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, PADDED_NOTE]
 EAGER_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, EAGER_NOTE]
+# the same with full checkpointing, by (notes without it, offloaded): built once, shared
+_CHECKPOINTED_NOTES = {
+    (id(notes), offloaded): [*notes, OFFLOADED_NOTE if offloaded else CHECKPOINTED_NOTE]
+    for notes in (UNPADDED_BREAKDOWN_NOTES, PADDED_BREAKDOWN_NOTES, EAGER_BREAKDOWN_NOTES)
+    for offloaded in (False, True)
+}
 
 
 BARE_PARAMS_NOTE = (
@@ -414,8 +432,12 @@ def _breakdown_notes(setup: TrainingSetup) -> list[str]:
     if setup.batch is None or arch is None or arch.modelling is None:
         return BREAKDOWN_NOTES
     if arch.modelling.eager_attention:
-        return EAGER_BREAKDOWN_NOTES
-    return PADDED_BREAKDOWN_NOTES if setup.batch.padded else UNPADDED_BREAKDOWN_NOTES
+        notes = EAGER_BREAKDOWN_NOTES
+    else:
+        notes = PADDED_BREAKDOWN_NOTES if setup.batch.padded else UNPADDED_BREAKDOWN_NOTES
+    if setup.batch.activation_checkpointing is not Checkpointing.FULL:
+        return notes
+    return _CHECKPOINTED_NOTES[id(notes), setup.batch.checkpoint_offload]
 
 
 def _stage_bodies(result: MemoryEstimate, device_memory: int | None) -> list[dict[str, Any]]:

@@ -412,8 +412,13 @@ def test_checkpoint_offload_moves_the_layer_inputs_to_host_memory(
     # FSDP2's bf16 policy and DeepSpeed a bf16 one
     batch = {"micro_batch_size": 1, "seq_len": 8192, "activation_checkpointing": "full"}
     body = {"model": {"preset": "llama3-8b"}, "dp": 8, "engine": engine, "stages": [stage]}
-    kept = post(client, {**body, "batch": batch})["stages"][0]
-    moved = post(client, {**body, "batch": {**batch, "checkpoint_offload": True}})["stages"][0]
+    kept_answer = post(client, {**body, "batch": batch})
+    moved_answer = post(client, {**body, "batch": {**batch, "checkpoint_offload": True}})
+    kept, moved = kept_answer["stages"][0], moved_answer["stages"][0]
+    # each says how it checkpoints, and that every_n_layers is not modelled
+    assert "kept on the device" in kept_answer["breakdown_notes"][-1]
+    assert "pinned host memory" in moved_answer["breakdown_notes"][-1]
+    assert all("every_n_layers" in a["breakdown_notes"][-1] for a in (kept_answer, moved_answer))
     inputs = 32 * residual * 8192 * 4096
     assert kept["cpu"]["activations"] == 0
     assert moved["cpu"]["activations"] == inputs
