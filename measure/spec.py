@@ -525,8 +525,7 @@ def _decided_batch(batch: Batch | None, decided: Decided, model: ModelChoice) ->
         activation_checkpointing=checkpointing,
         grad_accumulation_steps=steps,
         padded=batch.padded if batch else False,
-        checkpoint_offload=bool(batch and batch.checkpoint_offload)
-        and checkpointing is Checkpointing.FULL,
+        checkpoint_offload=batch.checkpoint_offload if batch else False,
     )
 
 
