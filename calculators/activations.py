@@ -388,7 +388,7 @@ def _transformers_activations(
         # with an fp32 residual stream the recomputed input norm saves that copy itself
         # (``x.to(float32)`` returns it), which ``terms.recompute`` leaves to ``layers``
         layers -= offloaded
-        if _residual_bytes(regime) == FP32_BYTES:
+        if hf.dtypes(regime.value).res == FP32_BYTES:
             recompute += offloaded // arch.layers
     if traced is not None:
         # the trace's totals in place of the formulas: the layers carry whatever the trace
@@ -423,19 +423,15 @@ def _transformers_activations(
     )
 
 
-def _residual_bytes(regime: Regime) -> int:
-    """Bytes per element of the residual stream: fp32 parameters (autocast, fp32) keep it in
-    fp32."""
-    return HALF_BYTES if regime is Regime.HALF else FP32_BYTES
-
-
 def offloaded_inputs(arch: Architecture, batch: Batch | None, regime: Regime) -> int:
     """Bytes of pinned host memory transformers' checkpoint offload fills in one micro-batch's
     forward (``batch.checkpoint_offload``): every layer's ``hidden_states`` argument, freed as
     backward copies it back; 0 without offload."""
     if batch is None or not batch.checkpoint_offload:
         return 0
-    return arch.layers * _residual_bytes(regime) * batch.tokens * arch.hidden
+    from calculators import transformers_activations as hf
+
+    return arch.layers * hf.dtypes(regime.value).res * batch.tokens * arch.hidden
 
 
 def _traced(

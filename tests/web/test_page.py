@@ -350,13 +350,18 @@ def test_pasted_hf_config_matches_the_api(visit: Visit) -> None:
     assert visit.page.get_attribute("textarea[name=hf_config]", "aria-invalid") == "true"
 
 
+def _mistral_with_a_batch(page: Any) -> None:
+    """The page's form: Mistral-7B's config.json pasted, a batch asked for."""
+    page.select_option("select[name=source]", "hf_config")
+    page.fill("textarea[name=hf_config]", json.dumps(MISTRAL_7B, indent=2))
+    page.check("input[name=use_batch]")
+
+
 def test_a_padded_batch_matches_the_api(visit: Visit) -> None:
     visit.open()
 
     def edit(page: Any) -> None:
-        page.select_option("select[name=source]", "hf_config")
-        page.fill("textarea[name=hf_config]", json.dumps(MISTRAL_7B, indent=2))
-        page.check("input[name=use_batch]")
+        _mistral_with_a_batch(page)
         page.fill("input[name=micro_batch_size]", "2")
         page.fill("input[name=seq_len]", "2048")  # under Mistral's 4,096-token window
         page.check("input[name=padded]")
@@ -379,9 +384,7 @@ def test_checkpoint_offload_matches_the_api_and_shows_the_host_bytes(visit: Visi
     visit.open()
 
     def edit(page: Any) -> None:
-        page.select_option("select[name=source]", "hf_config")
-        page.fill("textarea[name=hf_config]", json.dumps(MISTRAL_7B, indent=2))
-        page.check("input[name=use_batch]")
+        _mistral_with_a_batch(page)
         page.fill("input[name=seq_len]", "4096")
         page.select_option("select[name=activation_checkpointing]", "full")
         page.check("input[name=checkpoint_offload]")
