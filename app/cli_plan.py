@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -20,13 +21,20 @@ class PlanInputError(Exception):
     """A bad option; printed without a traceback, exit code 2."""
 
 
-def _list(text: str | None, what: str, cast: type = str) -> list[Any] | None:
+def _list(text: str | None, what: str, cast: Callable[[str], Any] = str) -> list[Any] | None:
     if text is None:
         return None
     try:
         return [cast(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
         raise PlanInputError(f"{what}: expected a comma-separated list, got {text!r}") from None
+
+
+def _flag(text: str) -> bool:
+    """``true`` or ``false`` (as the JSON body has them)."""
+    if text.lower() not in ("true", "false"):
+        raise ValueError(text)
+    return text.lower() == "true"
 
 
 def gpu_field(name: str | None, memory: str | None, flops: float | None) -> Any:
@@ -145,7 +153,8 @@ def plan_table(data: dict[str, Any], top: int) -> Table:
             str(c["rank"]),
             stage,
             f"{cfg['micro_batch_size']} × {cfg['grad_accumulation_steps']}",
-            cfg["activation_checkpointing"],
+            cfg["activation_checkpointing"]
+            + (", inputs on host" if cfg["checkpoint_offload"] else ""),
             cfg["offload"],
             f"{c['tokens_per_second']:,.0f}",
             _seconds(c["step_time_seconds"]),
@@ -206,6 +215,14 @@ def plan(
     offload: Annotated[
         str | None, typer.Option("--offload", help="To try: none,optimizer,optimizer_and_params.")
     ] = None,
+    checkpoint_offload: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint-offload",
+            help="Full checkpointing's layer inputs to try on the host: false,true (a "
+            "transformers model).",
+        ),
+    ] = None,
     no_hsdp: Annotated[bool, typer.Option("--no-hsdp", help="Do not try HSDP / MiCS.")] = False,
     efficiency: Annotated[
         float | None, typer.Option("--efficiency", help="Fraction of peak; default calibrated.")
@@ -240,6 +257,7 @@ def plan(
             "activation_checkpointing": _list(checkpointing, "--checkpointing"),
             "offload": _list(offload, "--offload"),
             "hsdp": False if no_hsdp else None,
+            "checkpoint_offload": _list(checkpoint_offload, "--checkpoint-offload", _flag),
         }
         request = plan_body(
             body,

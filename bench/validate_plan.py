@@ -96,6 +96,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="comma list: none,optimizer,optimizer_and_params (torch: FSDP2's CPU offload, "
         "stages 2-3)",
     )
+    ap.add_argument(
+        "--checkpoint-offload",
+        default="false",
+        help="comma list: false,true (true: full checkpointing's layer inputs in host memory, "
+        "transformers' offload=True; a transformers model)",
+    )
     ap.add_argument("--steps", type=int, default=5, help="timed steps per run")
     ap.add_argument("--max-runs", type=int, default=8, help="measure at most this many")
     ap.add_argument("--out", default="bench/results")
@@ -202,6 +208,7 @@ def spec_for(args: argparse.Namespace, model: dict[str, Any], nd: int, c: Config
             "seq_len": args.seq_len,
             "activation_checkpointing": c.activation_checkpointing.value,
             "grad_accumulation_steps": c.grad_accumulation_steps,
+            **({"checkpoint_offload": True} if c.checkpoint_offload else {}),
         },
         "offload": offload,
         "mode": "distributed",
@@ -228,6 +235,8 @@ def config_label(c: Config) -> str:
     parts = [f"stage {int(c.stage)}", f"micro {c.micro_batch_size} × {c.grad_accumulation_steps}"]
     if c.activation_checkpointing is not Checkpointing.NONE:
         parts.append(f"ckpt {c.activation_checkpointing.value}")
+    if c.checkpoint_offload:
+        parts.append("inputs on host")
     if c.offload is not OffloadChoice.NONE:
         parts.append(f"offload {c.offload.value}")
     return ", ".join(parts)
@@ -260,6 +269,11 @@ def plan_setup(args: argparse.Namespace, arch: Architecture, gpu: Gpu, nd: int) 
                 OffloadChoice(x) for x in getattr(args, "offload", "none").split(",") if x
             ),
             hsdp=False,
+            checkpoint_offload=tuple(
+                x.strip().lower() == "true"
+                for x in getattr(args, "checkpoint_offload", "false").split(",")
+                if x.strip()
+            ),
         ),
         # as the runs reduce: measure's loop reduces every micro-step unless --grad-sync per_step
         grad_sync=GradSync(getattr(args, "grad_sync", "per_micro_step")),
@@ -321,6 +335,7 @@ def measured_runs(body: dict[str, Any]) -> list[tuple[Config, float]]:
             activation_checkpointing=Checkpointing(_field(f, "activation_checkpointing")),
             offload=OffloadChoice(_field(f, "offload")) if "offload" in f else OffloadChoice.NONE,
             shard_group_size=None if shard in (None, "None") else int(shard),
+            checkpoint_offload=str(f.get("checkpoint_offload", False)) == "True",
         )
         out.append((config, float(seconds)))
     return out
@@ -351,6 +366,8 @@ def committed_setup(
             ",".join(sorted({c.activation_checkpointing.value for c in configs})),
             "--grad-sync", body.get("grad_sync", "per_micro_step"),
             "--offload", ",".join(sorted({c.offload.value for c in configs})),
+            "--checkpoint-offload",
+            ",".join(sorted({str(c.checkpoint_offload).lower() for c in configs})),
         ]
     )  # fmt: skip
     arch = architecture_from_body(body["model_body"])
@@ -692,6 +709,9 @@ def evaluate(
         "measured_fastest": config_label(fastest[0]),
         "runs": runs,
     }
+    pairs = checkpoint_offload_pairs(setup, measured)
+    if pairs:
+        result["checkpoint_offload_pairs"] = pairs
     if probe_error is not None:
         result["probe_error"] = probe_error
     if cal_probe is not None:
@@ -707,6 +727,30 @@ def evaluate(
         result[f"first_choice_{key}"] = config_label(choice[0])
         result[f"first_choice_{key}_within_5_percent"] = choice[1] <= fastest[1] * (1 + WITHIN)
     return result
+
+
+def checkpoint_offload_pairs(
+    setup: PlanSetup, measured: list[tuple[Config, float]]
+) -> list[dict[str, Any]]:
+    """Each configuration measured with its layers' inputs on the device and on the host:
+    the measured step-time difference against the copies the planner predicts
+    (``checkpoint_transfer``, the same at any efficiency)."""
+    found = dict(measured)
+    out = []
+    for c, seconds in measured:
+        kept = found.get(replace(c, checkpoint_offload=False))
+        if not c.checkpoint_offload or kept is None:
+            continue
+        predicted = predict(setup, c)[1].checkpoint_transfer
+        out.append(
+            {
+                "config": config_label(replace(c, checkpoint_offload=False)),
+                "measured_difference": seconds - kept,
+                "predicted_copies": predicted,
+                "error": predicted / (seconds - kept) - 1,
+            }
+        )
+    return out
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -751,6 +795,23 @@ def markdown(r: dict[str, Any]) -> str:
                 for run in timed
             )
             + ".",
+        ]
+
+    pairs = r.get("checkpoint_offload_pairs") or []
+    if pairs:
+        lines += [
+            "",
+            "Checkpoint offload: each configuration's step with the layers' inputs in host "
+            "memory less the same step with them on the device, against the copies predicted "
+            "(checkpoint_transfer):",
+            "",
+            "| configuration | measured difference (s) | predicted copies (s) | error |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p['config']} | {p['measured_difference']:.4f} | {p['predicted_copies']:.4f} "
+            f"| {p['error']:+.1%} |"
+            for p in pairs
         ]
 
     def pct(x: float | None) -> str:

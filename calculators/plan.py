@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from calculators.activations import Regime
+from calculators.activations import Regime, offloaded_inputs
 from calculators.architecture import Architecture, block_kinds, block_tensors
 from calculators.architecture import tensors as architecture_tensors
 from calculators.batch import Batch, Checkpointing
@@ -202,6 +202,9 @@ class Search:
         hsdp: also try sharding stage 3 within a node and replicating across nodes (FSDP2
             HYBRID_SHARD; engine torch, as DeepSpeed 0.19.8 removed MiCS); only with more than
             one node.
+        checkpoint_offload: where full checkpointing keeps the layers' inputs: on the device
+            (False) or in pinned host memory (True: transformers' ``offload=True``); tried for
+            full checkpointing of a transformers model only.
     """
 
     stages: tuple[Stage, ...] = tuple(Stage)
@@ -209,6 +212,7 @@ class Search:
     activation_checkpointing: tuple[Checkpointing, ...] = tuple(Checkpointing)
     offload: tuple[OffloadChoice, ...] = tuple(OffloadChoice)
     hsdp: bool = True
+    checkpoint_offload: tuple[bool, ...] = (False, True)
 
 
 @dataclass(frozen=True)
@@ -394,7 +398,8 @@ class PlanSetup:
 
 @dataclass(frozen=True)
 class Config:
-    """One candidate configuration."""
+    """One candidate configuration; ``checkpoint_offload``: full checkpointing keeps the
+    layers' inputs in pinned host memory (transformers' ``offload=True``)."""
 
     stage: Stage
     micro_batch_size: int
@@ -402,6 +407,7 @@ class Config:
     activation_checkpointing: Checkpointing
     offload: OffloadChoice
     shard_group_size: int | None = None
+    checkpoint_offload: bool = False
 
 
 @dataclass(frozen=True)
@@ -425,7 +431,9 @@ class StepTime:
         optimizer_step: the element-wise optimizer update (device memory or host bound).
         exposed_communication: collective time not hidden behind compute.
         communication: all collective time, hidden or not.
-        offload_transfer: device–host copies of offloaded states (not hidden).
+        offload_transfer: device–host copies of offloaded states and of checkpoint offload's
+            layer inputs (not hidden).
+        checkpoint_transfer: the part of ``offload_transfer`` that checkpoint offload copies.
         matmul: GEMM and attention kernel time of the micro-steps.
         memory_bound: memory-bound kernel time of the micro-steps.
         gpu_busy: the micro-steps' GPU work (matmul + memory_bound).
@@ -439,6 +447,7 @@ class StepTime:
     exposed_communication: float
     communication: float
     offload_transfer: float
+    checkpoint_transfer: float = 0.0
     matmul: float = 0.0
     memory_bound: float = 0.0
     gpu_busy: float = 0.0
@@ -540,6 +549,10 @@ ASSUMPTION_NOTES = (
     "overlapped collectives cost one call's time that cannot hide (the first all-gather, the "
     "last gradient bucket) plus whatever exceeds the compute of their phase",
     "offload transfers are not hidden behind compute; the CPU optimizer runs after backward",
+    "checkpoint offload (transformers' offload=True): each checkpointed layer's input goes to "
+    "pinned host memory in forward and comes back for its recomputation in backward, each copy "
+    "on the compute stream at the host link's rate (one per layer each way): it holds up the "
+    "kernels behind it and is counted whole in offload_transfer (checkpoint_transfer)",
     "FSDP2's CPU offload (engine torch): torch's optimizer steps the host shards at the host "
     "optimizer bandwidth (80 B per parameter for AdamW, 72 for Adam); under gradient "
     "accumulation each later micro-step adds its copied gradient on the host (12 B per "
@@ -674,12 +687,32 @@ def micro_batch_sizes(setup: PlanSetup) -> tuple[int, ...]:
     return tuple(out)
 
 
+def checkpoint_offloads(setup: PlanSetup) -> tuple[bool, ...]:
+    """Where full checkpointing may keep the layers' inputs: the search's choices for a
+    transformers model (``offload=True`` is its gradient checkpointing's option), the device
+    alone for the canonical decoder."""
+    chosen = tuple(sorted(set(setup.search.checkpoint_offload)))
+    if not chosen:
+        raise InputError("search.checkpoint_offload", "give false, true or both")
+    if setup.architecture.modelling is not None:
+        return chosen
+    if False not in chosen:
+        raise InputError(
+            "search.checkpoint_offload",
+            "offload is transformers' gradient checkpointing option (a model given by hf_config "
+            "or a preset of a transformers family); the canonical decoder's checkpoints keep "
+            "their inputs on the device: include false",
+        )
+    return (False,)
+
+
 def configs(setup: PlanSetup) -> list[Config]:
     """Every configuration of the search space the engine can run."""
     shard_groups: list[int | None] = [None]
     # FSDP2 HYBRID_SHARD; DeepSpeed 0.19.8 removed MiCS (runtime/config.py), its shard groups
     if setup.search.hsdp and setup.nodes > 1 and setup.engine is Engine.TORCH:
         shard_groups.append(setup.gpus_per_node)
+    moved = checkpoint_offloads(setup)
     out = []
     for stage in sorted(set(setup.search.stages)):
         for offload in setup.search.offload:
@@ -689,16 +722,18 @@ def configs(setup: PlanSetup) -> list[Config]:
                 if shard is not None and stage is not Stage.PARAMETERS:
                     continue
                 for ckpt in setup.search.activation_checkpointing:
+                    kept = moved if ckpt is Checkpointing.FULL else (False,)
                     for m in micro_batch_sizes(setup):
                         ga = setup.per_rank_batch // m
-                        out.append(Config(stage, m, ga, ckpt, offload, shard))
+                        for to_host in kept:
+                            out.append(Config(stage, m, ga, ckpt, offload, shard, to_host))
     tensors = tensor_count(setup.architecture)
     if len(out) * tensors > MAX_TENSOR_VISITS:
         raise InputError(
             "search",
             f"{len(out)} configurations × {tensors:,} parameter tensors = "
             f"{len(out) * tensors:,} tensor evaluations, over {MAX_TENSOR_VISITS:,}: narrow "
-            "stages, micro_batch_size, activation_checkpointing or offload",
+            "stages, micro_batch_size, activation_checkpointing, offload or checkpoint_offload",
         )
     return out
 
@@ -763,10 +798,7 @@ class _Evaluator:
         s = self.setup
         batch = None
         if with_batch:
-            batch = Batch(c.micro_batch_size, s.seq_len, c.activation_checkpointing)
-            batch = replace(
-                batch, grad_accumulation_steps=c.grad_accumulation_steps, padded=s.padded
-            )
+            batch = replace(self.batch(c), grad_accumulation_steps=c.grad_accumulation_steps)
         return TrainingSetup(
             params=s.params,
             # HSDP / MiCS: model states are sharded over the shard group, not all of dp
@@ -854,9 +886,33 @@ class _Evaluator:
             return Regime.AUTOCAST  # DDP: fp32 parameters under torch.autocast
         return Regime.HALF
 
+    def batch(self, c: Config) -> Batch:
+        """One micro-batch of ``c``."""
+        s = self.setup
+        return Batch(
+            c.micro_batch_size,
+            s.seq_len,
+            c.activation_checkpointing,
+            padded=s.padded,
+            checkpoint_offload=c.checkpoint_offload,
+        )
+
+    def checkpoint_copies(self, c: Config) -> float:
+        """Seconds one micro-step spends copying the checkpointed layers' inputs to pinned host
+        memory in forward and back in backward (``checkpoint_offload``): torch's
+        ``save_on_cpu`` issues each copy on the compute stream (``non_blocking``), so the
+        stream's next kernels wait for it; one copy per layer each way over the host link."""
+        if not c.checkpoint_offload:
+            return 0.0
+        s = self.setup
+        moved = offloaded_inputs(s.architecture, self.batch(c), self.regime(c))
+        link = s.network.host
+        one_way = moved / link.bandwidth + s.architecture.layers * float(link.latency)
+        return 2 * one_way
+
     def micro_step(self, c: Config, host: HostFigures | None = None) -> MicroStep:
         s = self.setup
-        batch = Batch(c.micro_batch_size, s.seq_len, c.activation_checkpointing, padded=s.padded)
+        batch = self.batch(c)
         return micro_step(
             s.architecture,
             s.params,
@@ -874,9 +930,11 @@ class _Evaluator:
     def step_time(self, c: Config) -> tuple[StepTime, Overlap, int]:
         s = self.setup
         micro = self.micro_step(c)
-        # collectives hide behind each phase's duration, whichever queue sets it
-        fwd = max(micro.gpu_forward, micro.host_forward)
-        bwd = max(micro.gpu_backward, micro.host_backward)
+        # collectives hide behind each phase's duration, whichever queue sets it; checkpoint
+        # offload's copies hold the compute stream, half of them in each phase
+        copies = self.checkpoint_copies(c)
+        fwd = max(micro.gpu_forward, micro.host_forward) + copies / 2
+        bwd = max(micro.gpu_backward, micro.host_backward) + copies / 2
         ga = c.grad_accumulation_steps
 
         comm = self.communication(c)
@@ -909,7 +967,8 @@ class _Evaluator:
             optimizer_step=optimizer,
             exposed_communication=exposed,
             communication=collective,
-            offload_transfer=comm.transfer[0] * ga + comm.transfer[1],
+            offload_transfer=comm.transfer[0] * ga + comm.transfer[1] + copies * ga,
+            checkpoint_transfer=copies * ga,
             matmul=micro.matmul * ga,
             memory_bound=micro.memory_bound * ga,
             gpu_busy=micro.gpu * ga,
@@ -922,7 +981,9 @@ class _Evaluator:
         """GEMM and attention time checkpointing adds to one micro-step."""
         if c.activation_checkpointing is Checkpointing.NONE:
             return 0.0
-        plain = self.micro_step(replace(c, activation_checkpointing=Checkpointing.NONE))
+        plain = self.micro_step(
+            replace(c, activation_checkpointing=Checkpointing.NONE, checkpoint_offload=False)
+        )
         return max(0.0, micro.matmul - plain.matmul)
 
 

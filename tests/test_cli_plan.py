@@ -100,3 +100,23 @@ def test_refusals_name_the_option_or_field(args: list[str], says: str) -> None:
     result = invoke(*base, *args)
     assert result.exit_code == 2
     assert says in result.output
+
+
+def test_checkpoint_offload_candidates_from_the_option() -> None:
+    # a transformers model (the llama3-8b preset): full checkpointing with its layers' inputs in
+    # host memory only, and a value that is not a boolean names the option
+    args = [
+        "--preset", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64",
+        "--seq-len", "4096", "--stages", "3", "--micro-batch", "2", "--checkpointing", "full",
+        "--offload", "none",
+    ]  # fmt: skip
+    result = invoke(*args, "--checkpoint-offload", "true", "--json")
+    assert result.exit_code == 0, result.output
+    (found,) = json.loads(result.stdout)["candidates"]
+    assert found["config"]["checkpoint_offload"] is True
+    assert found["step_time"]["checkpoint_transfer"] > 0
+    table = invoke(*args, "--checkpoint-offload", "true")
+    assert "inputs on host" in table.stdout
+    bad = invoke(*args, "--checkpoint-offload", "yes")
+    assert bad.exit_code == 2
+    assert "--checkpoint-offload" in bad.output

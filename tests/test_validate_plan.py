@@ -200,3 +200,24 @@ def test_a_report_at_a_given_host_bandwidth(tmp_path: Path) -> None:
         (body,) = json.loads((out / "plan_model_check.json").read_text())
         errors[given] = body["median_abs_error_default"]
     assert errors[None] < 0.05 < 0.85 < errors[37.5e9]
+
+
+def test_committed_checkpoint_offload_runs_hold_what_validation_states(tmp_path: Path) -> None:
+    """The planner's checkpoint-offload candidates measured beside the same candidates without
+    it (1.5B Llama-style, Nd 1 and 2): re-predicted with the current model, the copies read
+    within a quarter of the measured difference, and every candidate within 10 % calibrated on
+    two runs (docs/VALIDATION.md, "Twenty-seventh round")."""
+    pytest.importorskip("fastapi")
+    import json
+
+    files = sorted((ROOT / "bench/results/plan_validation").glob("h200x2_llama_ckpt_offload_*"))
+    assert len(files) == 2
+    assert validate_plan.main(["--report", *map(str, files), "--out", str(tmp_path)]) == 0
+    for body in json.loads((tmp_path / "plan_model_check.json").read_text()):
+        pairs = body["checkpoint_offload_pairs"]
+        assert len(pairs) >= 3
+        assert all(-0.25 <= p["error"] <= 0 for p in pairs)
+        moved = [r for r in body["runs"] if r["config_fields"]["checkpoint_offload"] == "True"]
+        assert len(moved) >= 3
+        assert all(abs(r["error_calibrated_two"]) <= 0.10 for r in body["runs"])
+        assert body["first_choice_calibrated_two_within_5_percent"]

@@ -384,6 +384,7 @@ def plan_setup(
             activation_checkpointing=tuple(s.activation_checkpointing),
             offload=tuple(s.offload),
             hsdp=s.hsdp,
+            checkpoint_offload=tuple(s.checkpoint_offload),
         ),
         efficiency=efficiency,
         host_optimizer_bandwidth=None if host_optimizer is None else host_optimizer[0],

@@ -829,6 +829,7 @@ def _config_out(c: Config) -> ConfigOut:
         activation_checkpointing=c.activation_checkpointing,
         offload=c.offload,
         shard_group_size=c.shard_group_size,
+        checkpoint_offload=c.checkpoint_offload,
     )
 
 
@@ -852,6 +853,7 @@ def _candidate_out(rank: int, c: Candidate) -> CandidateOut:
             exposed_communication=s.exposed_communication,
             communication=s.communication,
             offload_transfer=s.offload_transfer,
+            checkpoint_transfer=s.checkpoint_transfer,
         ),
         per_device=per_device(c.memory),
         headroom=c.headroom,

@@ -98,8 +98,18 @@ class SearchIn(StrictModel):
         "HYBRID_SHARD; engine torch: DeepSpeed 0.19.8 removed MiCS); only with more than one "
         "node.",
     )
+    checkpoint_offload: Annotated[list[StrictBool], Field(min_length=1, max_length=2)] = Field(
+        default_factory=lambda: [False, True],
+        description="Where full checkpointing keeps each decoder layer's input: false on the "
+        "device, true in pinned host memory, copied back for the layer's recomputation "
+        "(transformers' gradient_checkpointing_enable(offload=True), the Trainer's "
+        'gradient_checkpointing_kwargs {"offload": true}). Tried with full checkpointing of a '
+        "transformers model (hf_config or a transformers preset); another model tries false.",
+    )
 
-    @field_validator("stages", "micro_batch_size", "activation_checkpointing", "offload")
+    @field_validator(
+        "stages", "micro_batch_size", "activation_checkpointing", "offload", "checkpoint_offload"
+    )
     @classmethod
     def unique(cls, values: list[object] | None) -> list[object] | None:
         return None if values is None else _unique(values)
@@ -110,7 +120,13 @@ class SearchIn(StrictModel):
     ) -> JsonSchemaValue:
         """Each list's values appear once (``uniqueItems``), as ``unique`` checks."""
         schema = handler.resolve_ref_schema(handler(core_schema))
-        for key in ("stages", "micro_batch_size", "activation_checkpointing", "offload"):
+        for key in (
+            "stages",
+            "micro_batch_size",
+            "activation_checkpointing",
+            "offload",
+            "checkpoint_offload",
+        ):
             prop = schema["properties"][key]
             for form in (prop, *prop.get("anyOf", ())):
                 if form.get("type") == "array":
@@ -218,6 +234,10 @@ class ConfigOut(BaseModel):
     shard_group_size: int | None = Field(
         description="HSDP / MiCS shard group; null = sharded over all GPUs."
     )
+    checkpoint_offload: bool = Field(
+        description="Full checkpointing keeps each layer's input in pinned host memory "
+        "(transformers' offload=True); false with any other checkpointing."
+    )
 
 
 class StepTimeOut(BaseModel):
@@ -248,7 +268,14 @@ class StepTimeOut(BaseModel):
     )
     exposed_communication: float = Field(description="Collective time not hidden by compute.")
     communication: float = Field(description="All collective time, hidden or not.")
-    offload_transfer: float = Field(description="Device-host copies of offloaded states.")
+    offload_transfer: float = Field(
+        description="Device-host copies of offloaded states, and checkpoint_transfer."
+    )
+    checkpoint_transfer: float = Field(
+        description="Part of offload_transfer: checkpoint offload's copies of each layer's "
+        "input to host memory in forward and back in backward, on the compute stream, at the "
+        "host link's rate (0 without checkpoint_offload)."
+    )
 
 
 class OverlapOut(BaseModel):

@@ -728,7 +728,7 @@
 
   function configName(c) {
     const parts = [`stage ${c.stage}`, `${c.micro_batch_size} × ${c.grad_accumulation_steps}`];
-    if (c.activation_checkpointing !== "none") parts.push(`ckpt ${c.activation_checkpointing}`);
+    if (c.activation_checkpointing !== "none") parts.push(`ckpt ${c.activation_checkpointing}${c.checkpoint_offload ? " (inputs on host)" : ""}`);
     if (c.offload !== "none") parts.push(`offload ${c.offload}`);
     if (c.shard_group_size) parts.push(`HSDP ${c.shard_group_size}`);
     return parts.join(", ");
@@ -736,7 +736,7 @@
 
   function shortName(c) {
     // the chart's row label: "#3 s3 1×32 sel opt" (stage, micro × accumulation, checkpointing, offload)
-    const ck = { none: "", selective: " sel", full: " full" }[c.activation_checkpointing] ?? ` ${c.activation_checkpointing}`;
+    const ck = ({ none: "", selective: " sel", full: " full" }[c.activation_checkpointing] ?? ` ${c.activation_checkpointing}`) + (c.checkpoint_offload ? "→cpu" : "");
     const off = { none: "", optimizer: " opt→cpu", optimizer_and_params: " opt+par→cpu" }[c.offload] ?? ` ${c.offload}`;
     return `s${c.stage} ${c.micro_batch_size}×${c.grad_accumulation_steps}${ck}${off}${c.shard_group_size ? ` hsdp${c.shard_group_size}` : ""}`;
   }
@@ -780,6 +780,14 @@
     return `optimizer on the host at ${(a.host_optimizer_bandwidth / 1e9).toPrecision(3)} GB/s per rank${threads}: ${a.host_optimizer_source}`;
   }
 
+  function offloadTitle(c, a) {
+    // what the offload cell's seconds are made of: the optimizer's host step, checkpoint copies
+    const parts = [];
+    if (c.config.offload !== "none") parts.push(hostOptimizer(a));
+    if (c.config.checkpoint_offload) parts.push(`layer inputs to the host and back: ${seconds(c.step_time.checkpoint_transfer)}`);
+    return parts.length ? parts.join("; ") : null;
+  }
+
   function planTable(resp) {
     const cols = ["#", "configuration", "tokens/s", "step", "compute", "exposed comm", "offload", "peak", "headroom"];
     const head = el("tr", {}, ...cols.map((t) => el("th", { text: t, scope: "col", class: t === "configuration" ? "config" : null })));
@@ -790,7 +798,7 @@
       el("td", { "data-seconds": c.step_time_seconds, text: seconds(c.step_time_seconds) }),
       el("td", { text: seconds(c.step_time.compute), title: `micro-steps ${c.step_time.bound}-bound (GPU work ${seconds(c.step_time.gpu_busy)}: GEMMs and attention ${seconds(c.step_time.matmul)}, memory-bound ${seconds(c.step_time.memory_bound)}; host dispatch ${seconds(c.step_time.host_dispatch)}) + optimizer step ${seconds(c.step_time.optimizer_step)}` }),
       el("td", { text: seconds(c.step_time.exposed_communication), title: `all collectives: ${seconds(c.step_time.communication)}; ${c.assumptions.reason}` }),
-      el("td", { text: seconds(c.step_time.offload_transfer), title: c.config.offload === "none" ? null : hostOptimizer(resp.assumptions) }),
+      el("td", { text: seconds(c.step_time.offload_transfer), title: offloadTitle(c, resp.assumptions) }),
       bytesCell(c.per_device.peak),
       bytesCell(c.headroom)));
     const table = $("#plan-table");

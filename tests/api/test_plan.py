@@ -138,6 +138,7 @@ def _llama3_8b_one_candidate(checkpointing: str, **extra: Any) -> dict[str, Any]
             "micro_batch_size": [2],
             "activation_checkpointing": [checkpointing],
             "offload": ["none"],
+            "checkpoint_offload": [False],
         },
         **extra,
     }
@@ -182,6 +183,44 @@ def test_a_bad_loop_knob_is_the_requests_error(client: TestClient, knob: str) ->
     assert f"engine_config.{knob}" in r.text
 
 
+def test_checkpoint_offload_is_a_candidate_that_trades_device_memory_for_copies(
+    client: TestClient,
+) -> None:
+    # transformers' offload=True beside plain full checkpointing: the layers' inputs leave the
+    # device for host memory, and the copies there and back lengthen the step
+    body = _llama3_8b_one_candidate("full")
+    body["search"]["checkpoint_offload"] = [False, True]
+    found = post(client, body)
+    assert "checkpoint offload" in " ".join(found["assumptions"]["notes"])
+    by_place = {c["config"]["checkpoint_offload"]: c for c in found["candidates"]}
+    kept, moved = by_place[False], by_place[True]
+    inputs = 32 * 2 * (2 * 4096) * 4096  # 32 layers × bf16 × tokens × hidden
+    assert moved["cpu"]["activations"] == inputs
+    assert kept["cpu"]["activations"] == 0
+    assert kept["per_device"]["peak"] - moved["per_device"]["peak"] == inputs
+    # both ways over PCIe 5 (64 GB/s a direction), one copy per layer each way
+    seconds = moved["step_time"]["checkpoint_transfer"]
+    assert seconds == pytest.approx(2 * 4 * inputs / 64e9, rel=0.01)  # 4 micro-steps
+    assert kept["step_time"]["checkpoint_transfer"] == 0
+    assert moved["step_time"]["offload_transfer"] == pytest.approx(seconds)
+    assert moved["step_time_seconds"] == pytest.approx(kept["step_time_seconds"] + seconds)
+    assert moved["rank"] == 2  # slower, so ranked below
+
+
+def test_checkpoint_offload_is_transformers_option(client: TestClient) -> None:
+    # the canonical decoder's full checkpointing keeps its inputs on the device: asked for
+    # offload alone it gets a 422 naming the field; with false beside it, false is what it tries
+    body = {**SMALL, "search": {"activation_checkpointing": ["full"]}}
+    body["search"]["checkpoint_offload"] = [True]
+    r = client.post("/v1/plan", json=body)
+    assert r.status_code == 422, r.text
+    assert "search.checkpoint_offload" in r.text
+    body["search"]["checkpoint_offload"] = [False, True]
+    found = post(client, body)
+    placed = {c["config"]["checkpoint_offload"] for c in found["candidates"] + found["rejected"]}
+    assert placed == {False}
+
+
 def test_eager_attention_computes_every_score_and_says_so(client: TestClient) -> None:
     cfg = json.loads(open("bench/hf_configs/llama-3.1-8b.json").read())
     body = {
@@ -194,6 +233,7 @@ def test_eager_attention_computes_every_score_and_says_so(client: TestClient) ->
             "micro_batch_size": [1],
             "activation_checkpointing": ["full"],
             "offload": ["none"],
+            "checkpoint_offload": [False],
         },
     }
     sdpa = post(client, {**body, "model": {"hf_config": cfg}})
