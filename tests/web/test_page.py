@@ -658,20 +658,40 @@ def test_screenshot(visit: Visit, tmp_path: Path) -> None:
     assert target.stat().st_size > 10_000
 
 
+def _plan_offload_cells(visit: Visit, query: str) -> list[tuple[str, str | None]]:
+    """The Plan panel's rows for ``query``: each configuration and its offload cell's title."""
+    visit.open(query)
+    visit.page.click("#plan-start")
+    visit.page.wait_for_selector("#plan-result:not([hidden])", timeout=30_000)
+    return [
+        (config, title)
+        for config, title in visit.page.eval_on_selector_all(
+            "#plan-table tbody tr",
+            "trs => trs.map(tr => [tr.querySelector('td.config').textContent,"
+            " tr.querySelectorAll('td')[5].getAttribute('title')])",
+        )
+    ]
+
+
 def test_plan_panel_says_where_an_offloaded_optimizer_steps(visit: Visit) -> None:
     """Llama 3 8B on one H100 fits only with FSDP2's CPU offload: each such row's offload cell
     names the host optimizer's figure and threads, as the API's assumptions give them."""
-    visit.open("?plan_gpus=1&plan_global_batch=8")
-    page = visit.page
-    page.click("#plan-start")
-    page.wait_for_selector("#plan-result:not([hidden])", timeout=30_000)
-    cells = page.eval_on_selector_all(
-        "#plan-table tbody tr",
-        "trs => trs.map(tr => [tr.querySelector('td.config').textContent,"
-        " tr.querySelectorAll('td')[5].getAttribute('title')])",
-    )
+    cells = _plan_offload_cells(visit, "?plan_gpus=1&plan_global_batch=8")
     assert cells, "the panel should list the candidates that fit"
     for config, title in cells:
         assert "offload" in config
-        assert title.startswith("optimizer on the host at ")
+        assert title is not None and title.startswith("optimizer on the host at ")
         assert "on all thread(s) per rank" in title and "every core" in title
+
+
+def test_plan_panel_names_checkpoint_offload_and_its_copies(visit: Visit) -> None:
+    """Llama 3 8B at 32,768 tokens on 8 × H100 fits only with full checkpointing: the rows that
+    keep the layers' inputs in host memory say so, and their offload cell gives the copies'
+    time beside the host optimizer's."""
+    query = "?plan_gpu=h100-sxm&plan_gpus=8&plan_global_batch=16&plan_seq_len=32768"
+    cells = _plan_offload_cells(visit, query)
+    moved = [title for config, title in cells if "ckpt full (inputs on host)" in config]
+    kept = [title for config, title in cells if "inputs on host" not in config]
+    assert moved and kept
+    assert all("layer inputs to the host and back: " in (title or "") for title in moved)
+    assert not any("layer inputs" in (title or "") for title in kept)
