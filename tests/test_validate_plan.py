@@ -221,3 +221,16 @@ def test_committed_checkpoint_offload_runs_hold_what_validation_states(tmp_path:
         assert len(moved) >= 3
         assert all(abs(r["error_calibrated_two"]) <= 0.10 for r in body["runs"])
         assert body["first_choice_calibrated_two_within_5_percent"]
+
+
+def test_plan_bench_runs_every_question(tmp_path: Path) -> None:
+    """bench/plan_bench.py plans each bundled model with each engine and writes what it timed."""
+    import json
+
+    from bench import plan_bench
+
+    out = tmp_path / "plan.json"
+    assert plan_bench.main(["--repeat", "1", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 2 * len(plan_bench.MODELS)
+    assert all(r["evaluated"] >= r["fit"] > 0 and r["cpu_seconds"] > 0 for r in runs)
