@@ -428,7 +428,12 @@ def _step(
             # loss's own backward the root unit is gathered again and the default backward
             # prefetch gathers the last block (_fsdp_param_group.py pre_backward,
             # _backward_prefetch). Both stay alive through the loss gradients.
-            gathered_for_loss = (0 if unsharded else root) + last_block
+            # One rank alone gathers nothing: a prefetched block's unshard only records the
+            # sharded data as its all-gather result, and its parameters are made when the
+            # block's own pre-backward waits for it (_fsdp_param_group.py unshard and
+            # wait_for_unshard, world_size == 1)
+            prefetched = last_block if setup.dp > 1 else 0
+            gathered_for_loss = (0 if unsharded else root) + prefetched
         if not unsharded:
             # the root's pre-backward copies its parameters out of the flat all-gather output
             # (wait_for_unshard, foreach_all_gather_copy_out): both alive together
