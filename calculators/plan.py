@@ -197,7 +197,8 @@ class Search:
     Attributes:
         stages: ZeRO stages to try.
         micro_batch_sizes: sequences per micro-batch to try (None: derived).
-        activation_checkpointing: recomputation policies to try.
+        activation_checkpointing: recomputation policies to try (a transformers model skips
+            selective: transformers checkpoints whole decoder layers).
         offload: offload choices to try (those an engine or stage cannot do are skipped).
         hsdp: also try sharding stage 3 within a node and replicating across nodes (FSDP2
             HYBRID_SHARD; engine torch, as DeepSpeed 0.19.8 removed MiCS); only with more than
@@ -706,6 +707,24 @@ def checkpoint_offloads(setup: PlanSetup) -> tuple[bool, ...]:
     return (False,)
 
 
+def checkpointings(setup: PlanSetup) -> tuple[Checkpointing, ...]:
+    """The search's recomputation policies the model's training code offers: transformers
+    checkpoints whole decoder layers (``gradient_checkpointing_enable``), so a transformers model
+    tries none and full, never the attention core alone."""
+    chosen = setup.search.activation_checkpointing
+    if setup.architecture.modelling is None:
+        return chosen
+    offered = tuple(c for c in chosen if c is not Checkpointing.SELECTIVE)
+    if not offered:
+        raise InputError(
+            "search.activation_checkpointing",
+            "transformers checkpoints whole decoder layers (gradient_checkpointing_enable): a "
+            "transformers model (hf_config or a preset of a transformers family) tries none or "
+            "full; selective recomputation of the attention core is not among them",
+        )
+    return offered
+
+
 def configs(setup: PlanSetup) -> list[Config]:
     """Every configuration of the search space the engine can run."""
     shard_groups: list[int | None] = [None]
@@ -713,6 +732,7 @@ def configs(setup: PlanSetup) -> list[Config]:
     if setup.search.hsdp and setup.nodes > 1 and setup.engine is Engine.TORCH:
         shard_groups.append(setup.gpus_per_node)
     moved = checkpoint_offloads(setup)
+    policies = checkpointings(setup)
     out = []
     for stage in sorted(set(setup.search.stages)):
         for offload in setup.search.offload:
@@ -721,7 +741,7 @@ def configs(setup: PlanSetup) -> list[Config]:
             for shard in shard_groups:
                 if shard is not None and stage is not Stage.PARAMETERS:
                     continue
-                for ckpt in setup.search.activation_checkpointing:
+                for ckpt in policies:
                     kept = moved if ckpt is Checkpointing.FULL else (False,)
                     for m in micro_batch_sizes(setup):
                         ga = setup.per_rank_batch // m

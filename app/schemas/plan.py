@@ -83,7 +83,9 @@ class SearchIn(StrictModel):
     activation_checkpointing: Annotated[list[Checkpointing], Field(min_length=1, max_length=3)] = (
         Field(
             default_factory=lambda: list(Checkpointing),
-            description="none, selective (attention core recomputed), full (every block).",
+            description="none, selective (attention core recomputed), full (every block). A "
+            "transformers model tries none and full: transformers checkpoints whole decoder "
+            "layers.",
         )
     )
     offload: Annotated[list[OffloadChoice], Field(min_length=1, max_length=3)] = Field(

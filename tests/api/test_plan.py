@@ -207,6 +207,26 @@ def test_checkpoint_offload_is_a_candidate_that_trades_device_memory_for_copies(
     assert moved["rank"] == 2  # slower, so ranked below
 
 
+def test_a_transformers_model_is_planned_with_the_checkpointing_transformers_has(
+    client: TestClient,
+) -> None:
+    # transformers checkpoints whole decoder layers: its models try none and full, never the
+    # attention core alone, which the canonical decoder still tries
+    body = _llama3_8b_one_candidate("none")
+    body["search"]["activation_checkpointing"] = ["none", "selective", "full"]
+    found = post(client, body)
+    tried = {
+        c["config"]["activation_checkpointing"] for c in found["candidates"] + found["rejected"]
+    }
+    assert tried == {"none", "full"}
+    body["search"]["activation_checkpointing"] = ["selective"]
+    r = client.post("/v1/plan", json=body)
+    assert r.status_code == 422, r.text
+    assert "search.activation_checkpointing" in r.text and "whole decoder layers" in r.text
+    gpt = post(client, {**SMALL, "search": {"activation_checkpointing": ["selective"]}})
+    assert {c["config"]["activation_checkpointing"] for c in gpt["candidates"]} == {"selective"}
+
+
 def test_checkpoint_offload_is_transformers_option(client: TestClient) -> None:
     # the canonical decoder's full checkpointing keeps its inputs on the device: asked for
     # offload alone it gets a 422 naming the field; with false beside it, false is what it tries
