@@ -244,6 +244,7 @@ def spec_setup(
                 batch.get("grad_accumulation_steps", 1),
                 batch.get("padded", False),
                 batch.get("checkpoint_offload", False),
+                batch.get("checkpoint_every_n_layers", 1),
             ),
             engine_config=dict(config or spec.get("engine_config") or {}),
         ),
@@ -384,6 +385,9 @@ def hf_runs(
         padded = shape[3] is not None
         # validate_hf --checkpoint-offload
         ckpt_offload = result["workload"].endswith(", offloaded)")
+        # validate_hf --every-n-layers
+        every = re.search(r" every (\d+) layers", result["workload"])
+        every_n = int(every[1]) if every else 1
         hf_config = family_config(case["family"], data["size"])
         attention = data.get("attn_implementation")  # validate_hf --attn-implementation
         if attention:
@@ -403,6 +407,7 @@ def hf_runs(
                 "activation_checkpointing": case["checkpointing"],
                 "padded": padded,
                 "checkpoint_offload": ckpt_offload,
+                "checkpoint_every_n_layers": every_n,
             },
             "allow_slow_cpu": True,
         }
@@ -438,6 +443,7 @@ def hf_runs(
             shown = r.family if data["size"] == "small" else f"{r.family} {size_label}"
             shown += PADDED if padded else ""
             shown += OFFLOADED if ckpt_offload else ""
+            shown += f", every {every_n} layers" if every_n > 1 else ""
             shown += f", {attention}" if attention else ""
             if engine == "torch" and REDUCE_DTYPE in config:  # FSDP2 reducing in 16 bits
                 shown += f", reduce {config[REDUCE_DTYPE]}"

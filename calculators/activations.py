@@ -20,7 +20,7 @@ q, k, v, its output and a logsumexp; it never keeps the s × s scores and softma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from calculators.architecture import (
@@ -86,6 +86,16 @@ class ActivationBreakdown:
             ``compute_loss`` returns ``outputs["loss"]``), so not part of ``end_of_forward``.
         offloaded: bytes of the checkpointed layers' inputs held in pinned host memory
             (``batch.checkpoint_offload``), not on the device and not in ``layers``.
+        every_n_layers: full checkpointing of layers 0, n, 2n, ... only (transformers'
+            ``every_n_layers``); the other layers keep ``plain_layer`` bytes each.
+        plain_layer: what one layer that is not checkpointed keeps (``every_n_layers`` > 1).
+        checkpointed_layer: what one checkpointed layer keeps on the device: its input, or
+            nothing when offload holds it in host memory (``every_n_layers`` > 1).
+        plain_copies: autocast's weight copies one layer that is not checkpointed saves
+            (``every_n_layers`` > 1; in ``autocast_weights``).
+        cast_cache: autocast's weight copies that only its cast cache holds: those of the
+            checkpointed layers, whose forward saves nothing, alive until the autocast region
+            exits (a transformers model computes its loss inside it).
     """
 
     per_layer: LayerActivations
@@ -100,6 +110,34 @@ class ActivationBreakdown:
     cache: int = 0
     cache_only: int = 0
     offloaded: int = 0
+    every_n_layers: int = 1
+    plain_layer: int = 0
+    checkpointed_layer: int = 0
+    plain_copies: int = 0
+    cast_cache: int = 0
+
+    def saved(self, block: int, blocks: int) -> int:
+        """What block ``block`` of ``blocks`` keeps at the end of forward."""
+        if self.every_n_layers == 1:
+            return self.layers // blocks
+        return self.checkpointed_layer if block % self.every_n_layers == 0 else self.plain_layer
+
+    def saved_below(self, block: int, blocks: int) -> int:
+        """What blocks ``0 .. block - 1`` keep at the end of forward."""
+        if self.every_n_layers == 1:
+            return block * (self.layers // blocks)
+        checkpointed = -(-block // self.every_n_layers)
+        return checkpointed * self.checkpointed_layer + (block - checkpointed) * self.plain_layer
+
+    def plain_copies_below(self, block: int) -> int:
+        """Autocast's weight copies the layers before ``block`` that are not checkpointed save."""
+        if self.every_n_layers == 1:
+            return 0
+        return (block - -(-block // self.every_n_layers)) * self.plain_copies
+
+    def recomputed(self, block: int) -> bool:
+        """Whether backward runs block ``block``'s forward again (full checkpointing only)."""
+        return self.recompute > 0 and block % self.every_n_layers == 0
 
     @property
     def end_of_forward(self) -> int:
@@ -292,6 +330,13 @@ def activations(
             "hf_config or a preset of a transformers family); the canonical decoder's "
             "checkpoints keep their inputs on the device",
         )
+    if batch.checkpoint_every_n_layers > 1:
+        raise InputError(
+            "batch.checkpoint_every_n_layers",
+            "every_n_layers is transformers' gradient checkpointing option (a model given by "
+            "hf_config or a preset of a transformers family); the canonical decoder "
+            "checkpoints every block",
+        )
     if batch.padded:
         raise InputError(
             "batch.padded",
@@ -377,10 +422,15 @@ def _transformers_activations(
         layers -= arch.layers * lse
         recompute = lse
     autocast_weights = hf.weight_copies(arch, regime.value, checkpointed=full)
+    every_copy = hf.weight_copies(arch, regime.value, checkpointed=False)
+    # autocast caches each weight's cast while its region lasts: the checkpointed layers' copies
+    # too, which their forward does not save
+    cast_cache = every_copy - autocast_weights if full and regime is Regime.AUTOCAST else 0
     if full:
         # backward casts the recomputed layer's weights again
         recompute += hf.layer_weight_copies(arch, regime.value)
     offloaded = offloaded_inputs(arch, batch, regime)
+    each = hf.dtypes(regime.value).res * batch.tokens * arch.hidden  # one layer's input
     if offloaded:
         # save_on_cpu packs each checkpoint's hidden_states argument into pinned host memory
         # (the masks, rotary tables and position_ids ride in the call's keyword arguments and
@@ -389,25 +439,8 @@ def _transformers_activations(
         # (``x.to(float32)`` returns it), which ``terms.recompute`` leaves to ``layers``
         layers -= offloaded
         if hf.dtypes(regime.value).res == FP32_BYTES:
-            recompute += offloaded // arch.layers
-    if traced is not None:
-        # the trace's totals in place of the formulas: the layers carry whatever the trace
-        # saved beyond the embedding, head and loss terms (the recomputed layer stays analytical)
-        return ActivationBreakdown(
-            per_layer=per_layer,
-            layers=traced.saved - terms.embedding - terms.head - terms.loss - offloaded,
-            recompute=recompute,
-            embedding=terms.embedding,
-            head=terms.head,
-            logits=traced.logits,
-            loss=terms.loss,
-            loss_transient=traced.loss_transient,
-            autocast_weights=traced.autocast_weights,
-            cache=traced.cache,
-            cache_only=traced.cache_only,
-            offloaded=offloaded,
-        )
-    return ActivationBreakdown(
+            recompute += each
+    analytical = ActivationBreakdown(
         per_layer=per_layer,
         layers=layers,
         recompute=recompute,
@@ -420,7 +453,41 @@ def _transformers_activations(
         cache=terms.cache,
         cache_only=terms.cache_only,
         offloaded=offloaded,
+        cast_cache=cast_cache,
     )
+    n = batch.checkpoint_every_n_layers
+    if full and n > 1:
+        # every_n_layers: layers 0, n, 2n, ... run under the checkpoint (their input kept, or
+        # in host memory), the others save all they save without it; autocast's weight
+        # copies of those stay saved too
+        checkpointed = batch.checkpointed_layers(arch.layers)
+        unchecked = arch.layers - checkpointed
+        plain = hf.partly_checkpointed_layer(arch, batch, regime.value)
+        kept = 0 if batch.checkpoint_offload else each
+        per_layer_copies = (every_copy - autocast_weights) // arch.layers
+        return replace(
+            analytical,
+            layers=checkpointed * kept + unchecked * plain,
+            autocast_weights=autocast_weights + unchecked * per_layer_copies,
+            every_n_layers=n,
+            plain_layer=plain,
+            checkpointed_layer=kept,
+            plain_copies=per_layer_copies,
+            cast_cache=checkpointed * per_layer_copies if regime is Regime.AUTOCAST else 0,
+        )
+    if traced is not None:
+        # the trace's totals in place of the formulas: the layers carry whatever the trace
+        # saved beyond the embedding, head and loss terms (the recomputed layer stays analytical)
+        return replace(
+            analytical,
+            layers=traced.saved - terms.embedding - terms.head - terms.loss - offloaded,
+            logits=traced.logits,
+            loss_transient=traced.loss_transient,
+            autocast_weights=traced.autocast_weights,
+            cache=traced.cache,
+            cache_only=traced.cache_only,
+        )
+    return analytical
 
 
 def offloaded_inputs(arch: Architecture, batch: Batch | None, regime: Regime) -> int:
@@ -431,7 +498,8 @@ def offloaded_inputs(arch: Architecture, batch: Batch | None, regime: Regime) ->
         return 0
     from calculators import transformers_activations as hf
 
-    return arch.layers * hf.dtypes(regime.value).res * batch.tokens * arch.hidden
+    checkpointed = batch.checkpointed_layers(arch.layers)
+    return checkpointed * hf.dtypes(regime.value).res * batch.tokens * arch.hidden
 
 
 def _traced(
@@ -440,11 +508,16 @@ def _traced(
     """The trace of this batch in ``regime``, when the architecture carries one of it."""
     assert arch.modelling is not None
     t = arch.modelling.traced
-    if t is None or (t.micro_batch_size, t.seq_len, t.checkpointing, t.padded) != (
-        batch.micro_batch_size,
-        batch.seq_len,
-        checkpointing,
-        batch.padded,
+    if (
+        t is None
+        or batch.checkpoint_every_n_layers > 1
+        or (t.micro_batch_size, t.seq_len, t.checkpointing, t.padded)
+        != (
+            batch.micro_batch_size,
+            batch.seq_len,
+            checkpointing,
+            batch.padded,
+        )
     ):
         return None
     return t(regime.value)

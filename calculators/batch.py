@@ -37,6 +37,10 @@ class Batch:
             ``gradient_checkpointing_kwargs={"offload": True}``): each checkpointed layer's
             input is packed into pinned host memory (``torch.autograd.graph.save_on_cpu``) and
             copied back for the layer's recomputation. Needs full checkpointing.
+        checkpoint_every_n_layers: transformers' ``every_n_layers`` (``gradient_checkpointing_
+            enable(every_n_layers=n)``; the Trainer's ``gradient_checkpointing_kwargs``): only
+            decoder layers 0, n, 2n, ... are checkpointed, the others keep what they save. 1:
+            every layer. Above 1 needs full checkpointing.
     """
 
     micro_batch_size: int
@@ -45,9 +49,15 @@ class Batch:
     grad_accumulation_steps: int = 1
     padded: bool = False
     checkpoint_offload: bool = False
+    checkpoint_every_n_layers: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch_size", "seq_len", "grad_accumulation_steps"):
+        for name in (
+            "micro_batch_size",
+            "seq_len",
+            "grad_accumulation_steps",
+            "checkpoint_every_n_layers",
+        ):
             if getattr(self, name) < 1:
                 raise InputError(f"batch.{name}", "must be at least 1")
         if self.checkpoint_offload and self.activation_checkpointing is not Checkpointing.FULL:
@@ -55,6 +65,20 @@ class Batch:
                 "batch.checkpoint_offload",
                 "offloads the inputs full checkpointing keeps: needs activation_checkpointing full",
             )
+        if self.checkpoint_every_n_layers > 1 and (
+            self.activation_checkpointing is not Checkpointing.FULL
+        ):
+            raise InputError(
+                "batch.checkpoint_every_n_layers",
+                "picks which layers full checkpointing checkpoints: needs activation_checkpointing "
+                "full",
+            )
+
+    def checkpointed_layers(self, layers: int) -> int:
+        """How many of ``layers`` decoder layers are checkpointed."""
+        if self.activation_checkpointing is not Checkpointing.FULL:
+            return 0
+        return -(-layers // self.checkpoint_every_n_layers)
 
     @property
     def tokens(self) -> int:

@@ -409,7 +409,12 @@ class MicroStep:
 def activation_bytes(arch: Architecture, batch: Batch, regime: Regime) -> int:
     """Bytes a micro-step's blocks, head and loss save for backward without checkpointing: what
     the memory-bound kernels stream (embedding indices and autocast's weight copies left out)."""
-    plain = replace(batch, activation_checkpointing=Checkpointing.NONE, checkpoint_offload=False)
+    plain = replace(
+        batch,
+        activation_checkpointing=Checkpointing.NONE,
+        checkpoint_offload=False,
+        checkpoint_every_n_layers=1,
+    )
     a = activations(arch, plain, regime)
     return a.per_layer.total * arch.layers + a.head + a.logits + a.loss
 
@@ -456,7 +461,12 @@ def micro_step(
     if batch.activation_checkpointing is Checkpointing.FULL:
         a = activations(
             arch,
-            replace(batch, activation_checkpointing=Checkpointing.NONE, checkpoint_offload=False),
+            replace(
+                batch,
+                activation_checkpointing=Checkpointing.NONE,
+                checkpoint_offload=False,
+                checkpoint_every_n_layers=1,
+            ),
             regime,
         )
         rerun = a.per_layer.total * arch.layers

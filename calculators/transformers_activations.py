@@ -68,6 +68,7 @@ from calculators.architecture import (
 )
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
+from calculators.errors import InputError
 
 INDEX_BYTES = 8  # int64
 BOOL_BYTES = 1
@@ -222,7 +223,12 @@ def layer_terms(
     # repeat_kv with a mask; the math path expands k/v itself
     gqa_expanded = (masked or math) and grouped and not _mqa_views(arch, regime, masked, rotated)
     k_width = q if gqa_expanded else kv
-    attention += sdpa * t * q + 2 * sdpa * t * k_width  # q, k, v as SDPA saves them
+    # v is cast as k is where the cache holds it (the cache allocates v in k's dtype); without
+    # a cache, autocast's bf16 v needs no cast, and with one key/value head SDPA saves a view
+    v_cast_as_k = use_cache or not d.autocast
+    v_views = _mqa_views(arch, regime, masked, rotated if v_cast_as_k else False)
+    v_width = q if (masked or math) and grouped and not v_views else kv
+    attention += sdpa * t * (q + k_width + v_width)  # q, k, v as SDPA saves them
     if _m(arch).fused_projections and not use_cache and not gqa_expanded:
         # v is a view of the fused qkv output: the whole output stays alive
         attention += d.lin * t * (q + kv)
@@ -724,6 +730,33 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
         cache=cache,
         cache_only=cache_only,
     )
+
+
+def partly_checkpointed_layer(arch: Architecture, batch: Batch, regime: str) -> int:
+    """What one decoder layer that ``every_n_layers`` leaves unchecked keeps for backward: all
+    it saves, with the key/value cache off (the model's ``gradient_checkpointing`` flag is set,
+    so transformers drops ``use_cache`` in training).
+
+    Raises:
+        InputError: the model's layers do not all save alike (dense and MoE layers, layers
+            without rotary embeddings, sliding-window layers beside full ones where the window
+            is reached), which would make the figures depend on which layers are checkpointed.
+    """
+    m = _m(arch)
+    window = m.sliding_window
+    windowed = m.sliding_layers if window is not None and batch.seq_len >= window else 0
+    # a padded batch masks every layer alike, sliding or not
+    partial_window = 0 < windowed < arch.layers and not batch.padded
+    if len(block_kinds(arch)) > 1 or m.nope_layers or partial_window:
+        raise InputError(
+            "batch.checkpoint_every_n_layers",
+            f"above 1 is modelled where every decoder layer saves alike; {m.family}'s layers "
+            "differ (dense and MoE layers, layers without rotary embeddings, or sliding-window "
+            "layers beside full ones at this sequence length)",
+        )
+    dense = block_kinds(arch)[-1][0] < dense_layers(arch)
+    masked = batch.padded or windowed == arch.layers
+    return _total(layer_terms(arch, batch, regime, False, masked=masked, dense=dense))
 
 
 def _unrotated(

@@ -62,6 +62,13 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         help="transformers' gradient checkpointing with offload=True: the checkpointed layers' "
         "inputs in pinned host memory (needs --activation-checkpointing full)",
     )
+    p.add_argument(
+        "--checkpoint-every-n-layers",
+        type=int,
+        default=None,
+        help="transformers' every_n_layers: checkpoint decoder layers 0, n, 2n, ... only (needs "
+        "--activation-checkpointing full)",
+    )
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument(
@@ -133,10 +140,12 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
             spec["batch"]["padded"] = True
         if a.checkpoint_offload:
             spec["batch"]["checkpoint_offload"] = True
+        if a.checkpoint_every_n_layers is not None:
+            spec["batch"]["checkpoint_every_n_layers"] = a.checkpoint_every_n_layers
     elif a.activation_checkpointing is not None or a.grad_accumulation_steps is not None:
         p.error("--activation-checkpointing and --grad-accumulation-steps need a batch")
-    elif a.padded or a.checkpoint_offload:
-        p.error("--padded and --checkpoint-offload need a batch")
+    elif a.padded or a.checkpoint_offload or a.checkpoint_every_n_layers is not None:
+        p.error("--padded, --checkpoint-offload and --checkpoint-every-n-layers need a batch")
     return spec
 
 

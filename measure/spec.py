@@ -342,6 +342,9 @@ def _batch(body: Any) -> Batch | None:
     offload = body.get("checkpoint_offload", False)
     if not isinstance(offload, bool):
         raise InputError("batch.checkpoint_offload", "must be true or false")
+    every = body.get("checkpoint_every_n_layers", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise InputError("batch.checkpoint_every_n_layers", "must be a positive integer")
     return Batch(
         micro_batch_size=values["micro_batch_size"],
         seq_len=values["seq_len"],
@@ -353,6 +356,7 @@ def _batch(body: Any) -> Batch | None:
         grad_accumulation_steps=accumulation,
         padded=padded,
         checkpoint_offload=offload,
+        checkpoint_every_n_layers=every,
     )
 
 
@@ -526,6 +530,7 @@ def _decided_batch(batch: Batch | None, decided: Decided, model: ModelChoice) ->
         grad_accumulation_steps=steps,
         padded=batch.padded if batch else False,
         checkpoint_offload=batch.checkpoint_offload if batch else False,
+        checkpoint_every_n_layers=batch.checkpoint_every_n_layers if batch else 1,
     )
 
 
@@ -590,6 +595,13 @@ def parse_spec(body: Mapping[str, Any]) -> MeasureSpec:
             "offload is transformers' gradient checkpointing option: it applies to a model "
             "built by transformers' modelling code (hf_config, or a preset of a transformers "
             "family)",
+        )
+    if model.kind is not ModelKind.HF and batch is not None and batch.checkpoint_every_n_layers > 1:
+        raise InputError(
+            "batch.checkpoint_every_n_layers",
+            "every_n_layers is transformers' gradient checkpointing option: it applies to a "
+            "model built by transformers' modelling code (hf_config, or a preset of a "
+            "transformers family)",
         )
     if model.kind is not ModelKind.HF and batch is not None and batch.padded:
         raise InputError(

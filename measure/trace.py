@@ -365,11 +365,14 @@ def trace(
     gradient_checkpointing: bool = False,
     play_repeats: bool = True,
     padded: bool = False,
+    every_n_layers: int = 1,
 ) -> TraceResult:
     """Run one forward + loss from ``labels`` under fake tensors and collect what is saved;
     ``play_repeats``: layers that repeat an earlier one are played from its recipe
     (``measure/layer_repeats.py``), not run; ``padded``: the batch comes with an
-    ``attention_mask`` that has padding (a mask of ones with the branches a zero takes)."""
+    ``attention_mask`` that has padding (a mask of ones with the branches a zero takes);
+    ``every_n_layers``: with ``gradient_checkpointing``, only layers 0, n, 2n, ... are
+    checkpointed (every layer is then run: the others do not repeat a checkpointed one)."""
     if regime not in REGIMES:
         raise ValueError(f"regime must be one of {REGIMES}, got {regime!r}")
     param_dtype = HALF if regime == "half" else torch.float32
@@ -399,12 +402,12 @@ def trace(
             )
             hooks.append(layer.register_forward_hook(functools.partial(_leave, current_layer)))
         repeats = None
-        if play_repeats:
+        if play_repeats and every_n_layers == 1:
             repeats = LayerRepeats(
                 layers, model.config, packed, functools.partial(_kind, param_keys), own_hooks=2
             )
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(every_n_layers=every_n_layers)
             for layer in layers:
                 checkpointed = cast(_CheckpointedLayer, layer)
                 checkpointed._gradient_checkpointing_func = _recording_checkpoint(

@@ -60,6 +60,7 @@ def _body(
             "activation_checkpointing": checkpointing,
             "padded": a.padded,
             "checkpoint_offload": a.checkpoint_offload and checkpointing == "full",
+            "checkpoint_every_n_layers": a.every_n_layers if checkpointing == "full" else 1,
         },
         "warmup_steps": a.warmup_steps,
         "steps": a.steps,
@@ -183,7 +184,8 @@ def _stem(a: argparse.Namespace, label: str) -> str:
     padded = "_padded" if a.padded else ""
     attention = "" if a.attn_implementation == "sdpa" else f"_{a.attn_implementation}"
     offload = "_offload" if a.checkpoint_offload else ""
-    return f"hf_{label}{suffix}{size}{stages}{padded}{attention}{offload}"
+    every = f"_every{a.every_n_layers}" if a.every_n_layers > 1 else ""
+    return f"hf_{label}{suffix}{size}{stages}{padded}{attention}{offload}{every}"
 
 
 def _write(a: argparse.Namespace, label: str, results: list[dict[str, Any]]) -> None:
@@ -285,6 +287,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the checkpointed cases offload their layers' inputs to pinned host memory "
         "(transformers' gradient_checkpointing_enable(offload=True))",
+    )
+    ap.add_argument(
+        "--every-n-layers",
+        type=int,
+        default=1,
+        help="the checkpointed cases checkpoint decoder layers 0, n, 2n, ... only "
+        "(transformers' gradient_checkpointing_enable(every_n_layers=n))",
     )
     ap.add_argument(
         "--attn-implementation",

@@ -131,6 +131,21 @@ def forward_to(client: TestClient) -> httpx.MockTransport:
                 },
             },
         ),
+        (
+            ["--preset", "llama3-8b", "--dp", "8", "--micro-batch", "1", "--seq-len", "8192"]
+            + ["--engine", "torch", "--checkpointing", "full", "--checkpoint-every-n-layers", "4"],
+            {
+                "model": {"preset": "llama3-8b"},
+                "dp": 8,
+                "engine": "torch",
+                "batch": {
+                    "micro_batch_size": 1,
+                    "seq_len": 8192,
+                    "activation_checkpointing": "full",
+                    "checkpoint_every_n_layers": 4,
+                },
+            },
+        ),
     ],
 )
 def test_memory_json_equals_the_api(

@@ -102,14 +102,20 @@ EAGER_NOTE = (
 )
 CHECKPOINTED_NOTE = (
     "checkpointing follows transformers' gradient_checkpointing_enable(): every decoder layer "
-    "checkpointed (every_n_layers 1) and its input kept on the device; with offload=True set "
-    "batch.checkpoint_offload; every_n_layers above 1 is not modelled (those figures read low)"
+    "checkpointed (every_n_layers 1; set batch.checkpoint_every_n_layers for another) and its "
+    "input kept on the device; with offload=True set batch.checkpoint_offload"
 )
 OFFLOADED_NOTE = (
     "checkpointing follows transformers' gradient_checkpointing_enable(offload=True): every "
-    "decoder layer checkpointed (every_n_layers 1), its input in pinned host memory "
-    "(cpu.activations) and copied back for its recomputation; every_n_layers above 1 is not "
-    "modelled (those figures read low)"
+    "decoder layer checkpointed (every_n_layers 1; set batch.checkpoint_every_n_layers for "
+    "another), its input in pinned host memory (cpu.activations) and copied back for its "
+    "recomputation"
+)
+EVERY_N_NOTE = (
+    "checkpointing follows transformers' gradient_checkpointing_enable(every_n_layers=n): "
+    "decoder layers 0, n, 2n, ... checkpointed, their input kept on the device (in pinned host "
+    "memory with batch.checkpoint_offload: cpu.activations), the other layers keeping all "
+    "they save; the peak is taken at every layer's backward"
 )
 UNPADDED_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, UNPADDED_NOTE]
 PADDED_BREAKDOWN_NOTES = [*BREAKDOWN_NOTES, PADDED_NOTE]
@@ -437,6 +443,8 @@ def _breakdown_notes(setup: TrainingSetup) -> list[str]:
         notes = PADDED_BREAKDOWN_NOTES if setup.batch.padded else UNPADDED_BREAKDOWN_NOTES
     if setup.batch.activation_checkpointing is not Checkpointing.FULL:
         return notes
+    if setup.batch.checkpoint_every_n_layers > 1:
+        return [*notes, EVERY_N_NOTE]
     return _CHECKPOINTED_NOTES[id(notes), setup.batch.checkpoint_offload]
 
 

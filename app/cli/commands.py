@@ -114,6 +114,14 @@ CheckpointOffload = Annotated[
         "input in pinned host memory (needs --checkpointing full).",
     ),
 ]
+EveryNLayers = Annotated[
+    int | None,
+    typer.Option(
+        "--checkpoint-every-n-layers",
+        help="transformers' every_n_layers: checkpoint decoder layers 0, n, 2n, ... only "
+        "(needs --checkpointing full; engine torch).",
+    ),
+]
 DeviceMemory = Annotated[
     str | None,
     typer.Option(
@@ -162,6 +170,7 @@ def memory(
     seq_len: SeqLen = None,
     checkpointing: Checkpointing = None,
     checkpoint_offload: CheckpointOffload = None,
+    checkpoint_every_n_layers: EveryNLayers = None,
     grad_accum: GradAccum = None,
     device_memory: DeviceMemory = None,
     body: Body = None,
@@ -309,6 +318,7 @@ def measure(
     seq_len: SeqLen = None,
     checkpointing: Checkpointing = None,
     checkpoint_offload: CheckpointOffload = None,
+    checkpoint_every_n_layers: EveryNLayers = None,
     grad_accum: GradAccum = None,
     mode: Annotated[
         str | None,

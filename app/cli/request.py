@@ -123,6 +123,9 @@ FIELDS: Mapping[str, BodyField] = {
     "grad_accum": BodyField("--grad-accum", ("batch", "grad_accumulation_steps")),
     "padded": BodyField("--padded", ("batch", "padded")),
     "checkpoint_offload": BodyField("--checkpoint-offload", ("batch", "checkpoint_offload")),
+    "checkpoint_every_n_layers": BodyField(
+        "--checkpoint-every-n-layers", ("batch", "checkpoint_every_n_layers")
+    ),
     # /v1/communication takes accumulation steps beside the model, not in a batch
     "grad_accumulation_steps": BodyField("--grad-accum", ("grad_accumulation_steps",)),
     "recomputation": BodyField("--checkpointing", ("activation_checkpointing",)),

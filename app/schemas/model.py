@@ -167,3 +167,12 @@ class BatchIn(StrictModel):
         "Needs activation_checkpointing full and a model given by hf_config or a preset of a "
         "transformers family.",
     )
+    checkpoint_every_n_layers: Annotated[StrictInt, Field(ge=1, le=65536)] = Field(
+        1,
+        description="transformers' every_n_layers (model.gradient_checkpointing_enable("
+        "every_n_layers=n); transformers' Trainer: gradient_checkpointing_kwargs="
+        '{"every_n_layers": n}): only decoder layers 0, n, 2n, ... are checkpointed, the others '
+        "keep what they save. 1: every layer. Above 1 needs activation_checkpointing full, a "
+        "model given by hf_config or a preset of a transformers family whose layers all save "
+        "alike, and engine torch.",
+    )

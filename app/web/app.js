@@ -229,6 +229,7 @@
 
   function batchOf(s) {
     if (s.use_batch !== "1") return undefined;
+    const every = integer(s.checkpoint_every_n_layers ?? "", "checkpoint_every_n_layers", { optional: true });
     return {
       micro_batch_size: integer(s.micro_batch_size, "micro_batch_size"),
       seq_len: integer(s.seq_len, "seq_len"),
@@ -236,6 +237,7 @@
       grad_accumulation_steps: integer(s.grad_accumulation_steps, "grad_accumulation_steps"),
       ...(s.padded === "1" ? { padded: true } : {}),
       ...(s.checkpoint_offload === "1" ? { checkpoint_offload: true } : {}),
+      ...(every !== undefined && every !== 1 ? { checkpoint_every_n_layers: every } : {}),
     };
   }
 

@@ -46,11 +46,16 @@ def hf_config(body: Mapping[str, Any]) -> Any:
 
 
 def build_hf(
-    config: Any, device: torch.device, checkpointing: bool, offload: bool = False
+    config: Any,
+    device: torch.device,
+    checkpointing: bool,
+    offload: bool = False,
+    every_n_layers: int = 1,
 ) -> nn.Module:
     """``AutoModelForCausalLM.from_config`` on ``device``, fp32, train mode; SDPA attention
     unless the config body's ``attn_implementation`` asked for eager; ``offload``: the
-    checkpoints keep their inputs in pinned host memory (transformers' ``offload=True``)."""
+    checkpoints keep their inputs in pinned host memory (transformers' ``offload=True``);
+    ``every_n_layers``: only decoder layers 0, n, 2n, ... are checkpointed."""
     from transformers import AutoModelForCausalLM
 
     impl = getattr(config, "_attn_implementation", None) or "sdpa"
@@ -61,7 +66,10 @@ def build_hf(
     model.train()
     if checkpointing:
         # transformers' default: use_reentrant=False
-        model.gradient_checkpointing_enable(**({"offload": True} if offload else {}))
+        options: dict[str, Any] = {"offload": True} if offload else {}
+        if every_n_layers > 1:
+            options["every_n_layers"] = every_n_layers
+        model.gradient_checkpointing_enable(**options)
     return model  # type: ignore[no-any-return]
 
 
@@ -129,9 +137,10 @@ def hf_workload(spec: MeasureSpec) -> Workload:
     full = spec.checkpointing is Checkpointing.FULL
     padded = spec.batch is not None and spec.batch.padded
     offload = spec.batch is not None and spec.batch.checkpoint_offload
+    every = spec.batch.checkpoint_every_n_layers if spec.batch is not None else 1
 
     def build(device: torch.device) -> nn.Module:
-        return build_hf(config, device, full, offload)
+        return build_hf(config, device, full, offload, every)
 
     def make_batch(device: torch.device, gen: torch.Generator) -> Batch:
         tokens = torch.randint(0, vocab, (micro, seq), generator=gen).to(device)
@@ -147,6 +156,7 @@ def hf_workload(spec: MeasureSpec) -> Workload:
         + (", padded" if padded else "")
         + (", eager attention" if body.get("attn_implementation") == "eager" else "")
         + (", gradient checkpointing" if full else "")
+        + (f" every {every} layers" if full and every > 1 else "")
         + (", offloaded)" if offload else ")"),
         architecture=spec.model.architecture,
         tensors=hf_tensors(body),

@@ -415,7 +415,7 @@ def test_checkpoint_offload_moves_the_layer_inputs_to_host_memory(
     kept_answer = post(client, {**body, "batch": batch})
     moved_answer = post(client, {**body, "batch": {**batch, "checkpoint_offload": True}})
     kept, moved = kept_answer["stages"][0], moved_answer["stages"][0]
-    # each says how it checkpoints, and that every_n_layers is not modelled
+    # each says how it checkpoints, every_n_layers 1 among it
     assert "kept on the device" in kept_answer["breakdown_notes"][-1]
     assert "pinned host memory" in moved_answer["breakdown_notes"][-1]
     assert all("every_n_layers" in a["breakdown_notes"][-1] for a in (kept_answer, moved_answer))
@@ -455,3 +455,50 @@ def test_checkpoint_offload_is_refused_where_it_does_not_apply(
     )
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["field"] == "batch.checkpoint_offload"
+
+
+def test_every_n_layers_checkpoints_some_layers(client: TestClient) -> None:
+    # Llama 3 8B, 32 layers, every second one checkpointed: 16 keep their input, 16 all they
+    # save; every torch stage answers between full checkpointing and none
+    batch = {"micro_batch_size": 1, "seq_len": 8192, "activation_checkpointing": "full"}
+    body = {"model": {"preset": "llama3-8b"}, "dp": 8, "engine": "torch"}
+    full = post(client, {**body, "batch": batch})
+    every = post(client, {**body, "batch": {**batch, "checkpoint_every_n_layers": 2}})
+    plain = post(client, {**body, "batch": {**batch, "activation_checkpointing": "none"}})
+    assert "every_n_layers=n" in every["breakdown_notes"][-1]
+    for stage in (0, 1, 2, 3):
+        acts = [a["stages"][stage]["per_device"]["activations"] for a in (full, every, plain)]
+        peaks = [a["stages"][stage]["per_device"]["peak"] for a in (full, every, plain)]
+        assert acts[0] < acts[1] < acts[2]
+        # DDP's fp32 optimizer step outweighs all three at stages 0 and 1
+        assert peaks[0] <= peaks[1] <= peaks[2] and (stage < 2 or peaks[0] < peaks[1] < peaks[2])
+    moved = post(
+        client,
+        {**body, "batch": {**batch, "checkpoint_every_n_layers": 2, "checkpoint_offload": True}},
+    )
+    assert moved["stages"][3]["cpu"]["activations"] == 16 * 2 * 8192 * 4096
+    # DDP's fp32 residual stream: 4 bytes an element
+    assert moved["stages"][0]["cpu"]["activations"] == 16 * 4 * 8192 * 4096
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"engine": "deepspeed"}, "torch engine"),
+        ({"model": {"preset": "gpt2"}, "batch_seq_len": 1024}, "transformers"),
+        ({"batch_checkpointing": "none"}, "needs activation_checkpointing full"),
+    ],
+)
+def test_every_n_layers_is_refused_where_it_is_not_modelled(
+    client: TestClient, change: dict[str, Any], why: str
+) -> None:
+    batch = {
+        "micro_batch_size": 1,
+        "seq_len": change.pop("batch_seq_len", 4096),
+        "activation_checkpointing": change.pop("batch_checkpointing", "full"),
+        "checkpoint_every_n_layers": 3,
+    }
+    body = {"model": {"preset": "llama3-8b"}, "dp": 8, "engine": "torch", "batch": batch}
+    r = client.post("/v1/memory", json={**body, **change})
+    assert r.status_code == 422, r.text
+    assert "batch.checkpoint_every_n_layers" in r.text and why in r.text

@@ -7,9 +7,10 @@ from functools import cache
 
 import pytest
 
+from bench import plan_bench
 from calculators.architecture import count_params
 from calculators.batch import Checkpointing
-from calculators.communication import GradSync, Network, Phase
+from calculators.communication import GradSync, Phase
 from calculators.conventions import Engine, Precision, Stage
 from calculators.errors import InputError
 from calculators.gpus import PRESETS, get_gpu, gpu_for_device_name
@@ -29,23 +30,12 @@ from calculators.plan import (
     plan,
     predict,
 )
-from calculators.presets import get_preset
 from calculators.topology import Op
 
 
 def setup(engine: Engine = Engine.TORCH, **kw: object) -> PlanSetup:
-    arch = get_preset(str(kw.pop("preset", "llama3-8b"))).architecture
-    base = PlanSetup(
-        architecture=arch,
-        params=count_params(arch),
-        gpu=get_gpu("h100-sxm"),
-        gpus=8,
-        gpus_per_node=8,
-        network=Network(),
-        global_batch_size=256,
-        seq_len=4096,
-        engine=engine,
-    )
+    """bench/plan_bench.py's question (8 × H100, 256 × 4,096 tokens), changed by ``kw``."""
+    base = plan_bench.setup(str(kw.pop("preset", "llama3-8b")), engine)
     return replace(base, **kw)  # type: ignore[arg-type]
 
 

@@ -106,6 +106,7 @@ def _check(family: str | dict[str, Any], batch: Batch, regime: Regime) -> None:
         regime.value,
         batch.activation_checkpointing is Checkpointing.FULL,
         padded=batch.padded,
+        every_n_layers=batch.checkpoint_every_n_layers,
     )
     assert trace_module.predicted_figures(acts) == trace_module.figures(traced)
 
@@ -119,6 +120,35 @@ def test_saved_activations_equal_the_trace(family: str, regime: Regime) -> None:
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_checkpointed_saved_activations_equal_the_trace(family: str) -> None:
     _check(family, Batch(2, 24, Checkpointing.FULL), Regime.AUTOCAST)
+
+
+# the families whose layers all save alike: every_n_layers is modelled for them
+UNIFORM = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe")
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("family", UNIFORM)
+def test_every_n_layers_equals_the_trace(family: str, regime: Regime) -> None:
+    # five layers, every second checkpointed (0, 2, 4) and every third (0, 3): the others save
+    # what they save unchecked, autocast's weight copies with them
+    cfg = {**_config(family), "num_hidden_layers": 5}
+    for n in (2, 3):
+        _check(cfg, Batch(2, 24, Checkpointing.FULL, checkpoint_every_n_layers=n), regime)
+    padded = Batch(2, 24, Checkpointing.FULL, padded=True, checkpoint_every_n_layers=2)
+    _check(cfg, padded, regime)
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "smollm3", "deepseek_v3", "ministral"])
+def test_every_n_layers_is_refused_where_layers_differ(family: str) -> None:
+    # sliding and full layers, NoPE layers, dense and MoE layers: which layers are checkpointed
+    # would change the figures, which are not modelled layer by layer
+    from calculators.errors import InputError
+
+    batch = Batch(2, 24, Checkpointing.FULL, checkpoint_every_n_layers=2)
+    cfg = {**_config(family), "sliding_window": 16} if family != "deepseek_v3" else _config(family)
+    with pytest.raises(InputError) as err:
+        activations(architecture_from_hf_config(cfg), batch, Regime.HALF)
+    assert err.value.field == "batch.checkpoint_every_n_layers"
 
 
 @pytest.mark.parametrize("regime", [Regime.HALF, Regime.FP32])

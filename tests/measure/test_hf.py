@@ -221,3 +221,45 @@ def test_checkpoint_offload_trains_with_the_inputs_on_the_host() -> None:
     (r,) = result["runs"]
     meas, pred = r["measured"]["peak_requested"], r["predicted"]["peak"]
     assert abs(pred - meas) <= 0.01 * meas, (pred, meas)
+
+
+def test_every_n_layers_checkpoints_layers_0_n_2n() -> None:
+    # transformers' every_n_layers: the layers it leaves run as they are, and the run's
+    # workload names the pattern; the canonical decoder refuses it
+    cfg = {**family_config("llama"), "num_hidden_layers": 5}
+    model = build_hf(hf_config(cfg), torch.device("meta"), checkpointing=True, every_n_layers=2)
+    assert [layer.gradient_checkpointing for layer in decoder_layers(model)] == [
+        True,
+        False,
+        True,
+        False,
+        True,
+    ]
+    batch = {
+        "micro_batch_size": 1,
+        "seq_len": 32,
+        "activation_checkpointing": "full",
+        "checkpoint_every_n_layers": 2,
+    }
+    result = run(_body("llama", batch=batch, stages=[3]))
+    assert "gradient checkpointing every 2 layers" in result["workload"]
+    body = _body("llama", batch=batch)
+    body["model"] = {"preset": "gpt2"}
+    with pytest.raises(InputError) as err:
+        parse_spec(body)
+    assert err.value.field == "batch.checkpoint_every_n_layers"
+
+
+@pytest.mark.gpu
+def test_every_n_layers_is_predicted_where_it_peaks() -> None:
+    batch = {
+        "micro_batch_size": 2,
+        "seq_len": 256,
+        "activation_checkpointing": "full",
+        "checkpoint_every_n_layers": 2,
+    }
+    for stage in (0, 3):
+        result = run({**_body("llama", stages=[stage], batch=batch), "dp": 1, "device": "cuda"})
+        (r,) = result["runs"]
+        meas, pred = r["measured"]["peak_requested"], r["predicted"]["peak"]
+        assert abs(pred - meas) <= 0.01 * meas, (stage, pred, meas)

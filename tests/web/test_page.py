@@ -408,6 +408,31 @@ def test_checkpoint_offload_matches_the_api_and_shows_the_host_bytes(visit: Visi
     assert visit.page.locator("tr[data-key='cpu.total']").count() == 1
 
 
+def test_every_n_layers_matches_the_api(visit: Visit) -> None:
+    visit.open()
+
+    def edit(page: Any) -> None:
+        _mistral_with_a_batch(page)
+        page.fill("input[name=seq_len]", "2048")
+        page.select_option("select[name=activation_checkpointing]", "full")
+        page.fill("input[name=checkpoint_every_n_layers]", "4")
+
+    visit.change(edit)
+    batch = {"micro_batch_size": 1, "seq_len": 2048, "activation_checkpointing": "full"}
+    body = {
+        "model": {"hf_config": MISTRAL_7B},
+        "dp": 8,
+        "precision": "mixed_bf16",
+        "device_memory": 80_000_000_000,
+        "batch": {**batch, "checkpoint_every_n_layers": 4},
+    }
+    resp = api_memory(visit.base_url, body)
+    full = api_memory(visit.base_url, {**body, "batch": batch})
+    acts = resp["stages"][0]["per_device"]["activations"]
+    assert acts > full["stages"][0]["per_device"]["activations"]
+    assert_page_equals_api(visit.page, resp)
+
+
 def test_bad_input_names_the_field(visit: Visit) -> None:
     visit.open()
     visit.change(lambda page: page.fill("input[name=tp]", "0"))

@@ -90,6 +90,12 @@ def _check(setup: TrainingSetup, stage: Stage, knobs: Knobs) -> int:
         )
     if setup.tp * setup.pp != 1:
         raise InputError("tp", "the deepspeed engine profile models plain data parallelism")
+    if setup.batch is not None and setup.batch.checkpoint_every_n_layers > 1:
+        raise InputError(
+            "batch.checkpoint_every_n_layers",
+            "above 1 is modelled for the torch engine (DDP, ZeroRedundancyOptimizer, FSDP2); "
+            "the deepspeed engine's walks checkpoint every decoder layer",
+        )
     # knobs carry the config's offload devices, or the request's (with_offload)
     optimizer_off = knobs.offload_optimizer or OffloadDevice.NONE
     param_off = knobs.offload_param or OffloadDevice.NONE

@@ -408,7 +408,14 @@ def step_memory(
         # the loss from ``labels`` runs inside the model, on the 16-bit logits; an fp32 copy
         # made as forward returns (``converted``) replaces its transient fp32 copy of the
         # logits byte for byte beside the same tensors, so that moment is never higher
-        loss_forward = unsharded_after_forward + inside.end_of_forward + inside.loss_transient
+        # inside the autocast region, whose cast cache still holds the checkpointed layers'
+        # weight copies
+        loss_forward = (
+            unsharded_after_forward
+            + inside.end_of_forward
+            + inside.loss_transient
+            + inside.cast_cache
+        )
     else:
         # the caller's ``cross_entropy(logits.float())``: on converted fp32 logits ``.float()``
         # returns the tensor itself, no transient copy
@@ -435,7 +442,7 @@ def step_memory(
         moments["last_block_gather"] = (
             forward_gathered
             + acts.layers
-            - acts.layers // arch.layers
+            - acts.saved(arch.layers - 1, arch.layers)
             + acts.embedding
             + hidden
             + (hidden if embeds else 0)
@@ -464,7 +471,9 @@ def step_memory(
             arch, batch, regime, acts, fsdp_backward, accumulated_gradients
         )
     eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
-    if eager and not acts.recompute and not (fsdp_backward is not None and fsdp_backward.layers):
+    # the last layer runs backward as it ran forward where it is not checkpointed
+    top_plain = not acts.recomputed(arch.layers - 1)
+    if eager and top_plain and not (fsdp_backward is not None and fsdp_backward.layers):
         # the last layer's eager attention backward: the head's and the loss's saved tensors
         # are freed, the residual stream's gradient enters the layer
         res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
@@ -501,11 +510,21 @@ def step_memory(
             # in the block between block 1 and the one before the last, so the largest is at
             # one of those or at block 0 (nothing prefetched) or the last (no reduce input)
             last = fsdp_backward.layers - 1
-            per_block = acts.layers // arch.layers
-            recompute += max(
-                fsdp_backward.at_block_start(i, accumulated_gradients) - (last - i) * per_block
-                for i in {0, min(1, last), max(last - 1, 0), last}
-            )
+            if acts.every_n_layers == 1:
+                per_block = acts.layers // arch.layers
+                recompute += max(
+                    fsdp_backward.at_block_start(i, accumulated_gradients) - (last - i) * per_block
+                    for i in {0, min(1, last), max(last - 1, 0), last}
+                )
+            else:
+                # only the checkpointed blocks run forward again; the blocks after one have
+                # freed what they kept, whichever kind they are
+                recompute += max(
+                    fsdp_backward.at_block_start(i, accumulated_gradients)
+                    - (acts.layers - acts.saved_below(i + 1, arch.layers))
+                    + acts.plain_copies_below(i)
+                    for i in range(0, last + 1, acts.every_n_layers)
+                )
             if arch.modelling is not None:
                 # the recomputed block's experts' (or dense MLP's, or sandwich norm's) backward
                 # (no gradient leaves it yet), or its eager attention's
@@ -516,7 +535,22 @@ def step_memory(
                 recompute += max(layer - res * batch.tokens * arch.hidden, in_block, 0)
         else:
             recompute += unsharded_after_forward + accumulated_gradients + max(in_block, 0)
-            if ddp_grads is not None and not accumulated_gradients:
+            if acts.every_n_layers > 1:
+                # block k's recomputation: what the blocks after it kept is freed and, on the
+                # first micro-step under DDP, their gradients made (each block's the same)
+                made = 0
+                if ddp_grads is not None and not accumulated_gradients:
+                    made = ddp_grads.block
+                    recompute += ddp_grads.root + (ddp_grads.block_before_attention if eager else 0)
+                # the layers below k that are not checkpointed still hold autocast's weight
+                # copies they saved
+                recompute += max(
+                    (arch.layers - 1 - k) * made
+                    - (acts.layers - acts.saved_below(k + 1, arch.layers))
+                    + acts.plain_copies_below(k)
+                    for k in range(0, arch.layers, acts.every_n_layers)
+                )
+            elif ddp_grads is not None and not accumulated_gradients:
                 # block i's backward: the saved inputs of the blocks after it are gone, their
                 # gradients made (linear in i: the largest at the first block or the last)
                 own = ddp_grads.block_before_attention if eager else 0
@@ -559,19 +593,23 @@ def _block_backward(
     qkv = arch.q_dim + 2 * arch.kv_dim
     leaving = res * t * arch.hidden  # the gradient of the block's input
     in_block = res * t * arch.hidden + stats + lin * t * (qkv + arch.hidden) + leaving
-    per_block = acts.layers // arch.layers
     last = fsdp.layers - 1
     experts = experts_backward(arch, batch, regime.value) if arch.modelling is not None else 0
     # an eager attention's backward, later in the block: the MLP's saved tensors are freed
     eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
     moments = []
-    for i in {0, min(1, last), max(last - 1, 0), last}:
-        below = acts.logits + acts.embedding + i * per_block
+    # with every_n_layers the blocks keep unlike amounts: every block is a candidate
+    blocks = (
+        {0, min(1, last), max(last - 1, 0), last} if acts.every_n_layers == 1 else range(last + 1)
+    )
+    for i in blocks:
+        below = acts.logits + acts.embedding + acts.saved_below(i, arch.layers)
         moments.append(below + in_block + fsdp.at_block_end(i, accumulated_gradients))
         moments.append(below + leaving + fsdp.at_reduce(i, accumulated_gradients))
         if fsdp.cast_output:
             moments.append(below + leaving + fsdp.at_cast(i, accumulated_gradients))
-        entering = per_block + leaving  # block i's saved tensors and the gradient entering it
+        # block i's saved tensors and the gradient entering it
+        entering = acts.saved(i, arch.layers) + leaving
         if fsdp.prefetch:
             # before block i's backward
             moments.append(below + entering + fsdp.at_gather(i, accumulated_gradients))
