@@ -94,6 +94,24 @@ MEMORY_EXAMPLES: dict[str, dict[str, Any]] = {
             "device_memory": 80_000_000_000,
         },
     },
+    "every_n_layers": {
+        "summary": "Llama 3 8B under FSDP2, every second decoder layer checkpointed "
+        "(transformers' every_n_layers=2)",
+        "value": {
+            "model": {"preset": "llama3-8b"},
+            "dp": 8,
+            "stages": [2, 3],
+            "precision": "mixed_bf16",
+            "engine": "torch",
+            "batch": {
+                "micro_batch_size": 1,
+                "seq_len": 8192,
+                "activation_checkpointing": "full",
+                "checkpoint_every_n_layers": 2,
+            },
+            "device_memory": 80_000_000_000,
+        },
+    },
 }
 
 CAPACITY_EXAMPLES: dict[str, dict[str, Any]] = {
