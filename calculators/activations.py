@@ -122,18 +122,29 @@ class ActivationBreakdown:
             return self.layers // blocks
         return self.checkpointed_layer if block % self.every_n_layers == 0 else self.plain_layer
 
+    def _checkpointed_below(self, block: int) -> int:
+        """How many of blocks ``0 .. block - 1`` are checkpointed (every ``every_n_layers``-th)."""
+        return -(-block // self.every_n_layers)
+
     def saved_below(self, block: int, blocks: int) -> int:
         """What blocks ``0 .. block - 1`` keep at the end of forward."""
         if self.every_n_layers == 1:
             return block * (self.layers // blocks)
-        checkpointed = -(-block // self.every_n_layers)
+        checkpointed = self._checkpointed_below(block)
         return checkpointed * self.checkpointed_layer + (block - checkpointed) * self.plain_layer
+
+    def saved_after(self, block: int, blocks: int) -> int:
+        """What blocks ``block + 1 .. blocks - 1`` keep at the end of forward (freed by the time
+        block ``block`` runs backward)."""
+        if self.every_n_layers == 1:
+            return (blocks - 1 - block) * (self.layers // blocks)
+        return self.layers - self.saved_below(block + 1, blocks)
 
     def plain_copies_below(self, block: int) -> int:
         """Autocast's weight copies the layers before ``block`` that are not checkpointed save."""
         if self.every_n_layers == 1:
             return 0
-        return (block - -(-block // self.every_n_layers)) * self.plain_copies
+        return (block - self._checkpointed_below(block)) * self.plain_copies
 
     def recomputed(self, block: int) -> bool:
         """Whether backward runs block ``block``'s forward again (full checkpointing only)."""

@@ -661,10 +661,9 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     checkpointed = batch.activation_checkpointing is Checkpointing.FULL
     use_cache = _m(arch).use_cache and not checkpointed
     m = _m(arch)
-    window = m.sliding_window
     # layers whose SDPA takes a mask: every layer of a padded batch, else the sliding-window
     # layers whose window the sequence reaches
-    windowed = m.sliding_layers if window is not None and s >= window else 0
+    windowed = _windowed_layers(arch, batch)
     masked = arch.layers if batch.padded else windowed
     dense = dense_layers(arch)
     # (dense?, layers) of each kind: DeepSeek's dense layers, then its MoE layers
@@ -732,6 +731,14 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
     )
 
 
+def _windowed_layers(arch: Architecture, batch: Batch) -> int:
+    """The sliding-window layers whose window the batch's sequence reaches (their SDPA then
+    takes a mask)."""
+    m = _m(arch)
+    window = m.sliding_window
+    return m.sliding_layers if window is not None and batch.seq_len >= window else 0
+
+
 def partly_checkpointed_layer(arch: Architecture, batch: Batch, regime: str) -> int:
     """What one decoder layer that ``every_n_layers`` leaves unchecked keeps for backward: all
     it saves, with the key/value cache off (the model's ``gradient_checkpointing`` flag is set,
@@ -743,8 +750,7 @@ def partly_checkpointed_layer(arch: Architecture, batch: Batch, regime: str) -> 
             is reached), which would make the figures depend on which layers are checkpointed.
     """
     m = _m(arch)
-    window = m.sliding_window
-    windowed = m.sliding_layers if window is not None and batch.seq_len >= window else 0
+    windowed = _windowed_layers(arch, batch)
     # a padded batch masks every layer alike, sliding or not
     partial_window = 0 < windowed < arch.layers and not batch.padded
     if len(block_kinds(arch)) > 1 or m.nope_layers or partial_window:

@@ -510,21 +510,19 @@ def step_memory(
             # in the block between block 1 and the one before the last, so the largest is at
             # one of those or at block 0 (nothing prefetched) or the last (no reduce input)
             last = fsdp_backward.layers - 1
-            if acts.every_n_layers == 1:
-                per_block = acts.layers // arch.layers
-                recompute += max(
-                    fsdp_backward.at_block_start(i, accumulated_gradients) - (last - i) * per_block
-                    for i in {0, min(1, last), max(last - 1, 0), last}
-                )
-            else:
-                # only the checkpointed blocks run forward again; the blocks after one have
-                # freed what they kept, whichever kind they are
-                recompute += max(
-                    fsdp_backward.at_block_start(i, accumulated_gradients)
-                    - (acts.layers - acts.saved_below(i + 1, arch.layers))
-                    + acts.plain_copies_below(i)
-                    for i in range(0, last + 1, acts.every_n_layers)
-                )
+            # with every_n_layers only the checkpointed blocks run forward again, and the
+            # blocks keep unlike amounts: each of them is a candidate
+            recomputed = (
+                {0, min(1, last), max(last - 1, 0), last}
+                if acts.every_n_layers == 1
+                else range(0, last + 1, acts.every_n_layers)
+            )
+            recompute += max(
+                fsdp_backward.at_block_start(i, accumulated_gradients)
+                - acts.saved_after(i, arch.layers)
+                + acts.plain_copies_below(i)
+                for i in recomputed
+            )
             if arch.modelling is not None:
                 # the recomputed block's experts' (or dense MLP's, or sandwich norm's) backward
                 # (no gradient leaves it yet), or its eager attention's
@@ -546,7 +544,7 @@ def step_memory(
                 # copies they saved
                 recompute += max(
                     (arch.layers - 1 - k) * made
-                    - (acts.layers - acts.saved_below(k + 1, arch.layers))
+                    - acts.saved_after(k, arch.layers)
                     + acts.plain_copies_below(k)
                     for k in range(0, arch.layers, acts.every_n_layers)
                 )
