@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from functools import cached_property
+from itertools import accumulate
 
 from calculators.architecture import (
     Activation,
@@ -87,12 +89,13 @@ class ActivationBreakdown:
         offloaded: bytes of the checkpointed layers' inputs held in pinned host memory
             (``batch.checkpoint_offload``), not on the device and not in ``layers``.
         every_n_layers: full checkpointing of layers 0, n, 2n, ... only (transformers'
-            ``every_n_layers``); the other layers keep ``plain_layer`` bytes each.
-        plain_layer: what one layer that is not checkpointed keeps (``every_n_layers`` > 1).
-        checkpointed_layer: what one checkpointed layer keeps on the device: its input, or
-            nothing when offload holds it in host memory (``every_n_layers`` > 1).
-        plain_copies: autocast's weight copies one layer that is not checkpointed saves
-            (``every_n_layers`` > 1; in ``autocast_weights``).
+            ``every_n_layers``); the others keep all they save.
+        block_saved: what each block keeps at the end of forward (``every_n_layers`` > 1): a
+            checkpointed one its input, or nothing when offload holds it in host memory; the
+            others all they save, each by its kind (dense or MoE, sliding-window or full
+            attention, rotary or not).
+        block_copies: autocast's weight copies each block saves (``every_n_layers`` > 1; in
+            ``autocast_weights``): those of the blocks that are not checkpointed.
         cast_cache: autocast's weight copies that only its cast cache holds: those of the
             checkpointed layers, whose forward saves nothing, alive until the autocast region
             exits (a transformers model computes its loss inside it).
@@ -111,40 +114,42 @@ class ActivationBreakdown:
     cache_only: int = 0
     offloaded: int = 0
     every_n_layers: int = 1
-    plain_layer: int = 0
-    checkpointed_layer: int = 0
-    plain_copies: int = 0
+    block_saved: tuple[int, ...] = ()
+    block_copies: tuple[int, ...] = ()
     cast_cache: int = 0
+
+    @cached_property
+    def _saved_prefix(self) -> tuple[int, ...]:
+        return (0, *accumulate(self.block_saved))
+
+    @cached_property
+    def _copies_prefix(self) -> tuple[int, ...]:
+        return (0, *accumulate(self.block_copies))
 
     def saved(self, block: int, blocks: int) -> int:
         """What block ``block`` of ``blocks`` keeps at the end of forward."""
         if self.every_n_layers == 1:
             return self.layers // blocks
-        return self.checkpointed_layer if block % self.every_n_layers == 0 else self.plain_layer
-
-    def _checkpointed_below(self, block: int) -> int:
-        """How many of blocks ``0 .. block - 1`` are checkpointed (every ``every_n_layers``-th)."""
-        return -(-block // self.every_n_layers)
+        return self.block_saved[block]
 
     def saved_below(self, block: int, blocks: int) -> int:
         """What blocks ``0 .. block - 1`` keep at the end of forward."""
         if self.every_n_layers == 1:
             return block * (self.layers // blocks)
-        checkpointed = self._checkpointed_below(block)
-        return checkpointed * self.checkpointed_layer + (block - checkpointed) * self.plain_layer
+        return self._saved_prefix[block]
 
     def saved_after(self, block: int, blocks: int) -> int:
         """What blocks ``block + 1 .. blocks - 1`` keep at the end of forward (freed by the time
         block ``block`` runs backward)."""
         if self.every_n_layers == 1:
             return (blocks - 1 - block) * (self.layers // blocks)
-        return self.layers - self.saved_below(block + 1, blocks)
+        return self.layers - self._saved_prefix[block + 1]
 
     def plain_copies_below(self, block: int) -> int:
         """Autocast's weight copies the layers before ``block`` that are not checkpointed save."""
         if self.every_n_layers == 1:
             return 0
-        return (block - self._checkpointed_below(block)) * self.plain_copies
+        return self._copies_prefix[block]
 
     def recomputed(self, block: int) -> bool:
         """Whether backward runs block ``block``'s forward again (full checkpointing only)."""
@@ -471,20 +476,21 @@ def _transformers_activations(
         # every_n_layers: layers 0, n, 2n, ... run under the checkpoint (their input kept, or
         # in host memory), the others save all they save without it; autocast's weight
         # copies of those stay saved too
-        checkpointed = batch.checkpointed_layers(arch.layers)
-        unchecked = arch.layers - checkpointed
-        plain = hf.partly_checkpointed_layer(arch, batch, regime.value)
         kept = 0 if batch.checkpoint_offload else each
-        per_layer_copies = (every_copy - autocast_weights) // arch.layers
+        plain = hf.plain_layers(arch, batch, regime.value)
+        copies = hf.weight_copies_by_layer(arch, regime.value)
+        checkpointed = [i % n == 0 for i in range(arch.layers)]
+        saved = tuple(kept if c else p for c, p in zip(checkpointed, plain, strict=True))
+        unchecked_copies = tuple(0 if c else w for c, w in zip(checkpointed, copies, strict=True))
+        checkpointed_copies = sum(copies) - sum(unchecked_copies)
         return replace(
             analytical,
-            layers=checkpointed * kept + unchecked * plain,
-            autocast_weights=autocast_weights + unchecked * per_layer_copies,
+            layers=sum(saved),
+            autocast_weights=autocast_weights + sum(unchecked_copies),
             every_n_layers=n,
-            plain_layer=plain,
-            checkpointed_layer=kept,
-            plain_copies=per_layer_copies,
-            cast_cache=checkpointed * per_layer_copies if regime is Regime.AUTOCAST else 0,
+            block_saved=saved,
+            block_copies=unchecked_copies,
+            cast_cache=checkpointed_copies if regime is Regime.AUTOCAST else 0,
         )
     if traced is not None:
         # the trace's totals in place of the formulas: the layers carry whatever the trace

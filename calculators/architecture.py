@@ -119,6 +119,9 @@ class TransformersModelling:
             ``None`` follows the architecture's ``bias``.
         sliding_window: attention window of the sliding layers (``None``: none).
         sliding_layers: how many layers attend through ``sliding_window``.
+        layer_pattern: each layer's ``(attends through sliding_window, rotates q and k)`` where
+            the layers differ (``config.json``'s ``layer_types``, SmolLM3's ``no_rope_layers``);
+            empty where every layer is alike, as ``sliding_layers`` and ``nope_layers`` say.
         eager_attention: the model is built with ``attn_implementation="eager"``
             (``eager_attention_forward``: the attention scores and probabilities are tensors
             autograd saves) rather than SDPA.
@@ -157,6 +160,7 @@ class TransformersModelling:
     out_bias: bool | None = None
     sliding_window: int | None = None
     sliding_layers: int = 0
+    layer_pattern: tuple[tuple[bool, bool], ...] = ()
     eager_attention: bool = False
     attn_softcap: bool = False
     attention_dropout: bool = False

@@ -214,6 +214,7 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     rope_kinds = len(set(types)) if model_type == "gemma3_text" else 1
     rope = _rope_layers(cfg, layers) if model_type == "smollm3" else [True] * layers
     sliding = [kind == "sliding_attention" and window is not None for kind in types]
+    pattern = tuple(zip(sliding, rope, strict=True))
     modelling = TransformersModelling(
         family=model_type,
         norm_plus_one=model_type in _GEMMA,
@@ -238,6 +239,7 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
         out_bias=False if model_type in ("qwen2", "qwen2_moe") else attention_bias,
         sliding_window=window,
         sliding_layers=types.count("sliding_attention") if window is not None else 0,
+        layer_pattern=pattern if len(set(pattern)) > 1 else (),
     )
     default_act = Activation.GELU if model_type in _GEMMA else Activation.SILU
     act_key = (

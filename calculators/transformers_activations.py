@@ -68,7 +68,6 @@ from calculators.architecture import (
 )
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
-from calculators.errors import InputError
 
 INDEX_BYTES = 8  # int64
 BOOL_BYTES = 1
@@ -739,30 +738,41 @@ def _windowed_layers(arch: Architecture, batch: Batch) -> int:
     return m.sliding_layers if window is not None and batch.seq_len >= window else 0
 
 
-def partly_checkpointed_layer(arch: Architecture, batch: Batch, regime: str) -> int:
-    """What one decoder layer that ``every_n_layers`` leaves unchecked keeps for backward: all
-    it saves, with the key/value cache off (the model's ``gradient_checkpointing`` flag is set,
-    so transformers drops ``use_cache`` in training).
-
-    Raises:
-        InputError: the model's layers do not all save alike (dense and MoE layers, layers
-            without rotary embeddings, sliding-window layers beside full ones where the window
-            is reached), which would make the figures depend on which layers are checkpointed.
-    """
+def plain_layers(arch: Architecture, batch: Batch, regime: str) -> list[int]:
+    """What each decoder layer keeps for backward when ``every_n_layers`` leaves it unchecked:
+    all it saves, with the key/value cache off (the model's ``gradient_checkpointing`` flag is
+    set, so transformers drops ``use_cache`` in training). Layers differ by their MLP (DeepSeek's
+    dense first layers), their attention (a sliding-window layer whose window the sequence
+    reaches takes a mask; a padded batch masks every layer) and their rotary embedding
+    (SmolLM3's NoPE layers)."""
     m = _m(arch)
-    windowed = _windowed_layers(arch, batch)
-    # a padded batch masks every layer alike, sliding or not
-    partial_window = 0 < windowed < arch.layers and not batch.padded
-    if len(block_kinds(arch)) > 1 or m.nope_layers or partial_window:
-        raise InputError(
-            "batch.checkpoint_every_n_layers",
-            f"above 1 is modelled where every decoder layer saves alike; {m.family}'s layers "
-            "differ (dense and MoE layers, layers without rotary embeddings, or sliding-window "
-            "layers beside full ones at this sequence length)",
-        )
-    dense = block_kinds(arch)[-1][0] < dense_layers(arch)
-    masked = batch.padded or windowed == arch.layers
-    return _total(layer_terms(arch, batch, regime, False, masked=masked, dense=dense))
+    reached = m.sliding_window is not None and batch.seq_len >= m.sliding_window
+    dense = dense_layers(arch)
+    kept: dict[tuple[bool, bool, bool], int] = {}
+    out = []
+    for i, (sliding, rotated) in enumerate(_layer_pattern(arch)):
+        kind = (batch.padded or (sliding and reached), i < dense, rotated)
+        if kind not in kept:
+            masked, is_dense, _ = kind
+            terms = layer_terms(arch, batch, regime, False, masked, is_dense, rotated)
+            kept[kind] = _total(terms)
+        out.append(kept[kind])
+    return out
+
+
+def final_hidden_state(arch: Architecture, batch: Batch, regime: str) -> int:
+    """Bytes of the final norm's output that nothing saved shares: the model's output object
+    (``outputs.last_hidden_state``) holds it while ``XForCausalLM.forward`` computes the loss from
+    ``labels``. Under autocast it is fp32 and the head saves its bf16 cast instead; in 16-bit or
+    fp32 the head saves the tensor itself (counted in ``head``)."""
+    return FP32_BYTES * batch.tokens * arch.hidden if regime == "autocast" else 0
+
+
+def _layer_pattern(arch: Architecture) -> tuple[tuple[bool, bool], ...]:
+    """Each layer's ``(attends through the sliding window, rotates q and k)``."""
+    m = _m(arch)
+    alike = (m.sliding_layers == arch.layers, m.nope_layers == 0)
+    return m.layer_pattern or (alike,) * arch.layers
 
 
 def _unrotated(
@@ -785,12 +795,14 @@ def _checkpointed_masks(arch: Architecture, batch: Batch, windowed: bool, d: Dty
     mask: (b, 1, s, s) additive floats in the residual dtype (``eager_mask``), one per kind."""
     m = _m(arch)
     s = batch.seq_len
-    sliding = m.sliding_layers if m.sliding_window is not None else 0
-    kinds = (sliding > 0) + (sliding < arch.layers)
+    # the kinds of layer (sliding-window or full) among the checkpointed ones: only their
+    # masks are arguments (with every_n_layers the others' die after forward)
+    held = {sliding for sliding, _ in _layer_pattern(arch)[:: batch.checkpoint_every_n_layers]}
+    kinds = len(held)
     if m.eager_attention:
         return kinds * d.res * batch.micro_batch_size * s * s
     if not batch.padded:
-        return BOOL_BYTES * s * s if windowed else 0
+        return BOOL_BYTES * s * s if windowed and True in held else 0
     return kinds * BOOL_BYTES * batch.micro_batch_size * s * s
 
 
@@ -896,6 +908,18 @@ def weight_copies(arch: Architecture, regime: str, checkpointed: bool) -> int:
     if regime == "half" and _m(arch).router_fp32 and not checkpointed:
         return FP32_BYTES * (arch.layers - dense_layers(arch)) * arch.num_experts * arch.hidden
     return 0
+
+
+def weight_copies_by_layer(arch: Architecture, regime: str) -> list[int]:
+    """``weight_copies`` of each layer when it is not checkpointed (``every_n_layers``)."""
+    dense = dense_layers(arch)
+    if regime == "autocast":
+        each = {d: HALF_BYTES * _layer_weight_elements(arch, d) for d in {True, False}}
+        return [each[i < dense] for i in range(arch.layers)]
+    if regime == "half" and _m(arch).router_fp32:
+        router = FP32_BYTES * arch.num_experts * arch.hidden
+        return [0 if i < dense else router for i in range(arch.layers)]
+    return [0] * arch.layers
 
 
 def layer_weight_copies(arch: Architecture, regime: str) -> int:

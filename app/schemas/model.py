@@ -172,7 +172,8 @@ class BatchIn(StrictModel):
         description="transformers' every_n_layers (model.gradient_checkpointing_enable("
         "every_n_layers=n); transformers' Trainer: gradient_checkpointing_kwargs="
         '{"every_n_layers": n}): only decoder layers 0, n, 2n, ... are checkpointed, the others '
-        "keep what they save. 1: every layer. Above 1 needs activation_checkpointing full, a "
-        "model given by hf_config or a preset of a transformers family whose layers all save "
-        "alike, and engine torch.",
+        "keep what they save, each by its kind (dense or MoE, sliding-window or full "
+        "attention, rotary or not). 1: every layer. Above 1 needs activation_checkpointing "
+        "full, a model given by hf_config or a preset of a transformers family, and engine "
+        "torch.",
     )

@@ -457,11 +457,21 @@ def test_checkpoint_offload_is_refused_where_it_does_not_apply(
     assert r.json()["detail"][0]["field"] == "batch.checkpoint_offload"
 
 
-def test_every_n_layers_checkpoints_some_layers(client: TestClient) -> None:
-    # Llama 3 8B, 32 layers, every second one checkpointed: 16 keep their input, 16 all they
-    # save; every torch stage answers between full checkpointing and none
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"preset": "llama3-8b"},
+        # sliding-window layers (window 512) beside every sixth full one
+        {"hf_config": json.loads((HF_CONFIGS / "gemma-3-1b.json").read_text())},
+        # a dense first layer, then MoE layers
+        {"hf_config": json.loads((HF_CONFIGS / "deepseek_v3-small.json").read_text())},
+    ],
+)
+def test_every_n_layers_checkpoints_some_layers(client: TestClient, model: dict[str, Any]) -> None:
+    # every second layer checkpointed: half keep their input, half all they save (each by its
+    # kind); every torch stage answers between full checkpointing and none
     batch = {"micro_batch_size": 1, "seq_len": 8192, "activation_checkpointing": "full"}
-    body = {"model": {"preset": "llama3-8b"}, "dp": 8, "engine": "torch"}
+    body = {"model": model, "dp": 8, "engine": "torch"}
     full = post(client, {**body, "batch": batch})
     every = post(client, {**body, "batch": {**batch, "checkpoint_every_n_layers": 2}})
     plain = post(client, {**body, "batch": {**batch, "activation_checkpointing": "none"}})
@@ -476,9 +486,11 @@ def test_every_n_layers_checkpoints_some_layers(client: TestClient) -> None:
         client,
         {**body, "batch": {**batch, "checkpoint_every_n_layers": 2, "checkpoint_offload": True}},
     )
-    assert moved["stages"][3]["cpu"]["activations"] == 16 * 2 * 8192 * 4096
+    cfg = model.get("hf_config", {"num_hidden_layers": 32, "hidden_size": 4096})
+    inputs = -(-cfg["num_hidden_layers"] // 2) * 8192 * cfg["hidden_size"]  # layers 0, 2, 4, ...
+    assert moved["stages"][3]["cpu"]["activations"] == 2 * inputs
     # DDP's fp32 residual stream: 4 bytes an element
-    assert moved["stages"][0]["cpu"]["activations"] == 16 * 4 * 8192 * 4096
+    assert moved["stages"][0]["cpu"]["activations"] == 4 * inputs
 
 
 @pytest.mark.parametrize(

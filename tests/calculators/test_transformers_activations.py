@@ -122,7 +122,7 @@ def test_checkpointed_saved_activations_equal_the_trace(family: str) -> None:
     _check(family, Batch(2, 24, Checkpointing.FULL), Regime.AUTOCAST)
 
 
-# the families whose layers all save alike: every_n_layers is modelled for them
+# the families whose layers all save alike
 UNIFORM = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen3_moe")
 
 
@@ -138,17 +138,35 @@ def test_every_n_layers_equals_the_trace(family: str, regime: Regime) -> None:
     _check(cfg, padded, regime)
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "smollm3", "deepseek_v3", "ministral"])
-def test_every_n_layers_is_refused_where_layers_differ(family: str) -> None:
-    # sliding and full layers, NoPE layers, dense and MoE layers: which layers are checkpointed
-    # would change the figures, which are not modelled layer by layer
-    from calculators.errors import InputError
+# five layers whose kinds differ: which of them every_n_layers checkpoints changes the figures
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+MIXED: dict[str, dict[str, Any]] = {
+    # sliding layers 0, 1, 3, 4 and a full layer 2, the window reached at 24 tokens
+    "gemma3_text": {"sliding_window": 16, "sliding_window_pattern": 3, "layer_types": None},
+    # sliding at the even layers, full at the odd ones
+    "gemma2": {"sliding_window": 16},
+    "ministral": {"sliding_window": 16, "layer_types": [_FULL, _SLIDING, _SLIDING, _FULL, _FULL]},
+    # full layers 0 and 1, sliding from layer 2 on
+    "qwen2": {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2},
+    # layer 3 without rotary embeddings; with a window, that NoPE layer slides
+    "smollm3": {"no_rope_layers": None},
+    "smollm3 sliding": {"no_rope_layers": None, "use_sliding_window": True, "sliding_window": 16},
+    # two dense layers, then three MoE layers
+    "deepseek_v3": {"first_k_dense_replace": 2},
+}
 
-    batch = Batch(2, 24, Checkpointing.FULL, checkpoint_every_n_layers=2)
-    cfg = {**_config(family), "sliding_window": 16} if family != "deepseek_v3" else _config(family)
-    with pytest.raises(InputError) as err:
-        activations(architecture_from_hf_config(cfg), batch, Regime.HALF)
-    assert err.value.field == "batch.checkpoint_every_n_layers"
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("variant", sorted(MIXED))
+def test_every_n_layers_of_unlike_layers_equals_the_trace(variant: str, regime: Regime) -> None:
+    overrides = {k: v for k, v in MIXED[variant].items() if v is not None}
+    base = {k: v for k, v in _config(variant.split()[0]).items() if k not in MIXED[variant]}
+    cfg = {**base, **overrides, "num_hidden_layers": 5}
+    for n in (2, 3):
+        _check(cfg, Batch(2, 24, Checkpointing.FULL, checkpoint_every_n_layers=n), regime)
+    _check(cfg, Batch(1, 12, Checkpointing.FULL, checkpoint_every_n_layers=2), regime)
+    padded = Batch(2, 24, Checkpointing.FULL, padded=True, checkpoint_every_n_layers=2)
+    _check(cfg, padded, regime)
 
 
 @pytest.mark.parametrize("regime", [Regime.HALF, Regime.FP32])
@@ -347,3 +365,52 @@ def test_eager_attention_dropout_equals_the_trace(family: str, regime: Regime) -
     # CUDA's fused dropout keeps a boolean mask (the trace runs native_dropout as CUDA does)
     cfg = {**_config(family), "attn_implementation": "eager", "attention_dropout": 0.1}
     _check(cfg, Batch(2, 20), regime)
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi3", "mixtral", "deepseek_v3"])
+def test_the_final_hidden_state_outlives_the_head_until_the_loss(
+    family: str, regime: Regime
+) -> None:
+    # XForCausalLM.forward holds outputs.last_hidden_state (the final norm's output) while it
+    # computes the loss from labels: under autocast an fp32 tensor nothing saved (the head
+    # saves its bf16 cast), otherwise the head's own saved input
+    import weakref
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from calculators.transformers_activations import final_hidden_state
+
+    cfg = _config(family)
+    config = AutoConfig.for_model(**cfg)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    if regime is Regime.HALF:
+        model = model.to(torch.bfloat16)
+    final: list[weakref.ref[torch.Tensor]] = []
+    saved: set[int] = set()
+    seen: list[tuple[bool, int]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.add(t.untyped_storage().data_ptr())
+        return t
+
+    class Spy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.nn.functional.cross_entropy and not seen:
+                t = final[0]()
+                assert t is not None, "the final norm's output is freed before the loss"
+                seen.append((t.untyped_storage().data_ptr() in saved, t.untyped_storage().nbytes()))
+            return func(*args, **(kwargs or {}))
+
+    model.get_decoder().norm.register_forward_hook(lambda _m, _i, o: final.append(weakref.ref(o)))
+    batch = Batch(2, 24)
+    ids = torch.randint(3, cfg["vocab_size"], (batch.micro_batch_size, batch.seq_len))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=regime is Regime.AUTOCAST)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast, Spy():
+        model(input_ids=ids, labels=ids)
+    [(is_saved, nbytes)] = seen
+    arch = architecture_from_hf_config(cfg)
+    assert final_hidden_state(arch, batch, regime.value) == (0 if is_saved else nbytes)

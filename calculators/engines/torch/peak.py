@@ -54,6 +54,7 @@ from calculators.transformers_activations import (
     dense_layer_backward,
     eager_attention_backward,
     experts_backward,
+    final_hidden_state,
 )
 
 KIB = 1024
@@ -409,12 +410,13 @@ def step_memory(
         # made as forward returns (``converted``) replaces its transient fp32 copy of the
         # logits byte for byte beside the same tensors, so that moment is never higher
         # inside the autocast region, whose cast cache still holds the checkpointed layers'
-        # weight copies
+        # weight copies, and the model's output object still holds the final norm's output
         loss_forward = (
             unsharded_after_forward
             + inside.end_of_forward
             + inside.loss_transient
             + inside.cast_cache
+            + final_hidden_state(arch, batch, regime.value)
         )
     else:
         # the caller's ``cross_entropy(logits.float())``: on converted fp32 logits ``.float()``
