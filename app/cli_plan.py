@@ -30,6 +30,11 @@ def _list(text: str | None, what: str, cast: Callable[[str], Any] = str) -> list
         raise PlanInputError(f"{what}: expected a comma-separated list, got {text!r}") from None
 
 
+def _every(n: int) -> str:
+    """A checkpointing label's every_n_layers suffix (", every 2 layers"); none for 1."""
+    return f", every {n} layers" if n > 1 else ""
+
+
 def _flag(text: str) -> bool:
     """``true`` or ``false`` (as the JSON body has them)."""
     if text.lower() not in ("true", "false"):
@@ -154,6 +159,7 @@ def plan_table(data: dict[str, Any], top: int) -> Table:
             stage,
             f"{cfg['micro_batch_size']} × {cfg['grad_accumulation_steps']}",
             cfg["activation_checkpointing"]
+            + _every(cfg["checkpoint_every_n_layers"])
             + (", inputs on host" if cfg["checkpoint_offload"] else ""),
             cfg["offload"],
             f"{c['tokens_per_second']:,.0f}",
@@ -223,6 +229,14 @@ def plan(
             "transformers model).",
         ),
     ] = None,
+    checkpoint_every_n_layers: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint-every-n-layers",
+            help="Full checkpointing's layer intervals to try: 1,2,4 (1 every layer; a "
+            "transformers model under engine torch).",
+        ),
+    ] = None,
     no_hsdp: Annotated[bool, typer.Option("--no-hsdp", help="Do not try HSDP / MiCS.")] = False,
     efficiency: Annotated[
         float | None, typer.Option("--efficiency", help="Fraction of peak; default calibrated.")
@@ -258,6 +272,9 @@ def plan(
             "offload": _list(offload, "--offload"),
             "hsdp": False if no_hsdp else None,
             "checkpoint_offload": _list(checkpoint_offload, "--checkpoint-offload", _flag),
+            "checkpoint_every_n_layers": _list(
+                checkpoint_every_n_layers, "--checkpoint-every-n-layers", int
+            ),
         }
         request = plan_body(
             body,

@@ -102,6 +102,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="comma list: false,true (true: full checkpointing's layer inputs in host memory, "
         "transformers' offload=True; a transformers model)",
     )
+    ap.add_argument(
+        "--every-n-layers",
+        type=_ints,
+        default=(1,),
+        help="comma list of full checkpointing's layer intervals: 1,2,4 (n: layers 0, n, 2n, ... "
+        "checkpointed, transformers' every_n_layers; a transformers model, engine torch)",
+    )
     ap.add_argument("--steps", type=int, default=5, help="timed steps per run")
     ap.add_argument("--max-runs", type=int, default=8, help="measure at most this many")
     ap.add_argument("--out", default="bench/results")
@@ -209,6 +216,11 @@ def spec_for(args: argparse.Namespace, model: dict[str, Any], nd: int, c: Config
             "activation_checkpointing": c.activation_checkpointing.value,
             "grad_accumulation_steps": c.grad_accumulation_steps,
             **({"checkpoint_offload": True} if c.checkpoint_offload else {}),
+            **(
+                {"checkpoint_every_n_layers": c.checkpoint_every_n_layers}
+                if c.checkpoint_every_n_layers > 1
+                else {}
+            ),
         },
         "offload": offload,
         "mode": "distributed",
@@ -235,6 +247,8 @@ def config_label(c: Config) -> str:
     parts = [f"stage {int(c.stage)}", f"micro {c.micro_batch_size} × {c.grad_accumulation_steps}"]
     if c.activation_checkpointing is not Checkpointing.NONE:
         parts.append(f"ckpt {c.activation_checkpointing.value}")
+    if c.checkpoint_every_n_layers > 1:
+        parts.append(f"every {c.checkpoint_every_n_layers} layers")
     if c.checkpoint_offload:
         parts.append("inputs on host")
     if c.offload is not OffloadChoice.NONE:
@@ -274,6 +288,7 @@ def plan_setup(args: argparse.Namespace, arch: Architecture, gpu: Gpu, nd: int) 
                 for x in getattr(args, "checkpoint_offload", "false").split(",")
                 if x.strip()
             ),
+            checkpoint_every_n_layers=tuple(getattr(args, "every_n_layers", (1,))),
         ),
         # as the runs reduce: measure's loop reduces every micro-step unless --grad-sync per_step
         grad_sync=GradSync(getattr(args, "grad_sync", "per_micro_step")),
@@ -336,6 +351,7 @@ def measured_runs(body: dict[str, Any]) -> list[tuple[Config, float]]:
             offload=OffloadChoice(_field(f, "offload")) if "offload" in f else OffloadChoice.NONE,
             shard_group_size=None if shard in (None, "None") else int(shard),
             checkpoint_offload=str(f.get("checkpoint_offload", False)) == "True",
+            checkpoint_every_n_layers=int(f.get("checkpoint_every_n_layers", 1)),
         )
         out.append((config, float(seconds)))
     return out
@@ -368,6 +384,8 @@ def committed_setup(
             "--offload", ",".join(sorted({c.offload.value for c in configs})),
             "--checkpoint-offload",
             ",".join(sorted({str(c.checkpoint_offload).lower() for c in configs})),
+            "--every-n-layers",
+            ",".join(str(n) for n in sorted({c.checkpoint_every_n_layers for c in configs})),
         ]
     )  # fmt: skip
     arch = architecture_from_body(body["model_body"])

@@ -145,6 +145,15 @@ class ActivationBreakdown:
             return (blocks - 1 - block) * (self.layers // blocks)
         return self.layers - self._saved_prefix[block + 1]
 
+    def most_saved_below(self, blocks: range, per_block: int, own: bool = False) -> int:
+        """The largest ``saved_below(i) + per_block × i`` over ``blocks`` (with ``own``, plus
+        ``saved(i)``): a walk over the blocks' sums without a call per block, for moments whose
+        other terms are linear in the block (``every_n_layers`` > 1)."""
+        prefix, saved = self._saved_prefix, self.block_saved
+        if own:
+            return max(prefix[i] + saved[i] + per_block * i for i in blocks)
+        return max(prefix[i] + per_block * i for i in blocks)
+
     def plain_copies_below(self, block: int) -> int:
         """Autocast's weight copies the layers before ``block`` that are not checkpointed save."""
         if self.every_n_layers == 1:

@@ -206,6 +206,9 @@ class Search:
         checkpoint_offload: where full checkpointing keeps the layers' inputs: on the device
             (False) or in pinned host memory (True: transformers' ``offload=True``); tried for
             full checkpointing of a transformers model only.
+        checkpoint_every_n_layers: which decoder layers full checkpointing checkpoints: 1 every
+            layer, n layers 0, n, 2n, ... (transformers' ``every_n_layers``); above 1 tried for
+            a transformers model under the torch engine only.
     """
 
     stages: tuple[Stage, ...] = tuple(Stage)
@@ -214,6 +217,7 @@ class Search:
     offload: tuple[OffloadChoice, ...] = tuple(OffloadChoice)
     hsdp: bool = True
     checkpoint_offload: tuple[bool, ...] = (False, True)
+    checkpoint_every_n_layers: tuple[int, ...] = (1,)
 
 
 @dataclass(frozen=True)
@@ -400,7 +404,8 @@ class PlanSetup:
 @dataclass(frozen=True)
 class Config:
     """One candidate configuration; ``checkpoint_offload``: full checkpointing keeps the
-    layers' inputs in pinned host memory (transformers' ``offload=True``)."""
+    layers' inputs in pinned host memory (transformers' ``offload=True``);
+    ``checkpoint_every_n_layers``: it checkpoints layers 0, n, 2n, ... only."""
 
     stage: Stage
     micro_batch_size: int
@@ -409,6 +414,7 @@ class Config:
     offload: OffloadChoice
     shard_group_size: int | None = None
     checkpoint_offload: bool = False
+    checkpoint_every_n_layers: int = 1
 
 
 @dataclass(frozen=True)
@@ -554,6 +560,9 @@ ASSUMPTION_NOTES = (
     "pinned host memory in forward and comes back for its recomputation in backward, each copy "
     "on the compute stream at the host link's rate (one per layer each way): it holds up the "
     "kernels behind it and is counted whole in offload_transfer (checkpoint_transfer)",
+    "transformers' every_n_layers (checkpoint_every_n_layers above 1): only layers 0, n, 2n, "
+    "... run their forward again in backward, so the recomputed GEMMs, attention, memory "
+    "passes and kernels are that share of full checkpointing's",
     "FSDP2's CPU offload (engine torch): torch's optimizer steps the host shards at the host "
     "optimizer bandwidth (80 B per parameter for AdamW, 72 for Adam); under gradient "
     "accumulation each later micro-step adds its copied gradient on the host (12 B per "
@@ -707,6 +716,25 @@ def checkpoint_offloads(setup: PlanSetup) -> tuple[bool, ...]:
     return (False,)
 
 
+def checkpoint_intervals(setup: PlanSetup) -> tuple[int, ...]:
+    """Which ``every_n_layers`` full checkpointing may use: the search's choices for a
+    transformers model under the torch engine (the memory model of the deepspeed engine
+    checkpoints every layer), 1 alone otherwise."""
+    name = "search.checkpoint_every_n_layers"
+    chosen = tuple(sorted(set(setup.search.checkpoint_every_n_layers)))
+    if not chosen or chosen[0] < 1:
+        raise InputError(name, "give one or more layer intervals, each at least 1")
+    if setup.architecture.modelling is not None and setup.engine is Engine.TORCH:
+        return chosen
+    if chosen[0] != 1:
+        raise InputError(
+            name,
+            "above 1 is transformers' every_n_layers, planned for a transformers model (hf_config "
+            "or a preset of a transformers family) under the torch engine: include 1",
+        )
+    return (1,)
+
+
 def checkpointings(setup: PlanSetup) -> tuple[Checkpointing, ...]:
     """The search's recomputation policies the model's training code offers: transformers
     checkpoints whole decoder layers (``gradient_checkpointing_enable``), so a transformers model
@@ -732,6 +760,7 @@ def configs(setup: PlanSetup) -> list[Config]:
     if setup.search.hsdp and setup.nodes > 1 and setup.engine is Engine.TORCH:
         shard_groups.append(setup.gpus_per_node)
     moved = checkpoint_offloads(setup)
+    intervals = checkpoint_intervals(setup)
     policies = checkpointings(setup)
     out = []
     for stage in sorted(set(setup.search.stages)):
@@ -742,18 +771,22 @@ def configs(setup: PlanSetup) -> list[Config]:
                 if shard is not None and stage is not Stage.PARAMETERS:
                     continue
                 for ckpt in policies:
-                    kept = moved if ckpt is Checkpointing.FULL else (False,)
+                    full = ckpt is Checkpointing.FULL
+                    kept = moved if full else (False,)
+                    every = intervals if full else (1,)
                     for m in micro_batch_sizes(setup):
                         ga = setup.per_rank_batch // m
                         for to_host in kept:
-                            out.append(Config(stage, m, ga, ckpt, offload, shard, to_host))
+                            for n in every:
+                                out.append(Config(stage, m, ga, ckpt, offload, shard, to_host, n))
     tensors = tensor_count(setup.architecture)
     if len(out) * tensors > MAX_TENSOR_VISITS:
         raise InputError(
             "search",
             f"{len(out)} configurations × {tensors:,} parameter tensors = "
             f"{len(out) * tensors:,} tensor evaluations, over {MAX_TENSOR_VISITS:,}: narrow "
-            "stages, micro_batch_size, activation_checkpointing, offload or checkpoint_offload",
+            "stages, micro_batch_size, activation_checkpointing, offload, checkpoint_offload or "
+            "checkpoint_every_n_layers",
         )
     return out
 
@@ -915,6 +948,7 @@ class _Evaluator:
             c.activation_checkpointing,
             padded=s.padded,
             checkpoint_offload=c.checkpoint_offload,
+            checkpoint_every_n_layers=c.checkpoint_every_n_layers,
         )
 
     def checkpoint_copies(self, c: Config) -> float:
@@ -925,10 +959,11 @@ class _Evaluator:
         if not c.checkpoint_offload:
             return 0.0
         s = self.setup
-        moved = offloaded_inputs(s.architecture, self.batch(c), self.regime(c))
+        batch = self.batch(c)
+        moved = offloaded_inputs(s.architecture, batch, self.regime(c))
         link = s.network.host
-        one_way = moved / link.bandwidth + s.architecture.layers * float(link.latency)
-        return 2 * one_way
+        copies = batch.checkpointed_layers(s.architecture.layers)
+        return 2 * (moved / link.bandwidth + copies * float(link.latency))
 
     def micro_step(self, c: Config, host: HostFigures | None = None) -> MicroStep:
         s = self.setup
@@ -1002,7 +1037,12 @@ class _Evaluator:
         if c.activation_checkpointing is Checkpointing.NONE:
             return 0.0
         plain = self.micro_step(
-            replace(c, activation_checkpointing=Checkpointing.NONE, checkpoint_offload=False)
+            replace(
+                c,
+                activation_checkpointing=Checkpointing.NONE,
+                checkpoint_offload=False,
+                checkpoint_every_n_layers=1,
+            )
         )
         return max(0.0, micro.matmul - plain.matmul)
 

@@ -103,7 +103,11 @@ class TokenFlops:
 
 
 def token_flops(
-    arch: Architecture, seq_len: int, checkpointing: Checkpointing, causal: bool = True
+    arch: Architecture,
+    seq_len: int,
+    checkpointing: Checkpointing,
+    causal: bool = True,
+    every_n_layers: int = 1,
 ) -> TokenFlops:
     """FLOPs per token: 2 per multiply-add of every matmul a token passes through.
 
@@ -115,8 +119,9 @@ def token_flops(
     over the 128-wide v heads, dense blocks before the MoE blocks. Head 2·h·V. Embedding
     look-ups, norms, softmax and element-wise work are not matmuls and are not counted (the
     efficiency absorbs them).
-    Full checkpointing recomputes every block's forward; selective recomputes the attention
-    core (QKᵀ, softmax, AV) as ``measure.workloads`` checkpoints it.
+    Full checkpointing recomputes every block's forward (with ``every_n_layers``, blocks 0, n,
+    2n, ... only); selective recomputes the attention core (QKᵀ, softmax, AV) as
+    ``measure.workloads`` checkpoints it.
     """
     dense = dense_layers(arch)
     # all blocks' (DeepSeek's dense blocks, then its MoE blocks)
@@ -137,7 +142,14 @@ def token_flops(
         LINEAR_BACKWARD_FACTOR * (linear + head) + ATTENTION_BACKWARD_FACTOR * layers * attention
     )
     if checkpointing is Checkpointing.FULL:
-        recompute = linear + layers * attention
+        # the checkpointed blocks 0, n, 2n, ...: ceil(dense / n) of them dense
+        every = range(0, layers, every_n_layers)
+        dense_run = len(range(0, min(dense, layers), every_n_layers))
+        recompute = (
+            dense_run * _block_linear(arch, True)
+            + (len(every) - dense_run) * _block_linear(arch, dense >= layers)
+            + len(every) * attention
+        )
     elif checkpointing is Checkpointing.SELECTIVE:
         recompute = layers * attention
     else:
@@ -445,12 +457,22 @@ def micro_step(
     # a padding mask, or eager attention's matmuls, compute every score
     eager = arch.modelling is not None and arch.modelling.eager_attention
     flops = token_flops(
-        arch, batch.seq_len, batch.activation_checkpointing, causal=not (batch.padded or eager)
+        arch,
+        batch.seq_len,
+        batch.activation_checkpointing,
+        causal=not (batch.padded or eager),
+        every_n_layers=batch.checkpoint_every_n_layers,
     )
     tokens = batch.micro_batch_size * batch.seq_len
     attn_fwd = flops.attention_forward
     attn_bwd = ATTENTION_BACKWARD_FACTOR * attn_fwd
-    attn_recompute = attn_fwd if batch.activation_checkpointing is not Checkpointing.NONE else 0.0
+    # the share of the blocks backward runs forward again (every_n_layers: the checkpointed)
+    rerun_share = 0.0
+    if batch.activation_checkpointing is Checkpointing.FULL:
+        rerun_share = batch.checkpointed_layers(arch.layers) / arch.layers
+    attn_recompute = attn_fwd * rerun_share
+    if batch.activation_checkpointing is Checkpointing.SELECTIVE:
+        attn_recompute = attn_fwd
     gemm_fwd = flops.forward - attn_fwd
     gemm_bwd = flops.backward - attn_bwd + flops.recompute - attn_recompute
     gemm_rate = peak_flops * gpu.gemm_efficiency
@@ -469,7 +491,7 @@ def micro_step(
             ),
             regime,
         )
-        rerun = a.per_layer.total * arch.layers
+        rerun = a.per_layer.total * batch.checkpointed_layers(arch.layers)
     bandwidth = memory_bandwidth * gpu.memory_efficiency
     mem_fwd = act * gpu.activation_passes_forward + params * gpu.parameter_bytes_forward
     mem_bwd = (
@@ -482,9 +504,7 @@ def micro_step(
     else:
         mem_fwd_s = mem_bwd_s = 0.0
 
-    recompute_kernels = (
-        kernels.forward if batch.activation_checkpointing is Checkpointing.FULL else 0
-    )
+    recompute_kernels = kernels.forward * rerun_share
     k_fwd = tensors * kernels.forward
     k_bwd = tensors * (kernels.backward + recompute_kernels)
     hooks = tensors * kernels.hooks

@@ -120,3 +120,20 @@ def test_checkpoint_offload_candidates_from_the_option() -> None:
     bad = invoke(*args, "--checkpoint-offload", "yes")
     assert bad.exit_code == 2
     assert "--checkpoint-offload" in bad.output
+
+
+def test_every_n_layers_candidates_from_the_option() -> None:
+    args = [
+        "--preset", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64",
+        "--seq-len", "4096", "--stages", "3", "--micro-batch", "2", "--checkpointing", "full",
+        "--offload", "none", "--checkpoint-offload", "false",
+    ]  # fmt: skip
+    result = invoke(*args, "--checkpoint-every-n-layers", "1,2", "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)["candidates"]
+    assert sorted(c["config"]["checkpoint_every_n_layers"] for c in found) == [1, 2]
+    table = invoke(*args, "--checkpoint-every-n-layers", "2")
+    assert "full, every 2 layers" in table.stdout
+    bad = invoke(*args, "--checkpoint-every-n-layers", "two")
+    assert bad.exit_code == 2
+    assert "--checkpoint-every-n-layers" in bad.output

@@ -385,6 +385,7 @@ def plan_setup(
             offload=tuple(s.offload),
             hsdp=s.hsdp,
             checkpoint_offload=tuple(s.checkpoint_offload),
+            checkpoint_every_n_layers=tuple(s.checkpoint_every_n_layers),
         ),
         efficiency=efficiency,
         host_optimizer_bandwidth=None if host_optimizer is None else host_optimizer[0],

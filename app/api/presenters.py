@@ -838,6 +838,7 @@ def _config_out(c: Config) -> ConfigOut:
         offload=c.offload,
         shard_group_size=c.shard_group_size,
         checkpoint_offload=c.checkpoint_offload,
+        checkpoint_every_n_layers=c.checkpoint_every_n_layers,
     )
 
 

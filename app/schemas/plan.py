@@ -108,9 +108,25 @@ class SearchIn(StrictModel):
         'gradient_checkpointing_kwargs {"offload": true}). Tried with full checkpointing of a '
         "transformers model (hf_config or a transformers preset); another model tries false.",
     )
+    checkpoint_every_n_layers: Annotated[
+        list[Annotated[StrictInt, Field(ge=1, le=65536)]], Field(min_length=1, max_length=8)
+    ] = Field(
+        default_factory=lambda: [1],
+        description="Which decoder layers full checkpointing checkpoints: 1 every layer, n "
+        "layers 0, n, 2n, ... only, the others keeping what they save (transformers' "
+        "gradient_checkpointing_enable(every_n_layers=n), the Trainer's "
+        'gradient_checkpointing_kwargs {"every_n_layers": n}): less recomputation for more '
+        "memory. Above 1 is tried for a transformers model (hf_config or a transformers "
+        "preset) under engine torch; include 1 otherwise.",
+    )
 
     @field_validator(
-        "stages", "micro_batch_size", "activation_checkpointing", "offload", "checkpoint_offload"
+        "stages",
+        "micro_batch_size",
+        "activation_checkpointing",
+        "offload",
+        "checkpoint_offload",
+        "checkpoint_every_n_layers",
     )
     @classmethod
     def unique(cls, values: list[object] | None) -> list[object] | None:
@@ -128,6 +144,7 @@ class SearchIn(StrictModel):
             "activation_checkpointing",
             "offload",
             "checkpoint_offload",
+            "checkpoint_every_n_layers",
         ):
             prop = schema["properties"][key]
             for form in (prop, *prop.get("anyOf", ())):
@@ -239,6 +256,10 @@ class ConfigOut(BaseModel):
     checkpoint_offload: bool = Field(
         description="Full checkpointing keeps each layer's input in pinned host memory "
         "(transformers' offload=True); false with any other checkpointing."
+    )
+    checkpoint_every_n_layers: int = Field(
+        description="Full checkpointing checkpoints layers 0, n, 2n, ... only (transformers' "
+        "every_n_layers); 1 with every layer checkpointed and with any other checkpointing."
     )
 
 

@@ -730,7 +730,8 @@
 
   function configName(c) {
     const parts = [`stage ${c.stage}`, `${c.micro_batch_size} × ${c.grad_accumulation_steps}`];
-    if (c.activation_checkpointing !== "none") parts.push(`ckpt ${c.activation_checkpointing}${c.checkpoint_offload ? " (inputs on host)" : ""}`);
+    const every = c.checkpoint_every_n_layers > 1 ? ` every ${c.checkpoint_every_n_layers} layers` : "";
+    if (c.activation_checkpointing !== "none") parts.push(`ckpt ${c.activation_checkpointing}${every}${c.checkpoint_offload ? " (inputs on host)" : ""}`);
     if (c.offload !== "none") parts.push(`offload ${c.offload}`);
     if (c.shard_group_size) parts.push(`HSDP ${c.shard_group_size}`);
     return parts.join(", ");
@@ -738,7 +739,7 @@
 
   function shortName(c) {
     // the chart's row label: "#3 s3 1×32 sel opt" (stage, micro × accumulation, checkpointing, offload)
-    const ck = ({ none: "", selective: " sel", full: " full" }[c.activation_checkpointing] ?? ` ${c.activation_checkpointing}`) + (c.checkpoint_offload ? "→cpu" : "");
+    const ck = ({ none: "", selective: " sel", full: " full" }[c.activation_checkpointing] ?? ` ${c.activation_checkpointing}`) + (c.checkpoint_every_n_layers > 1 ? `/${c.checkpoint_every_n_layers}` : "") + (c.checkpoint_offload ? "→cpu" : "");
     const off = { none: "", optimizer: " opt→cpu", optimizer_and_params: " opt+par→cpu" }[c.offload] ?? ` ${c.offload}`;
     return `s${c.stage} ${c.micro_batch_size}×${c.grad_accumulation_steps}${ck}${off}${c.shard_group_size ? ` hsdp${c.shard_group_size}` : ""}`;
   }

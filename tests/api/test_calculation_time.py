@@ -9,7 +9,9 @@ vocabulary, for every engine. Each body is answered in process, the way the rout
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
@@ -139,6 +141,23 @@ _ONE_ELEMENT_BUCKETS = {
     "engine_config": {"zero_optimization": {"reduce_bucket_size": 1}},
 }
 
+# a transformers model whose layers differ (sliding-window layers beside every sixth full one)
+# with every second layer checkpointed: the walks go layer by layer
+_GEMMA3 = json.loads((Path(__file__).parents[2] / "bench/hf_configs/gemma-3-1b.json").read_text())
+_EVERY_SECOND_LAYER = {
+    "model": {"hf_config": {**_GEMMA3, "num_hidden_layers": 10_000}},
+    "dp": 8,
+    "stages": [0, 1, 2, 3],
+    "engine": "torch",
+    "precision": "mixed_bf16",
+    "batch": {
+        "micro_batch_size": 1,
+        "seq_len": 4096,
+        "activation_checkpointing": "full",
+        "checkpoint_every_n_layers": 2,
+    },
+}
+
 
 def _cold() -> None:
     for cached in (
@@ -187,6 +206,7 @@ def _cold() -> None:
 @example(("memory", _RELEASED_EXPERTS))
 @example(("communication", _RELEASED_EXPERTS))
 @example(("memory", _WIDE_EXPERTS))
+@example(("memory", _EVERY_SECOND_LAYER))
 def test_each_request_takes_under_a_second_of_cpu(
     endpoint_body: tuple[str, dict[str, Any]],
 ) -> None:

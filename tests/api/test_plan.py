@@ -241,6 +241,56 @@ def test_checkpoint_offload_is_transformers_option(client: TestClient) -> None:
     assert placed == {False}
 
 
+def test_every_n_layers_trades_memory_for_less_recomputation(client: TestClient) -> None:
+    # transformers' every_n_layers beside every layer checkpointed and none: each step between
+    # them, its peak too, and only the checkpointed layers' forward runs again
+    body = _llama3_8b_one_candidate("full")
+    body["search"]["activation_checkpointing"] = ["none", "full"]
+    body["search"]["checkpoint_every_n_layers"] = [1, 2, 4]
+    found = post(client, body)
+    assert any("every_n_layers" in n for n in found["assumptions"]["notes"])
+    every = {
+        (c["config"]["activation_checkpointing"], c["config"]["checkpoint_every_n_layers"]): c
+        for c in found["candidates"] + found["rejected"]
+    }
+    assert set(every) == {("none", 1), ("full", 1), ("full", 2), ("full", 4)}
+    order = [every[k] for k in (("full", 1), ("full", 2), ("full", 4), ("none", 1))]
+
+    def peak(c: dict[str, Any]) -> int:  # a rejected candidate: the peak that does not fit
+        return int(c["per_device"]["peak"] if "per_device" in c else c["peak"])
+
+    assert [peak(c) for c in order] == sorted(peak(c) for c in order)
+    # (no checkpointing does not fit at this shape)
+    times = [c["step_time"]["recompute"] for c in order[:3]]
+    assert times == sorted(times, reverse=True)
+    # 32 layers: 16 and 8 of them run forward again, half and a quarter of full's recomputation
+    full, half, quarter = (every[("full", n)]["step_time"]["recompute"] for n in (1, 2, 4))
+    assert half == pytest.approx(full / 2, rel=0.02)
+    assert quarter == pytest.approx(full / 4, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [({"engine": "deepspeed"}, "torch engine"), ({"model": SMALL["model"]}, "include 1")],
+)
+def test_every_n_layers_is_planned_where_it_is_modelled(
+    client: TestClient, change: dict[str, Any], why: str
+) -> None:
+    # DeepSpeed's memory model and the canonical decoder checkpoint every layer: asked for
+    # intervals above 1 alone they get a 422 naming the field; with 1 beside them, 1 is tried
+    body = {**_llama3_8b_one_candidate("full"), **change}
+    body["search"]["checkpoint_every_n_layers"] = [2]
+    r = client.post("/v1/plan", json=body)
+    assert r.status_code == 422, r.text
+    assert "search.checkpoint_every_n_layers" in r.text and why in r.text
+    body["search"]["checkpoint_every_n_layers"] = [1, 2]
+    found = post(client, body)
+    tried = {
+        c["config"]["checkpoint_every_n_layers"] for c in found["candidates"] + found["rejected"]
+    }
+    assert tried == {1}
+
+
 def test_eager_attention_computes_every_score_and_says_so(client: TestClient) -> None:
     cfg = json.loads(open("bench/hf_configs/llama-3.1-8b.json").read())
     body = {

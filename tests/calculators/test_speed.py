@@ -86,6 +86,33 @@ def test_selective_recomputes_only_the_attention_core() -> None:
     assert full.recompute == pytest.approx(none.forward - 2 * 256 * 1000)  # forward minus head
 
 
+def test_every_n_layers_recomputes_the_checkpointed_blocks_only() -> None:
+    # layers 0, n, 2n, ...: 5 layers at n = 2 recompute three, at n = 3 two; a DeepSeek shape
+    # (a dense first layer, MoE layers after it) recomputes each block as its kind
+    import json
+    from pathlib import Path
+
+    from calculators.hf_config import architecture_from_hf_config
+
+    arch = gpt(5, 256, 8, 1000)
+    full = token_flops(arch, 512, Checkpointing.FULL)
+    for n, blocks in ((1, 5), (2, 3), (3, 2), (5, 1), (7, 1)):
+        f = token_flops(arch, 512, Checkpointing.FULL, every_n_layers=n)
+        assert f.recompute == pytest.approx(full.recompute * blocks / 5, rel=1e-12)
+        assert (f.forward, f.backward) == (full.forward, full.backward)
+    cfg = json.loads(
+        (Path(__file__).parents[2] / "bench/hf_configs/deepseek_v3-small.json").read_text()
+    )
+    one = architecture_from_hf_config({**cfg, "num_hidden_layers": 1, "first_k_dense_replace": 1})
+    moe = architecture_from_hf_config({**cfg, "num_hidden_layers": 1, "first_k_dense_replace": 0})
+    arch = architecture_from_hf_config({**cfg, "num_hidden_layers": 5, "first_k_dense_replace": 1})
+    dense_block = token_flops(one, 512, Checkpointing.FULL).recompute
+    moe_block = token_flops(moe, 512, Checkpointing.FULL).recompute
+    assert token_flops(arch, 512, Checkpointing.FULL, every_n_layers=2).recompute == (
+        pytest.approx(dense_block + 2 * moe_block, rel=1e-12)  # blocks 0 (dense), 2 and 4
+    )
+
+
 def test_gated_mlp_and_gqa_counted_from_their_shapes() -> None:
     # Llama-style: q 4096, kv 1024 (8 kv heads of 128), ffn 14336 gated, untied head 128256
     arch = Architecture(

@@ -378,3 +378,41 @@ def test_fsdp2_forward_gathers_block_0_with_the_roots_flat_output_kept(stage: St
     assert c["peak_candidate_first_block_gather"] == expected
     ddp = estimate(setup, [Stage.OPTIMIZER]).stages[0].components
     assert "peak_candidate_first_block_gather" not in ddp
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("keeps_shards", [True, False])
+@pytest.mark.parametrize("accumulated", [0, 7_000])
+def test_fsdp2_backward_terms_are_linear_between_the_end_blocks(
+    prefetch: bool, keeps_shards: bool, accumulated: int
+) -> None:
+    # the every_n_layers walk takes each FSDP2 moment between block 1 and the one before the
+    # last as a line through blocks 1 and 2 (engines/torch/peak.py _block_backward)
+    from calculators.engines.torch.peak import FsdpBackward
+
+    f = FsdpBackward(
+        layers=9,
+        root_gathered=101,
+        root_grads=103,
+        block_gathered=1_009,
+        block_grads=1_013,
+        reduce_input=2_017,
+        block_shard_grad=251,
+        prefetch=prefetch,
+        cast_output=127,
+        embedding_grads=131,
+        keeps_shards=keeps_shards,
+        gather_inputs=257,
+    )
+    for at in (
+        f.at_block_start,
+        f.at_block_end,
+        f.at_reduce,
+        f.at_cast,
+        f.at_gather,
+        f.at_prefetch,
+    ):
+        slope = at(2, accumulated) - at(1, accumulated)
+        assert [at(i, accumulated) for i in range(1, 8)] == [
+            at(1, accumulated) + slope * (i - 1) for i in range(1, 8)
+        ]

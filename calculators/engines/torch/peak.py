@@ -41,7 +41,7 @@ workspace (:data:`CUBLASLT_WORKSPACE`), two under activation checkpointing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -598,10 +598,29 @@ def _block_backward(
     # an eager attention's backward, later in the block: the MLP's saved tensors are freed
     eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
     moments = []
-    # with every_n_layers the blocks keep unlike amounts: every block is a candidate
-    blocks = (
-        {0, min(1, last), max(last - 1, 0), last} if acts.every_n_layers == 1 else range(last + 1)
-    )
+    blocks = {0, min(1, last), max(last - 1, 0), last}
+    if acts.every_n_layers > 1 and last > 3:
+        # with every_n_layers the blocks keep unlike amounts: every block is a candidate. FSDP2's
+        # terms are linear in the block between block 1 and the one before the last, so each
+        # moment there is what the blocks below keep plus a line through blocks 1 and 2
+        inner = range(2, last - 1)
+
+        def line(at: Callable[[int], int], own: bool) -> int:
+            slope = at(2) - at(1)
+            return acts.most_saved_below(inner, slope, own) + at(1) - slope
+
+        base = acts.logits + acts.embedding
+        acc = accumulated_gradients
+        moments.append(base + in_block + line(lambda i: fsdp.at_block_end(i, acc), False))
+        moments.append(base + leaving + line(lambda i: fsdp.at_reduce(i, acc), False))
+        if fsdp.cast_output:
+            moments.append(base + leaving + line(lambda i: fsdp.at_cast(i, acc), False))
+        if fsdp.prefetch:
+            moments.append(base + leaving + line(lambda i: fsdp.at_gather(i, acc), True))
+            moments.append(base + leaving + line(lambda i: fsdp.at_prefetch(i, acc), True))
+        if experts or eager:
+            at_start = line(lambda i: fsdp.at_block_start(i, acc), True)
+            moments.append(base + leaving + max(experts, eager) + at_start)
     for i in blocks:
         below = acts.logits + acts.embedding + acts.saved_below(i, arch.layers)
         moments.append(below + in_block + fsdp.at_block_end(i, accumulated_gradients))
