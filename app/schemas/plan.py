@@ -60,6 +60,17 @@ class GpuIn(StrictModel):
     ] = None
 
 
+# SearchIn's lists, each value at most once (checked, and ``uniqueItems`` in the schema)
+_UNIQUE_LISTS = (
+    "stages",
+    "micro_batch_size",
+    "activation_checkpointing",
+    "offload",
+    "checkpoint_offload",
+    "checkpoint_every_n_layers",
+)
+
+
 def _unique(values: list[object]) -> list[object]:
     if len(set(values)) != len(values):
         raise ValueError("each value may appear once")
@@ -120,14 +131,7 @@ class SearchIn(StrictModel):
         "preset) under engine torch; include 1 otherwise.",
     )
 
-    @field_validator(
-        "stages",
-        "micro_batch_size",
-        "activation_checkpointing",
-        "offload",
-        "checkpoint_offload",
-        "checkpoint_every_n_layers",
-    )
+    @field_validator(*_UNIQUE_LISTS)
     @classmethod
     def unique(cls, values: list[object] | None) -> list[object] | None:
         return None if values is None else _unique(values)
@@ -138,14 +142,7 @@ class SearchIn(StrictModel):
     ) -> JsonSchemaValue:
         """Each list's values appear once (``uniqueItems``), as ``unique`` checks."""
         schema = handler.resolve_ref_schema(handler(core_schema))
-        for key in (
-            "stages",
-            "micro_batch_size",
-            "activation_checkpointing",
-            "offload",
-            "checkpoint_offload",
-            "checkpoint_every_n_layers",
-        ):
+        for key in _UNIQUE_LISTS:
             prop = schema["properties"][key]
             for form in (prop, *prop.get("anyOf", ())):
                 if form.get("type") == "array":
