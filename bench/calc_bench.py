@@ -150,6 +150,28 @@ def _cases() -> dict[str, tuple[str, dict[str, Any]]]:
                 "activation_model": "traced",
             },
         )
+    # the deepest transformers models: 65,536 layers, every one a ZeroRedundancyOptimizer
+    # parameter list of 851,970 tensors at stage 1, and transformers' every_n_layers walked
+    # layer by layer
+    deep = {"micro_batch_size": 1, "seq_len": 1024, "activation_checkpointing": "full"}
+    for name, dp, every in (
+        ("gemma-3-1b", 8, 1),
+        ("gemma-3-1b", 2**20, 1),
+        ("llama-1b", 8, 2),
+    ):
+        hf_config = json.loads((configs / f"{name}.json").read_text())
+        label = f" every {every} layers" if every > 1 else ""
+        out[f"{name} x65536 layers torch memory dp {dp}{label}"] = (
+            "memory",
+            {
+                "model": {"hf_config": {**hf_config, "num_hidden_layers": 65_536}},
+                "dp": dp,
+                "stages": STAGES,
+                "engine": "torch",
+                "precision": "mixed_bf16",
+                "batch": {**deep, "checkpoint_every_n_layers": every},
+            },
+        )
     return out
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from calculators import communication as comm
 from calculators.architecture import Architecture, tensors
 from calculators.conventions import Engine, OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines import engine_model
 from calculators.engines.torch import MODEL
-from calculators.engines.torch.memory import zero_partition
+from calculators.engines.torch.memory import rank0_partition, zero_partition
 from calculators.errors import InputError
 from calculators.memory import StageEstimate, estimate
 from calculators.model_states import Offload, TrainingSetup
@@ -67,6 +69,29 @@ def test_zero_partition_follows_partition_parameters(
     numels: list[int], world: int, owned: list[list[int]]
 ) -> None:
     assert zero_partition(numels, world) == owned
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(
+    st.lists(st.sampled_from([0, 1, 2, 3, 7, 64, 100, 4096]), max_size=60).flatmap(
+        lambda sizes: st.tuples(st.just(sizes), st.integers(1, 70))
+    )
+)
+def test_rank0_partition_deals_whole_rounds_as_the_greedy_does(case: tuple[list[int], int]) -> None:
+    # runs of equal sizes (and zero-size parameters, and more ranks than parameters): the
+    # rounds dealt at once give rank 0 what the greedy gives it one parameter at a time
+    numels, world = case
+    assert rank0_partition(numels, world) == zero_partition(numels, world)[0]
+
+
+def test_rank0_partition_of_a_deep_model_in_rounds() -> None:
+    # 13 tensor shapes repeated over 20,000 layers at Nd 8: whole rounds of each run
+    numels = [4096 * 4096, 1024 * 4096, 1024 * 4096, 4096 * 4096, 4096] * 20_000 + [7]
+    assert rank0_partition(numels, 8) == zero_partition(numels, 8)[0]
+    # totals that differ by less than the run's size when it starts: rank 0 holds the most
+    # (7), so it takes the last place of each round
+    for numels, world in (([7, 6] + [4] * 10, 2), ([7, 6, 5] + [4] * 13, 3)):
+        assert rank0_partition(numels, world) == zero_partition(numels, world)[0]
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -182,8 +183,51 @@ def zero_partition(numels: Sequence[int], world: int) -> list[list[int]]:
 
 
 def rank0_partition(numels: Sequence[int], world: int) -> list[int]:
-    """``zero_partition(numels, world)[0]`` without a list per rank (Nd runs to 2**20)."""
-    return [i for i, rank in _greedy(numels, world) if rank == 0]
+    """``zero_partition(numels, world)[0]`` without a list per rank (Nd runs to 2**20), and
+    without a heap step per parameter where a run of equal sizes deals whole rounds.
+
+    Within a run of ``k`` parameters of one size ``s`` (adjacent in the sorted order), while the
+    ranks' totals differ by less than ``s``, each rank given one goes behind all the others: the
+    next ``W`` (the ranks in play) go one to each rank in the order of ``(total, rank)``, and
+    every total grows by ``s``, keeping that order. Such rounds are dealt at once (rank 0 takes
+    the same place in each); the rest goes one by one as ``_greedy`` does (until the totals
+    come that close).
+    """
+    order = sorted(range(len(numels)), key=numels.__getitem__, reverse=True)
+    if world >= len(order):
+        # a rank with nothing yet is always free: rank 0 takes the largest parameter, and the
+        # rest too only where every size is 0 (its total then stays the least)
+        return order if not order or numels[order[0]] == 0 else order[:1]
+    if world == 1:
+        return order
+    ranks = world
+    descending = [-numels[i] for i in order]  # ascending, for bisect
+    # the first parameters of positive size go one to each rank with nothing yet, in rank order
+    fresh = min(ranks, bisect_left(descending, 0))
+    totals = [(-descending[r] if r < fresh else 0, r) for r in range(ranks)]  # a heap, as in
+    heapq.heapify(totals)  # _greedy
+    most = -descending[0] if fresh else 0  # the largest total
+    owned: list[int] = order[:1] if fresh else []
+    pos = fresh
+    while pos < len(order):
+        size = -descending[pos]
+        end = bisect_right(descending, -size, pos)
+        while pos < end:
+            rounds = (end - pos) // ranks
+            if rounds and most - totals[0][0] < size:
+                place = sorted(totals).index(next(t for t in totals if t[1] == 0))
+                owned.extend(order[pos + place : pos + rounds * ranks : ranks])
+                totals = [(total + rounds * size, rank) for total, rank in totals]
+                most += rounds * size
+                pos += rounds * ranks
+                continue
+            total, rank = heapq.heappop(totals)
+            if rank == 0:
+                owned.append(order[pos])
+            heapq.heappush(totals, (total + size, rank))
+            most = max(most, total + size)
+            pos += 1
+    return owned
 
 
 def _check(setup: TrainingSetup, stage: Stage) -> int:
