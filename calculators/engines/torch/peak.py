@@ -597,49 +597,40 @@ def _block_backward(
     experts = experts_backward(arch, batch, regime.value) if arch.modelling is not None else 0
     # an eager attention's backward, later in the block: the MLP's saved tensors are freed
     eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
-    moments = []
-    blocks = {0, min(1, last), max(last - 1, 0), last}
+    acc = accumulated_gradients
+    # each moment of a block i: what the block adds, FSDP2's term and whether the block's own
+    # saved tensors are still alive (beside what the blocks below it keep)
+    kinds: list[tuple[int, Callable[[int], int], bool]] = [
+        # the end of its backward; its post-backward, its gradients copied in
+        (in_block, lambda i: fsdp.at_block_end(i, acc), False),
+        (leaving, lambda i: fsdp.at_reduce(i, acc), False),
+    ]
+    if fsdp.cast_output:
+        kinds.append((leaving, lambda i: fsdp.at_cast(i, acc), False))
+    if fsdp.prefetch:
+        # before its backward: its saved tensors and the gradient entering it
+        kinds.append((leaving, lambda i: fsdp.at_gather(i, acc), True))
+        kinds.append((leaving, lambda i: fsdp.at_prefetch(i, acc), True))
+    if experts or eager:
+        # in its experts' (or eager attention's) backward, block i - 1 prefetched, no gradient
+        # of the rest yet
+        kinds.append((leaving + max(experts, eager), lambda i: fsdp.at_block_start(i, acc), True))
+    base = acts.logits + acts.embedding
+    moments = [
+        base + acts.saved_below(i, arch.layers) + extra + at(i)
+        + (acts.saved(i, arch.layers) if own else 0)
+        for i in {0, min(1, last), max(last - 1, 0), last}
+        for extra, at, own in kinds
+    ]  # fmt: skip
     if acts.every_n_layers > 1 and last > 3:
         # with every_n_layers the blocks keep unlike amounts: every block is a candidate. FSDP2's
         # terms are linear in the block between block 1 and the one before the last, so each
         # moment there is what the blocks below keep plus a line through blocks 1 and 2
         inner = range(2, last - 1)
-
-        def line(at: Callable[[int], int], own: bool) -> int:
+        for extra, at, own in kinds:
             slope = at(2) - at(1)
-            return acts.most_saved_below(inner, slope, own) + at(1) - slope
-
-        base = acts.logits + acts.embedding
-        acc = accumulated_gradients
-        moments.append(base + in_block + line(lambda i: fsdp.at_block_end(i, acc), False))
-        moments.append(base + leaving + line(lambda i: fsdp.at_reduce(i, acc), False))
-        if fsdp.cast_output:
-            moments.append(base + leaving + line(lambda i: fsdp.at_cast(i, acc), False))
-        if fsdp.prefetch:
-            moments.append(base + leaving + line(lambda i: fsdp.at_gather(i, acc), True))
-            moments.append(base + leaving + line(lambda i: fsdp.at_prefetch(i, acc), True))
-        if experts or eager:
-            at_start = line(lambda i: fsdp.at_block_start(i, acc), True)
-            moments.append(base + leaving + max(experts, eager) + at_start)
-    for i in blocks:
-        below = acts.logits + acts.embedding + acts.saved_below(i, arch.layers)
-        moments.append(below + in_block + fsdp.at_block_end(i, accumulated_gradients))
-        moments.append(below + leaving + fsdp.at_reduce(i, accumulated_gradients))
-        if fsdp.cast_output:
-            moments.append(below + leaving + fsdp.at_cast(i, accumulated_gradients))
-        # block i's saved tensors and the gradient entering it
-        entering = acts.saved(i, arch.layers) + leaving
-        if fsdp.prefetch:
-            # before block i's backward
-            moments.append(below + entering + fsdp.at_gather(i, accumulated_gradients))
-            moments.append(below + entering + fsdp.at_prefetch(i, accumulated_gradients))
-        if experts or eager:
-            # in its experts' (or eager attention's) backward, block i - 1 prefetched, no
-            # gradient of the rest yet
-            start = fsdp.at_block_start(i, accumulated_gradients)
-            moments.append(below + entering + max(experts, eager) + start)
+            moments.append(base + extra + acts.most_saved_below(inner, slope, own) + at(1) - slope)
     if fsdp.embedding_grads:
         # the token embedding's backward: the gradient leaving block 0 enters it
-        below = acts.logits + acts.embedding
-        moments.append(below + leaving + fsdp.at_embedding(accumulated_gradients))
+        moments.append(base + leaving + fsdp.at_embedding(acc))
     return max(moments)
