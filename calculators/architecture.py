@@ -98,7 +98,8 @@ class TransformersModelling:
         nope_layers: layers that rotate nothing (SmolLM3's ``no_rope_layers`` zeros): their
             attention reads the projections' outputs as they are.
         nope_sliding_layers: how many of ``nope_layers`` are sliding-window layers.
-        final_logit_softcap: ``tanh`` soft-capping of the logits (Gemma-2).
+        final_logit_softcap: ``tanh`` soft-capping of the logits (Gemma-2; Gemma-3 where its
+            config sets ``final_logit_softcapping``).
         shared_expert_ffn: width of the always-on shared expert (Qwen2-MoE, DeepSeek-V3).
         fused_experts: the experts are two 3-D parameters, ``experts.gate_up_proj``
             (E, 2·ffn, hidden) and ``experts.down_proj`` (E, hidden, ffn), as transformers ≥ 5
@@ -127,8 +128,8 @@ class TransformersModelling:
             autograd saves) rather than SDPA.
         attn_softcap: eager attention soft-caps the scores with ``tanh`` (Gemma-2's
             ``attn_logit_softcapping``; SDPA ignores it).
-        attention_dropout: eager attention applies dropout (``attention_dropout`` > 0) to the
-            probabilities in training.
+        attention_dropout: attention applies dropout (``attention_dropout`` > 0) to the
+            probabilities in training (eager attention, and SDPA's math path, save for it).
         traced: a trace of what this model's code saves (``measure/trace.py``), used in place
             of the analytical figures for the batch it was traced at, in each regime asked.
     """

@@ -99,6 +99,7 @@ _MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
 
 _WINDOW_DEFAULT = {"mistral": 4096, "ministral": 4096, "gemma2": 4096, "gemma3_text": 4096}
 _QWEN = {"qwen2", "qwen3", "qwen2_moe", "qwen3_moe"}
+_UNBIASED = {"mistral", "ministral", "mixtral", "phi3"}  # modelling code ignores attention_bias
 
 
 def _sliding_window(cfg: Mapping[str, Any], model_type: str) -> int | None:
@@ -188,7 +189,8 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     if model_type == "ministral" and cfg.get("head_dim") is None:
         # modeling_ministral.py reads config.head_dim, whose default is None
         raise InputError(f"{_FIELD}.head_dim", "is required for ministral (transformers needs it)")
-    attention_bias = _flag(cfg, "attention_bias", False)
+    # Mistral's, Ministral's, Mixtral's and Phi-3's attention projections never have a bias
+    attention_bias = model_type not in _UNBIASED and _flag(cfg, "attention_bias", False)
     if model_type in ("qwen2", "qwen2_moe"):
         qkv_bias = _flag(cfg, "qkv_bias", True)  # Qwen2 biases q, k and v, never o
     else:
@@ -213,6 +215,9 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
     window = _sliding_window(cfg, model_type)
     rope_kinds = len(set(types)) if model_type == "gemma3_text" else 1
     rope = _rope_layers(cfg, layers) if model_type == "smollm3" else [True] * layers
+    # Gemma-2 soft-caps its logits by default (30), Gemma-3 where its config says so
+    softcap = cfg.get("final_logit_softcapping", 30.0 if model_type == "gemma2" else None)
+    logit_softcap = model_type in ("gemma2", "gemma3_text") and softcap is not None
     sliding = [kind == "sliding_attention" and window is not None for kind in types]
     pattern = tuple(zip(sliding, rope, strict=True))
     modelling = TransformersModelling(
@@ -229,8 +234,7 @@ def _llama_like(cfg: Mapping[str, Any]) -> Architecture:
         rope_kinds=rope_kinds,
         nope_layers=rope.count(False),
         nope_sliding_layers=sum(s and not r for s, r in zip(sliding, rope, strict=True)),
-        final_logit_softcap=model_type == "gemma2"
-        and cfg.get("final_logit_softcapping", 30.0) is not None,
+        final_logit_softcap=logit_softcap,
         shared_expert_ffn=shared,
         fused_experts=model_type in _MOE,  # transformers ≥ 5: experts.gate_up_proj / down_proj
         router_normalize=model_type == "mixtral" or _flag(cfg, "norm_topk_prob", False),
@@ -469,26 +473,31 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 def _eager(cfg: Mapping[str, Any], arch: Architecture) -> Architecture:
     """``attn_implementation``: the key transformers' configuration takes (``PreTrainedConfig``
     keeps it as ``_attn_implementation``, which ``from_config`` / ``from_pretrained`` build
-    with). ``sdpa``, transformers' default, unless the body says ``eager``."""
+    with). ``sdpa``, transformers' default, unless the body says ``eager``; and
+    ``attention_dropout``, which either applies to the probabilities in training."""
     impl = cfg.get("attn_implementation")
-    if impl is None or impl == "sdpa":
-        return arch
+    eager = impl is not None and impl != "sdpa"
     field = f"{_FIELD}.attn_implementation"
-    if impl not in ATTN_IMPLEMENTATIONS:
+    if eager and impl not in ATTN_IMPLEMENTATIONS:
         raise InputError(
             field,
             f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)}, got {impl!r} (other attention "
             "implementations, flash_attention_2 among them, are not modelled)",
         )
     if arch.modelling is None:
-        raise InputError(
-            field,
-            f"eager attention is modelled for {', '.join(sorted(_MODELLED))}; "
-            f"{cfg.get('model_type')!r} is predicted as the canonical decoder",
-        )
-    dropout = cfg.get("attention_dropout", 0.0)
+        if eager:
+            raise InputError(
+                field,
+                f"eager attention is modelled for {', '.join(sorted(_MODELLED))}; "
+                f"{cfg.get('model_type')!r} is predicted as the canonical decoder",
+            )
+        return arch
+    dropout = cfg.get("attention_dropout")
+    dropout = 0.0 if dropout is None else dropout
     if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
         raise InputError(f"{_FIELD}.attention_dropout", f"must be in [0, 1), got {dropout!r}")
+    if not eager and not dropout:
+        return arch
     # Gemma-2 passes its attn_logit_softcapping (default 50) to the attention function; Gemma-3
     # keeps the key but passes nothing
     softcap = cfg.get("attn_logit_softcapping", 50.0)
@@ -496,8 +505,8 @@ def _eager(cfg: Mapping[str, Any], arch: Architecture) -> Architecture:
         arch,
         modelling=replace(
             arch.modelling,
-            eager_attention=True,
-            attn_softcap=arch.modelling.family == "gemma2" and softcap is not None,
+            eager_attention=eager,
+            attn_softcap=eager and arch.modelling.family == "gemma2" and softcap is not None,
             attention_dropout=dropout > 0,
         ),
     )

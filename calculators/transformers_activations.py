@@ -60,6 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calculators.architecture import (
+    Activation,
     Architecture,
     LatentAttention,
     TransformersModelling,
@@ -152,6 +153,16 @@ def _mlp_inputs(arch: Architecture, d: Dtypes, t: int, dense: bool) -> int:
     return FP32_BYTES * t * h + (d.lin * t * h if m.shared_expert_ffn else 0)
 
 
+def _gated_mlp_tensors(arch: Architecture) -> int:
+    """The ``tokens × ffn`` tensors a gated MLP (``down_proj(act_fn(gate_proj(x)) *
+    up_proj(x))``) saves: the gate and up projections' outputs, the activation's and the
+    product's. SiLU and GELU save their input, the gate projection's output; ReLU saves its
+    output, which the product saves too, so nothing keeps the gate projection's. Phi-3's fused
+    ``gate_up_proj`` output stays whole either way (the product saves ``up``, a view of it)."""
+    relu = arch.activation is Activation.RELU and not _m(arch).fused_projections
+    return 3 if relu else 4
+
+
 def layer_terms(
     arch: Architecture,
     batch: Batch,
@@ -193,7 +204,7 @@ def layer_terms(
     # (MoE experts gather rows of the norm output and save only the index)
     linear_inputs = _mlp_inputs(arch, d, t, dense)
     f = (_m(arch).dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
-    mlp = 4 * d.lin * t * f if dense else _moe_terms(arch, t, d)
+    mlp = _gated_mlp_tensors(arch) * d.lin * t * f if dense else _moe_terms(arch, t, d)
     mla = _m(arch).latent_attention
     if mla is not None:
         a_norms, a_inputs, attention = _latent_attention_terms(arch, mla, batch, d, masked)
@@ -208,10 +219,19 @@ def layer_terms(
     grouped = arch.n_kv_heads != arch.heads
     if _m(arch).eager_attention:
         # with one key/value head and one sequence, repeat_kv's expanded view reshapes to
-        # (heads, d, s) without a copy, so bmm saves views of k and v (autocast's casts copy)
-        views = arch.n_kv_heads == 1 and b == 1 and (not d.autocast or not rotated)
-        kv_saved = q if grouped and not views else kv
-        attention += _eager_attention(arch, batch, sdpa, q, kv_saved, kv_saved, q)
+        # (heads, d, s) without a copy, so bmm saves views of k and v where autocast casts
+        # nothing: it casts a rotated layer's fp32 k, and v where the cache holds it in k's
+        # dtype; without a cache v is the projection's own bf16 output
+        one = arch.n_kv_heads == 1 and b == 1
+        k_views = one and (not d.autocast or not rotated)
+        v_views = one and (not d.autocast or not (use_cache and rotated))
+        k_saved = q if grouped and not k_views else kv
+        v_saved = q if grouped and not v_views else kv
+        attention += _eager_attention(arch, batch, sdpa, q, k_saved, v_saved, q)
+        if _m(arch).fused_projections and not use_cache and b == 1 and (v_views or not grouped):
+            # v is a view of the fused qkv output, and for one sequence the second matmul's
+            # (b·heads, s, d) reshape of it is a view too: the whole output stays alive
+            attention += d.lin * t * (q + kv)
         return LayerTerms(norms, linear_inputs, attention, mlp)
     # fp32 with no mask: transformers asks SDPA for grouped-query heads (enable_gqa), which
     # the memory-efficient kernel does not take (sdp_utils.cpp
@@ -226,9 +246,10 @@ def layer_terms(
     # a cache, autocast's bf16 v needs no cast, and with one key/value head SDPA saves a view
     v_cast_as_k = use_cache or not d.autocast
     v_views = _mqa_views(arch, regime, masked, rotated if v_cast_as_k else False)
-    v_width = q if (masked or math) and grouped and not v_views else kv
+    v_copied = (masked or math) and grouped and not v_views
+    v_width = q if v_copied else kv
     attention += sdpa * t * (q + k_width + v_width)  # q, k, v as SDPA saves them
-    if _m(arch).fused_projections and not use_cache and not gqa_expanded:
+    if _m(arch).fused_projections and not use_cache and not v_copied:
         # v is a view of the fused qkv output: the whole output stays alive
         attention += d.lin * t * (q + kv)
     attention += sdpa * t * q  # output (o_proj's input)
@@ -237,6 +258,10 @@ def layer_terms(
         # and the softmax probabilities; its (b, heads, s, d) output is copied for o_proj
         # (transpose(1, 2).contiguous(), the output above) and saved by nothing
         attention += FP32_BYTES * b * arch.heads * s * s
+        if _m(arch).attention_dropout:
+            # its at::dropout is CUDA's fused native_dropout: a boolean mask, and the dropped
+            # probabilities the second matmul saves (the kernels save only an RNG state)
+            attention += (BOOL_BYTES + FP32_BYTES) * b * arch.heads * s * s
     elif _m(arch).rotary_cat and not efficient:
         # flash's and cuDNN's output follows q's layout (empty_like); the memory-efficient
         # kernel always writes (b, s, heads, d), so only it needs no copy
@@ -426,7 +451,7 @@ def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
     saved += x * n * h  # down output (masked), saved by the weighted product
     fs = m.shared_expert_ffn
     if fs:
-        saved += 4 * d.lin * t * fs  # the shared expert's SwiGLU
+        saved += _gated_mlp_tensors(arch) * d.lin * t * fs  # the shared expert's gated MLP
         if m.shared_expert_gate:
             saved += d.lin * t + d.lin * t * h  # sigmoid(shared_expert_gate) and shared output
     return saved
@@ -610,9 +635,14 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
         one = batch.micro_batch_size == 1  # v a view of kv_b_proj's output, kept whole
         nope = mla.qk_nope_head_dim
         freed += d.lin * t * arch.heads * (nope + mla.v_head_dim) if one else sdpa * t * width
-    elif not (arch.n_kv_heads == 1 and batch.micro_batch_size == 1 and not d.autocast):
-        grouped = arch.n_kv_heads != arch.heads
-        freed += sdpa * t * (arch.q_dim if grouped else arch.kv_dim)
+    else:
+        # with one key/value head and one sequence bmm saved a view of v (layer_terms) unless
+        # autocast cast the cache's fp32 copy of it
+        checkpointed = batch.activation_checkpointing is Checkpointing.FULL
+        cast = d.autocast and m.use_cache and not checkpointed
+        if not (arch.n_kv_heads == 1 and batch.micro_batch_size == 1 and not cast):
+            grouped = arch.n_kv_heads != arch.heads
+            freed += sdpa * t * (arch.q_dim if grouped else arch.kv_dim)
     return max(grads - freed, 0)
 
 

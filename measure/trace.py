@@ -194,6 +194,8 @@ def _gpu_sdpa(
             # (sdp_utils.cpp check_batch_size_and_num_heads_dense<false>), flash and cuDNN no
             # fp32: SDPA falls back to its math path, which expands k/v itself
             # (repeat_interleave) and saves the attention probabilities
+            if dropout_p > 0:
+                return _math_attention(query, key, value, dropout_p, is_causal, scale)
             math: torch.Tensor = torch.ops.aten._scaled_dot_product_attention_math(
                 query,
                 key,
@@ -213,6 +215,35 @@ def _gpu_sdpa(
             query, key, value, bias, True, dropout_p, is_causal, scale=scale
         )[0]
         return efficient
+
+
+def _math_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+) -> torch.Tensor:
+    """SDPA's math path (``attention.cpp`` ``_scaled_dot_product_attention_math``) with
+    dropout, as CUDA runs it: its ``at::dropout`` is the fused ``native_dropout`` there, which
+    saves a boolean mask, where the CPU's saves a mask in the probabilities' dtype. Step for
+    step the aten op's: q and k each scaled by the square root of the scale, the causal mask a
+    float bias added in place, grouped key/value heads expanded by ``repeat_interleave``."""
+    factor = (scale if scale is not None else query.shape[-1] ** -0.5) ** 0.5
+    q = query * factor
+    rep = query.shape[-3] // key.shape[-3]
+    k = key.repeat_interleave(rep, -3)
+    v = value.repeat_interleave(rep, -3)
+    attn = torch.matmul(q, k.transpose(-2, -1) * factor)
+    if is_causal:
+        rows, cols = query.shape[-2], key.shape[-2]
+        causal = torch.ones(rows, cols, dtype=torch.bool).tril()
+        attn.add_(torch.zeros(rows, cols, dtype=query.dtype).masked_fill(~causal, float("-inf")))
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    attn = torch.native_dropout(attn, dropout_p, True)[0]
+    out: torch.Tensor = torch.matmul(attn, v)
+    return out
 
 
 def _gpu_dropout(

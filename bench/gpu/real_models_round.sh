@@ -62,7 +62,16 @@
 # tells a missing tensor from the allocator's blocks. SET=26 runs transformers' checkpoint offload
 # (gradient_checkpointing_enable(offload=True)) on real models at long sequences, Nd 2 on GPUs
 # 0,1: Llama-3.1-8B under FSDP2 stage 3, Qwen2.5-7B under DeepSpeed stage 3 and SmolLM3-3B under
-# DDP and ZeroRedundancyOptimizer, one 8,192-token sequence each.
+# DDP and ZeroRedundancyOptimizer, one 8,192-token sequence each. SET=27 runs eager attention
+# at one sequence on one GPU (Nd 1, GPU 0), where no key/value cache means attention keeps views
+# of v: Phi-3-mini (32 key/value heads, v a view of the fused qkv output, kept whole) and
+# Gemma-3-1B (one key/value head, v the projection's own bf16 output), DDP and FSDP2 stage 3
+# with checkpointing, and with every second layer checkpointed (every_n_layers 2). SET=28 runs
+# Qwen3-0.6B on one GPU (Nd 1, GPU 0) where SDPA takes its math path (fp32, grouped key/value
+# heads, no padding) and with attention dropout (attention_dropout 0.1: flash, cuDNN and the
+# math path with dropout), DDP and FSDP2. SET=29 runs, on one GPU, Gemma-3-1B with its logits
+# soft-capped (final_logit_softcapping 30, which Gemma-3's own config leaves null) and
+# TinyLlama-1.1B with a ReLU MLP, DDP and FSDP2.
 #
 #   bash bench/gpu/real_models_round.sh        # SET=1
 #   SET=2 bash bench/gpu/real_models_round.sh
@@ -81,6 +90,7 @@ start=$SECONDS
 job() {
     local name=$1 gpus=$2 nd=$3 port=$4 config=$5 engine=$6 micro=$7 seq=$8 ckpt=$9
     local accumulation=${10:-1} precision=${11:-mixed_bf16} padded=${12:-} offload=${13:-}
+    local every=${14:-}
     if ((SECONDS - start > budget)); then
         echo "$name: skipped (budget)" >>"$out/status.txt"
         return
@@ -91,6 +101,7 @@ job() {
         --warmup-steps 2 --steps 2 --no-host-probe)
     [[ $padded == padded ]] && args+=(--padded)
     [[ $offload == offload ]] && args+=(--checkpoint-offload)
+    [[ -n $every ]] && args+=(--checkpoint-every-n-layers "$every")
     case $engine in
     ds2 | ds3) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero${engine#ds}.json") ;;
     ds3offall) args+=(--engine deepspeed --engine-config "bench/ds_configs/trainer_auto_zero3_offload_all.json") ;;
@@ -231,6 +242,21 @@ elif [[ ${SET:-1} == 26 ]]; then
     job llama-3.1-8b_torch3_b1s8192_full_offload 0,1 2 30021 llama-3.1-8b torch:3 1 8192 full 1 mixed_bf16 - offload
     job qwen2.5-7b_ds3_b1s8192_full_offload 0,1 2 30022 qwen2.5-7b ds3 1 8192 full 1 mixed_bf16 - offload
     job smollm3-3b_torch01_b1s8192_full_offload 0,1 2 30023 smollm3-3b torch:0,1 1 8192 full 1 mixed_bf16 - offload
+elif [[ ${SET:-1} == 27 ]]; then
+    job phi-3-mini-eager_torch03_b1s2048_full 0 1 30031 phi-3-mini-4k-eager torch:0,3 1 2048 full
+    job phi-3-mini-eager_torch0_b1s2048_every2 0 1 30032 phi-3-mini-4k-eager torch:0 1 2048 full 1 mixed_bf16 - - 2
+    job gemma-3-1b-eager_torch03_b1s2048_full 0 1 30033 gemma-3-1b-eager torch:0,3 1 2048 full
+    job gemma-3-1b-eager_torch03_b1s4096_every2 0 1 30034 gemma-3-1b-eager torch:0,3 1 4096 full 1 mixed_bf16 - - 2
+elif [[ ${SET:-1} == 28 ]]; then
+    job qwen3-0.6b_torch03_fp32_b2s1024_none 0 1 30041 qwen3-0.6b torch:0,3 2 1024 none 1 fp32
+    job qwen3-0.6b-dropout_torch03_b2s1024_none 0 1 30042 qwen3-0.6b-dropout torch:0,3 2 1024 none
+    job qwen3-0.6b-dropout_torch03_fp32_b2s1024_none 0 1 30043 qwen3-0.6b-dropout torch:0,3 2 1024 none 1 fp32
+    job qwen3-0.6b-dropout_torch2_b2s1024_full_padded 0 1 30044 qwen3-0.6b-dropout torch:2 2 1024 full 1 mixed_bf16 padded
+    job qwen3-0.6b_torch0_fp32_b1s2048_full 0 1 30045 qwen3-0.6b torch:0 1 2048 full 1 fp32
+elif [[ ${SET:-1} == 29 ]]; then
+    job gemma-3-1b-softcap_torch03_b1s2048_none 0 1 30051 gemma-3-1b-softcap torch:0,3 1 2048 none
+    job tinyllama-1.1b-relu_torch03_b2s1024_none 0 1 30052 tinyllama-1.1b-relu torch:0,3 2 1024 none
+    job gemma-3-1b-softcap_torch2_b2s1024_full 0 1 30053 gemma-3-1b-softcap torch:2 2 1024 full
 elif [[ ${SET:-1} == 3 ]]; then
     lane_a() {
         job gemma-3-1b_torch23_b2s1024_none 0,1 2 29851 gemma-3-1b torch:2,3 2 1024 none

@@ -180,6 +180,7 @@ def test_eager_attention_is_taken_from_the_config(client: TestClient) -> None:
             "attention_dropout",
             "[0, 1)",
         ),
+        ({**cfg, "attention_dropout": -0.1}, "attention_dropout", "[0, 1)"),
     ):
         r = client.post("/v1/memory", json={"model": {"hf_config": config}, "dp": 4})
         assert r.status_code == 422, r.text

@@ -9,13 +9,18 @@ regime and with transformers' gradient checkpointing; the parameter count equals
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
+from bench import trace_fuzz
 from calculators.activations import ActivationBreakdown, Regime, activations
 from calculators.architecture import count_params
 from calculators.batch import Batch, Checkpointing
+from calculators.errors import InputError
 from calculators.hf_config import architecture_from_hf_config
 
 trace_module = pytest.importorskip(
@@ -255,6 +260,10 @@ def test_position_dependent_rotary_scalings_equal_the_trace(variant: str, regime
 def test_parameter_count_equals_transformers(family: str) -> None:
     cfg = _config(family)
     assert count_params(architecture_from_hf_config(cfg)) == trace_module.count_parameters(cfg)
+    # attention_bias where the family's code reads it (Mistral's, Ministral's, Mixtral's and
+    # Phi-3's projections have none whatever the config says)
+    cfg = {**cfg, "attention_bias": True}
+    assert count_params(architecture_from_hf_config(cfg)) == trace_module.count_parameters(cfg)
 
 
 def test_untied_gemma_and_biased_llama_counts() -> None:
@@ -360,11 +369,60 @@ def test_eager_attention_over_sliding_windows_equals_the_trace(family: str) -> N
 
 
 @pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("family", ["llama", "phi3", "smollm3"])
+def test_attention_without_the_cache_equals_the_trace(
+    family: str, kv_heads: int, regime: Regime
+) -> None:
+    # with no key/value cache (use_cache false, or any layer once gradient checkpointing is on)
+    # v is the projection's own output: autocast casts it for nothing, so one key/value head
+    # and one sequence give views of it, and Phi-3's v is a view of its fused qkv output, which
+    # the attention then keeps whole; with a cache both are copies
+    cfg = {**_config(family), "num_key_value_heads": kv_heads, "use_cache": False}
+    for attention in "sdpa", "eager":
+        body = {**cfg, "attn_implementation": attention}
+        _check(body, Batch(1, 16), regime)
+        _check(body, Batch(1, 16, padded=True), regime)
+        _check(body, Batch(1, 16, Checkpointing.FULL, checkpoint_every_n_layers=2), regime)
+        _check(body, Batch(2, 16), regime)
+
+
+@pytest.mark.parametrize("regime", list(Regime))
 @pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
 def test_eager_attention_dropout_equals_the_trace(family: str, regime: Regime) -> None:
     # CUDA's fused dropout keeps a boolean mask (the trace runs native_dropout as CUDA does)
     cfg = {**_config(family), "attn_implementation": "eager", "attention_dropout": 0.1}
     _check(cfg, Batch(2, 20), regime)
+
+
+KNOBS: dict[str, dict[str, Any]] = {
+    # Gemma-3 soft-caps its logits only where its config says so (tanh's output saved)
+    "gemma3_text softcap": {**CONFIGS["gemma3_text"], "final_logit_softcapping": 30.0},
+    # ReLU saves its output, which the product saves too: no gate projection output
+    "llama relu": {**CONFIGS["llama"], "hidden_act": "relu"},
+    "qwen2_moe relu": {**CONFIGS["qwen2_moe"], "hidden_act": "relu"},  # the shared expert
+    "phi3 relu": {**CONFIGS["phi3"], "hidden_act": "relu"},  # gate_up_proj kept whole
+}
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("variant", sorted(KNOBS))
+def test_config_knobs_equal_the_trace(variant: str, regime: Regime) -> None:
+    cfg = {**_BASE, **KNOBS[variant]}
+    _check(cfg, Batch(2, 20), regime)
+    _check(cfg, Batch(1, 20, Checkpointing.FULL, checkpoint_every_n_layers=2), regime)
+
+
+@pytest.mark.parametrize("regime", list(Regime))
+@pytest.mark.parametrize("family", ["llama", "gemma", "phi3", "qwen2_moe", "deepseek_v3"])
+def test_sdpa_attention_dropout_equals_the_trace(family: str, regime: Regime) -> None:
+    # SDPA's kernels keep only an RNG state for their dropout; its math path (fp32 over grouped
+    # key/value heads, no mask) runs CUDA's native_dropout: a boolean mask and the dropped
+    # probabilities
+    cfg = {**_config(family), "attention_dropout": 0.1}
+    _check(cfg, Batch(2, 20), regime)
+    _check(cfg, Batch(1, 20, Checkpointing.FULL, checkpoint_every_n_layers=2), regime)
+    _check(cfg, Batch(2, 20, padded=True), regime)
 
 
 @pytest.mark.parametrize("regime", list(Regime))
@@ -414,3 +472,16 @@ def test_the_final_hidden_state_outlives_the_head_until_the_loss(
     [(is_saved, nbytes)] = seen
     arch = architecture_from_hf_config(cfg)
     assert final_hidden_state(arch, batch, regime.value) == (0 if is_saved else nbytes)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_generated_configs_equal_the_trace(seed: int) -> None:
+    # configs drawn across every modelled family's knobs and batches
+    # (bench/trace_fuzz.py runs more of them)
+    cfg, batch, regime = trace_fuzz.random_case(random.Random(seed))
+    try:
+        differ = trace_fuzz.check(cfg, batch, regime)
+    except (InputError, trace_fuzz.Refused):
+        assume(False)
+    assert differ is None, (cfg, batch, regime, differ)
