@@ -184,24 +184,15 @@ class Refused(Exception):
 
 def check(cfg: dict[str, Any], batch: Batch, regime: Regime) -> tuple[tuple[int, ...], ...] | None:
     """``(predicted, traced)`` where they differ (the figures, then the parameter count),
-    ``None`` where they agree; raises
-    :class:`Refused` (transformers will not build the config) or the calculators'
-    ``InputError``."""
+    ``None`` where they agree; raises :class:`Refused` (transformers will not build the
+    config) or the calculators' ``InputError``."""
     from measure import trace
 
     arch = architecture_from_hf_config(cfg)
     acts = activations(arch, batch, regime)
     try:
         built = trace.count_parameters(cfg)
-        traced = trace.trace(
-            cfg,
-            batch.micro_batch_size,
-            batch.seq_len,
-            regime.value,
-            batch.activation_checkpointing is Checkpointing.FULL,
-            padded=batch.padded,
-            every_n_layers=batch.checkpoint_every_n_layers,
-        )
+        traced = trace.trace_batch(cfg, batch, regime.value)
     except Exception as e:  # transformers' own checks (a config it will not build)
         raise Refused(f"{type(e).__name__}: {e}") from e
     predicted = (*trace.predicted_figures(acts), count_params(arch))

@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from calculators.batch import Batch, Checkpointing
 from measure.layer_repeats import LayerRepeats, Packed, PlayedStorage
 
 if TYPE_CHECKING:
@@ -470,6 +471,20 @@ def trace(
             if _key(t) != logits_key and _key(t) not in seen:
                 result.loss_transient += t.untyped_storage().nbytes()
     return result
+
+
+def trace_batch(hf_config: Mapping[str, Any], batch: Batch, regime: str) -> TraceResult:
+    """:func:`trace` of a calculators ``Batch``: its sequences and their length, transformers'
+    gradient checkpointing (and ``every_n_layers``) where it checkpoints, its padding."""
+    return trace(
+        hf_config,
+        batch.micro_batch_size,
+        batch.seq_len,
+        regime,
+        batch.activation_checkpointing is Checkpointing.FULL,
+        padded=batch.padded,
+        every_n_layers=batch.checkpoint_every_n_layers,
+    )
 
 
 def _kind(param_keys: set[int], t: torch.Tensor) -> str:

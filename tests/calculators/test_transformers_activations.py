@@ -104,15 +104,7 @@ def _saved(acts: ActivationBreakdown) -> int:
 def _check(family: str | dict[str, Any], batch: Batch, regime: Regime) -> None:
     cfg = _config(family) if isinstance(family, str) else family
     acts = activations(architecture_from_hf_config(cfg), batch, regime)
-    traced = trace_module.trace(
-        cfg,
-        batch.micro_batch_size,
-        batch.seq_len,
-        regime.value,
-        batch.activation_checkpointing is Checkpointing.FULL,
-        padded=batch.padded,
-        every_n_layers=batch.checkpoint_every_n_layers,
-    )
+    traced = trace_module.trace_batch(cfg, batch, regime.value)
     assert trace_module.predicted_figures(acts) == trace_module.figures(traced)
 
 
