@@ -521,6 +521,19 @@ def final_norm_backward(arch: Architecture, batch: Batch) -> int:
     return _norm_backward(arch, batch.tokens, arch.hidden, HALF_BYTES)
 
 
+def final_norm_held(arch: Architecture, batch: Batch, regime: str) -> int:
+    """What the final norm holds at its largest in backward, the head's backward done (0: not
+    a transformers model): what it saved, its output's gradient (the residual stream's dtype:
+    under autocast the head's bf16 input gradient is cast back) and :func:`_norm_backward`. The
+    loss's and the head's saved tensors are freed by then; the whole model's activations are
+    still saved below it."""
+    if arch.modelling is None:
+        return 0
+    res = dtypes(regime).res
+    t, h = batch.tokens, arch.hidden
+    return _norm_internal(arch, t, h, res) + res * t * h + _norm_backward(arch, t, h, res)
+
+
 def layer_backward(arch: Architecture, batch: Batch, dense: bool, moved: bool = False) -> int:
     """With 16-bit parameters: what a layer's first backward ops hold at their largest beyond
     its saved tensors and the gradient entering it (``dense``: a dense-MLP layer, else an
@@ -594,6 +607,71 @@ def dense_layer_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     return max(candidates)
 
 
+def _mlp_weight_elements(arch: Architecture, dense: bool) -> int:
+    """Elements of one layer's MLP weights: the gated MLP's three, or the experts' 3-D weights,
+    the router and a shared expert with its gate."""
+    if dense:
+        f = (_m(arch).dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
+        return 3 * arch.hidden * f
+    m = _m(arch)
+    elements = arch.num_experts * (3 * arch.ffn + 1) * arch.hidden
+    if m.shared_expert_ffn:
+        elements += 3 * arch.hidden * m.shared_expert_ffn + (
+            arch.hidden if m.shared_expert_gate else 0
+        )
+    return elements
+
+
+def norms_backward(
+    arch: Architecture, batch: Batch, regime: str, grad_bytes: int, dense: bool | None = None
+) -> int:
+    """What the norms between a layer's MLP and its attention hold at their largest in backward,
+    beyond the layer's saved tensors and the gradient entering the layer (0: not a transformers
+    model). ``grad_bytes``: bytes per element of the MLP's weight gradients, alive by then where
+    autograd keeps them (FSDP2's unsharded gradients, DDP's ``param.grad``; 0: none kept).
+
+    By the pre-MLP norm's backward (Llama's ``post_attention_layernorm``, Gemma-2/3's
+    ``pre_feedforward_layernorm``) the MLP has run backward: what it saved is freed (and what
+    Gemma-2/3's post-feedforward norm saved), its weight gradients made, and the gradient of the
+    norm's output (residual-stream dtype) arrives; the norm's backward then holds
+    :func:`_norm_backward` more. Gemma-2/3's post-attention norm follows, the pre-feedforward
+    norm's saved tensors freed, on its 16-bit output's gradient. With the MLP narrower than the
+    hidden size or in 16-bit training, where the norm's fp32 temporaries outweigh the MLP's
+    gradients, this is a layer's largest backward moment. ``dense``: a layer of that kind
+    (DeepSeek's first layers are dense); by default the largest of the model's kinds."""
+    if arch.modelling is None:
+        return 0
+    d = dtypes(regime)
+    t, h = batch.tokens, arch.hidden
+    m = _m(arch)
+    kinds = {start < dense_layers(arch) for start, _ in block_kinds(arch)}
+    best = 0
+    for kind in kinds if dense is None else {dense}:
+        terms = layer_terms(arch, batch, regime, use_cache=False, masked=batch.padded, dense=kind)
+        held = grad_bytes * _mlp_weight_elements(arch, kind)
+        held -= terms.mlp + _mlp_inputs(arch, d, t, kind)
+        if m.sandwich_norms:
+            held -= _norm_internal(arch, t, h, d.lin)  # the post-feedforward norm ran first
+        best = max(best, held + d.res * t * h + _norm_backward(arch, t, h, d.res))
+        if m.sandwich_norms:
+            held -= _norm_internal(arch, t, h, d.res)
+            best = max(best, held + d.lin * t * h + _norm_backward(arch, t, h, d.lin))
+    return best
+
+
+def input_norm_backward(arch: Architecture, batch: Batch, regime: str) -> int:
+    """The end of a layer's backward, its input norm's (0: not a transformers model): of the
+    layer only what that norm saved is left, the gradient through the residual stream waits for
+    the norm's input gradient to be added to it, the norm's output gradient arrives (both in the
+    residual stream's dtype) and the norm's backward holds :func:`_norm_backward` more. The
+    layer's weight gradients are left to the engine."""
+    if arch.modelling is None:
+        return 0
+    d = dtypes(regime)
+    t, h = batch.tokens, arch.hidden
+    return _norm_internal(arch, t, h, d.res) + 2 * d.res * t * h + _norm_backward(arch, t, h, d.res)
+
+
 def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     """What a layer's eager attention backward holds at its largest beyond the layer's saved
     tensors and the gradient entering the layer (0: SDPA, whose backward holds gradients of
@@ -613,9 +691,20 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
     backward: 12·S. Dropout and soft-capping free more than they write before that point.
     ``o_proj``'s backward has freed the output copy it saved and the second ``bmm``'s the v it
     saved, whose gradient (expanded to every head) is alive beside them (a live-storage count
-    of the step on the CPU, under autocast with checkpointing, holds these and no more)."""
+    of the step on the CPU, under autocast with checkpointing, holds these and no more).
+
+    SDPA's math path (fp32 over grouped key/value heads without a mask, :func:`layer_terms`) runs
+    the same ops, its probabilities fp32: its backward holds what an fp32 eager attention's does
+    (a layer without a mask is enough: the largest layer decides)."""
     m = _m(arch)
-    if not m.eager_attention:
+    math = (
+        regime == "fp32"
+        and arch.n_kv_heads != arch.heads
+        and m.latent_attention is None
+        and not batch.padded
+        and _windowed_layers(arch, batch) < arch.layers
+    )
+    if not m.eager_attention and not math:
         return 0
     d = dtypes(regime)
     sdpa = HALF_BYTES if regime != "fp32" else FP32_BYTES
@@ -711,10 +800,12 @@ def model_terms(arch: Architecture, batch: Batch, regime: str) -> ModelTerms:
         # backward is done (a bf16 CPU run frees it a few ops before the embedding's backward)
         layers = arch.layers * d.res * t * h
         embedding += INDEX_BYTES * s + _checkpointed_masks(arch, batch, bool(windowed), d)
+        # the layers with a mask and those without, each kind that is there
+        masks = {mask for mask, n in ((True, masked), (False, arch.layers - masked)) if n}
         recompute_total = max(
             _total(layer_terms(arch, batch, regime, False, masked=mask, dense=kind))
             for kind, _ in kinds
-            for mask in {bool(masked), batch.padded}
+            for mask in masks
         )
         if d.res == FP32_BYTES:
             # the recomputed input norm's x.to(float32) is the fp32 block input itself, which

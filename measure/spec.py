@@ -9,6 +9,7 @@ requests on a host without it.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 from collections.abc import Mapping
@@ -225,6 +226,13 @@ def transformers_available() -> bool:
     return importlib.util.find_spec("transformers") is not None
 
 
+def config_values(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` less its ``model_type``, as keyword arguments of transformers' config class: a
+    deep copy, since transformers completes nested fields in place (a ``rope_scaling`` gains
+    ``rope_theta``), which would change the request the service stores and answers with."""
+    return copy.deepcopy({k: v for k, v in cfg.items() if k != "model_type"})
+
+
 def check_hf_config(cfg: Mapping[str, Any]) -> None:
     """transformers' own reading of ``cfg`` (its config class); a 422 where it refuses.
 
@@ -241,9 +249,8 @@ def check_hf_config(cfg: Mapping[str, Any]) -> None:
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str):
         raise InputError("model.hf_config.model_type", 'is required (e.g. "llama")')
-    values = {k: v for k, v in cfg.items() if k != "model_type"}
     try:
-        AutoConfig.for_model(model_type, **values)
+        AutoConfig.for_model(model_type, **config_values(cfg))
     except ValueError as err:  # transformers names an unknown model_type in a ValueError
         raise InputError("model.hf_config.model_type", str(err).splitlines()[0][:300]) from None
     except (TypeError, KeyError) as err:

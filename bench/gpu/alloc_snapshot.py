@@ -42,20 +42,29 @@ def _frames(event: dict[str, Any]) -> tuple[str, ...]:
     return tuple(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in kept[:5])
 
 
-def replay(snap: dict[str, Any]) -> tuple[int, dict[str, Any], dict[int, tuple[int, tuple]]]:
-    """(peak bytes, the event that reached it, the blocks alive then: address -> size, frames)."""
-    trace = snap["device_traces"][0]
+def alive_at_start(
+    snap: dict[str, Any], label: tuple[str, ...] = BEFORE
+) -> dict[int, tuple[int, tuple[str, ...]]]:
+    """The blocks alive when the snapshot's history begins (address -> size, ``label``): those
+    alive at its end, walked back through the history."""
     live: dict[int, tuple[int, tuple[str, ...]]] = {}
     for seg in snap["segments"]:
         for block in seg["blocks"]:
             if block["state"] == "active_allocated":
-                live[block["address"]] = (block["requested_size"], BEFORE)
+                live[block["address"]] = (block["requested_size"], label)
     # back to the trace's start: what it allocated was not there, what it freed was
-    for event in reversed(trace):
+    for event in reversed(snap["device_traces"][0]):
         if event["action"] == "alloc":
             live.pop(event["addr"], None)
         elif event["action"] == "free_completed":
-            live[event["addr"]] = (event["size"], BEFORE)
+            live[event["addr"]] = (event["size"], label)
+    return live
+
+
+def replay(snap: dict[str, Any]) -> tuple[int, dict[str, Any], dict[int, tuple[int, tuple]]]:
+    """(peak bytes, the event that reached it, the blocks alive then: address -> size, frames)."""
+    trace = snap["device_traces"][0]
+    live = alive_at_start(snap)
     current = sum(size for size, _ in live.values())
     best, best_event, best_live = current, {}, dict(live)
     for event in trace:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from calculators.batch import Checkpointing
-from measure.spec import MeasureSpec
+from measure.spec import MeasureSpec, config_values
 from measure.workloads import Batch, Workload
 
 
@@ -40,9 +40,7 @@ def hf_config(body: Mapping[str, Any]) -> Any:
     so the cache dies with the model output, as it does in transformers' Trainer)."""
     from transformers import AutoConfig
 
-    values = {k: v for k, v in body.items() if k != "model_type"}
-    config = AutoConfig.for_model(str(body["model_type"]), **values)
-    return config
+    return AutoConfig.for_model(str(body["model_type"]), **config_values(body))
 
 
 def build_hf(

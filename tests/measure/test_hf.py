@@ -3,6 +3,7 @@ the CPU, and the refusals (no transformers, selective recomputation)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from measure.engines.hf import build_hf, decoder_layers, hf_config, hf_tensors  
 from measure.hf_families import FAMILIES, family_config  # noqa: E402
 from measure.runner import run  # noqa: E402
 from measure.spec import parse_spec  # noqa: E402
+from measure.workloads import build_workload  # noqa: E402
 
 # families the calculator reads from config.json today (the others are predicted from Ψ)
 READ_BY_CALCULATOR = ("llama", "mistral", "qwen2", "mixtral", "deepseek_v3")
@@ -263,3 +265,24 @@ def test_every_n_layers_is_predicted_where_it_peaks() -> None:
         (r,) = result["runs"]
         meas, pred = r["measured"]["peak_requested"], r["predicted"]["peak"]
         assert abs(pred - meas) <= 0.01 * meas, (stage, pred, meas)
+
+
+def test_the_request_config_is_left_as_given() -> None:
+    # transformers completes a llama3 rope_scaling in place (it adds rope_theta); the request
+    # the service stores and echoes must stay what the user sent
+    body = {
+        **family_config("llama"),
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
+    request = _body("llama")
+    request["model"]["hf_config"] = body
+    before = copy.deepcopy(request)
+    build_workload(parse_spec(request))  # the request read, then the model built from it
+    hf_config(body)
+    assert request == before

@@ -601,6 +601,7 @@ def _ddp_backward_grads(setup: TrainingSetup, grad_bytes: int) -> DdpBackwardGra
         grad_bytes * (sum(t.numel for t in root) - embedding),
         grad_bytes * sum(t.numel for t in block),
         grad_bytes * before,
+        grad_bytes,
     )
 
 
@@ -698,4 +699,5 @@ def _fsdp_backward(
         embedding_grads=embedding_grads * d.compute,
         keeps_shards=not offload,
         gather_inputs=block_shard * d.compute if offload and stage is Stage.PARAMETERS else 0,
+        grad_element_bytes=d.compute,
     )

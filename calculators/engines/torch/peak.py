@@ -18,7 +18,13 @@ tensors whose lifetimes come from autograd and the engines' source:
   also find the last step's ``logits`` and ``loss``: the loop rebinds them only when forward
   returns; so does ``first_block_gather`` (FSDP2, block 0's all-gather, the root's flat output
   still kept beside the root's parameters).
-- ``recompute`` (activation checkpointing): the first block recomputed in backward.
+- ``recompute`` (activation checkpointing): the first block recomputed in backward, at the
+  largest moment inside its backward (below).
+- ``final_norm_backward`` (transformers' modelling code): the final norm's backward after the
+  head's, every layer's activations still saved, the norm's fp32 temporaries alive.
+- ``layer_backward`` (transformers' modelling code, DDP, the last layer not checkpointed): the
+  largest moment inside the last layer's backward (below), the loss's and the head's saved
+  tensors freed.
 - ``block_backward`` (FSDP2): the end of a block's backward, before its post-backward hook
   reshards it (:class:`FsdpBackward`): the root unit gathered again for the head's backward and
   kept until backward ends, the head's gradient, the block's parameters and gradients, the next
@@ -26,7 +32,13 @@ tensors whose lifetimes come from autograd and the engines' source:
   the activations of the blocks still to run backward; with ``reshard_after_forward=True``
   also each block's pre-backward, when its prefetched flat all-gather output and its
   unsharded parameters (both padded to N rows: 3-D expert weights with fewer experts than N
-  grow N / E-fold) are alive together.
+  grow N / E-fold) are alive together; and each block at the moments inside its backward.
+- Inside a layer's backward (``transformers_activations``): its MLP's or experts' first ops with
+  their gradients (``dense_layer_backward``, ``experts_backward``), the norms between MLP and
+  attention with the MLP's weight gradients made (``norms_backward``), an eager attention's (or
+  SDPA's fp32 math path's) score gradients (``eager_attention_backward``), and at its end the
+  input norm's backward with every weight gradient of the layer made (``input_norm_backward``):
+  each an RMSNorm's backward holds up to five fp32 tensors of the norm's size at once.
 - ``optimizer_step``: the gradients the optimizer reads plus one temporary list the size of
   the local parameters that torch's foreach Adam allocates (``torch/optim/adam.py``
   ``_multi_tensor_adam``: ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``).
@@ -46,7 +58,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from calculators.activations import ActivationBreakdown, Regime, activations
-from calculators.architecture import Architecture, Norm
+from calculators.architecture import Architecture, Norm, dense_layers
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.errors import InputError
@@ -55,6 +67,9 @@ from calculators.transformers_activations import (
     eager_attention_backward,
     experts_backward,
     final_hidden_state,
+    final_norm_held,
+    input_norm_backward,
+    norms_backward,
 )
 
 KIB = 1024
@@ -251,6 +266,7 @@ class FsdpBackward:
             from the CPU and cast to the compute dtype (padded shard), alive while the flat
             all-gather output they are copied into is allocated (0: no offload; the shards on
             the device are copied straight into it).
+        grad_element_bytes: bytes per element of the unsharded gradients (compute dtype).
     """
 
     layers: int
@@ -265,6 +281,7 @@ class FsdpBackward:
     embedding_grads: int = 0
     keeps_shards: bool = True
     gather_inputs: int = 0
+    grad_element_bytes: int = HALF_BYTES
 
     def at_block_start(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds when block ``i``'s backward starts (no gradient of it yet)."""
@@ -274,6 +291,14 @@ class FsdpBackward:
         """Bytes FSDP2 holds at the end of block ``i``'s backward (blocks run L-1 down to 0)."""
         held_input = self.reduce_input if i < self.layers - 1 else 0
         return self._gathered(i, True) + held_input + self._common(i, accumulated_gradients)
+
+    def at_final_norm(self, accumulated_gradients: int) -> int:
+        """Bytes FSDP2 holds during the final norm's backward, before any block's: the root
+        gathered again with its gradients, and the blocks still gathered since forward where
+        they are not resharded after it (``prefetch`` false); with ``prefetch`` the last block,
+        which the root's pre-backward prefetches (it ran forward last)."""
+        blocks = self.block_gathered if self.prefetch else self.layers * self.block_gathered
+        return self.root_gathered + self.root_grads + blocks + accumulated_gradients
 
     def at_reduce(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds while block ``i``'s post-backward copies its gradients into the
@@ -335,11 +360,13 @@ class FsdpBackward:
 class DdpBackwardGrads:
     """The ``param.grad`` bytes DDP's backward has made by each block (see
     ``memory._ddp_backward_grads``): the head's and the final norm's, one block's, and the part
-    of a block's made before its attention core's backward."""
+    of a block's made before its attention core's backward, and the bytes per element of a
+    gradient."""
 
     root: int
     block: int
     block_before_attention: int
+    element_bytes: int
 
 
 def step_memory(
@@ -473,24 +500,61 @@ def step_memory(
             arch, batch, regime, acts, fsdp_backward, accumulated_gradients
         )
     eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
+    # DDP's gradients made as backward goes (first micro-step); with eager attention a block's
+    # own before its attention core are counted with that moment
+    first_made = ddp_grads is not None and not accumulated_gradients
+    made_bytes = ddp_grads.element_bytes if ddp_grads is not None and first_made else 0
+
+    def inner(kept: int, block: int | None = None) -> int:
+        """A layer's MLP's, experts' or the norms' backward between MLP and attention, beyond its
+        saved tensors and the gradient entering it (``kept``: bytes per element of the MLP's
+        weight gradients made by then and counted nowhere else; ``block``: that block's kind,
+        by default the largest)."""
+        if arch.modelling is None:
+            return 0
+        dense = None if block is None else arch.num_experts <= 1 or block < dense_layers(arch)
+        return max(
+            experts_backward(arch, batch, regime.value) if dense is not True else 0,
+            dense_layer_backward(arch, batch, regime.value) if dense is not False else 0,
+            norms_backward(arch, batch, regime.value, kept, dense),
+        )
+
+    if arch.modelling is not None:
+        # the final norm's backward, after the head's: the loss's and the head's saved tensors
+        # freed, every layer's still saved
+        final = final_norm_held(arch, batch, regime.value)
+        fs = fsdp_backward
+        if fs is not None and fs.layers:
+            moments["final_norm_backward"] = (
+                acts.logits
+                + acts.embedding
+                + acts.layers
+                + final
+                + fs.at_final_norm(accumulated_gradients)
+            )
+        else:
+            root_made = ddp_grads.root if ddp_grads is not None and first_made else 0
+            moments["final_norm_backward"] = (
+                end_of_forward - acts.head - acts.loss + final + accumulated_gradients + root_made
+            )
     # the last layer runs backward as it ran forward where it is not checkpointed
     top_plain = not acts.recomputed(arch.layers - 1)
-    if eager and top_plain and not (fsdp_backward is not None and fsdp_backward.layers):
-        # the last layer's eager attention backward: the head's and the loss's saved tensors
-        # are freed, the residual stream's gradient enters the layer
+    if arch.modelling is not None and top_plain and not (fsdp_backward and fsdp_backward.layers):
+        # the last layer's backward: the head's and the loss's saved tensors are freed, the
+        # residual stream's gradient enters the layer; then its eager attention's backward
         res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
-        made = 0
-        if ddp_grads is not None and not accumulated_gradients:
-            made = ddp_grads.root + ddp_grads.block_before_attention
-        moments["attention_backward"] = (
+        entered = (
             end_of_forward
             - acts.head
             - acts.loss
             + res * batch.tokens * arch.hidden
-            + eager
             + accumulated_gradients
-            + made
         )
+        root = ddp_grads.root if ddp_grads is not None and first_made else 0
+        moments["layer_backward"] = entered + root + inner(made_bytes, arch.layers - 1)
+        if eager:
+            made = root + (ddp_grads.block_before_attention if ddp_grads and first_made else 0)
+            moments["attention_backward"] = entered + eager + made
     if acts.recompute:
         # backward of the last checkpointed block: the saved block inputs, the caller's logits,
         # the recomputed block and the gradient flowing in and out of it.
@@ -528,13 +592,19 @@ def step_memory(
             if arch.modelling is not None:
                 # the recomputed block's experts' (or dense MLP's, or sandwich norm's) backward
                 # (no gradient leaves it yet), or its eager attention's
-                layer = max(
-                    experts_backward(arch, batch, regime.value),
-                    dense_layer_backward(arch, batch, regime.value),
-                )
+                layer = inner(fsdp_backward.grad_element_bytes)
                 recompute += max(layer - res * batch.tokens * arch.hidden, in_block, 0)
         else:
-            recompute += unsharded_after_forward + accumulated_gradients + max(in_block, 0)
+            recompute += unsharded_after_forward + accumulated_gradients
+            # the recomputed block k's eager attention, or its MLP's, experts' or norms'
+            # backward, its MLP's gradients made (with eager attention the block's gradients
+            # before its attention are added below)
+            kept = 0 if eager else made_bytes
+            t_h = res * batch.tokens * arch.hidden
+
+            def own(k: int) -> int:
+                return max(in_block, inner(kept, k) - t_h, 0)
+
             if acts.every_n_layers > 1:
                 # block k's recomputation: what the blocks after it kept is freed and, on the
                 # first micro-step under DDP, their gradients made (each block's the same)
@@ -548,14 +618,26 @@ def step_memory(
                     (arch.layers - 1 - k) * made
                     - acts.saved_after(k, arch.layers)
                     + acts.plain_copies_below(k)
+                    + own(k)
                     for k in range(0, arch.layers, acts.every_n_layers)
                 )
             elif ddp_grads is not None and not accumulated_gradients:
                 # block i's backward: the saved inputs of the blocks after it are gone, their
-                # gradients made (linear in i: the largest at the first block or the last)
-                own = ddp_grads.block_before_attention if eager else 0
-                net = ddp_grads.block - res * batch.tokens * arch.hidden
-                recompute += ddp_grads.root + own + max(net * (arch.layers - 1), 0)
+                # gradients made (linear in i: the largest at the first block, the first of
+                # DeepSeek's experts blocks, or the last)
+                eager_own = ddp_grads.block_before_attention if eager else 0
+                net = ddp_grads.block - t_h
+                first_moe = dense_layers(arch) if arch.num_experts > 1 else 0
+                recompute += (
+                    ddp_grads.root
+                    + eager_own
+                    + max(
+                        own(i) + max(net * (arch.layers - 1 - i), 0)
+                        for i in {0, min(first_moe, arch.layers - 1), arch.layers - 1}
+                    )
+                )
+            else:
+                recompute += max(own(0), own(arch.layers - 1))
         moments["recompute"] = recompute
     return StepMemory(
         activations=acts.end_of_forward,
@@ -578,13 +660,16 @@ def _block_backward(
 ) -> int:
     """The largest moment of the blocks' backward under FSDP2 (:class:`FsdpBackward`).
 
-    Two instants per block ``i``. At the end of its backward autograd still holds what blocks
+    Instants of each block ``i``. At the end of its backward autograd still holds what blocks
     ``0..i-1`` saved, the caller's logits and the token ids; of block ``i`` itself only what
     its first norm saved (its input and statistics) and the gradients in flight: the qkv
-    output's, the one the qkv projection is writing for its input, and the residual stream's.
-    In its post-backward only the gradient leaving the block is left of those. Every term is
-    linear in ``i`` between block 1 and block L-2, so the largest is at one of those ends or at
-    block 0 (nothing prefetched) or block L-1 (no earlier reduce-scatter input).
+    output's, the one the qkv projection is writing for its input, and the residual stream's;
+    then that norm's own backward (``input_norm_backward``). In its post-backward only the
+    gradient leaving the block is left of those. Earlier, with all it saved alive: its MLP's or
+    experts' backward, its eager attention's, and the norms' between them with the MLP's
+    gradients made. Every term is linear in ``i`` between block 1 and block L-2, so the largest
+    is at one of those ends or at block 0 (nothing prefetched) or block L-1 (no earlier
+    reduce-scatter input).
     """
     t = batch.tokens
     res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
@@ -611,10 +696,19 @@ def _block_backward(
         # before its backward: its saved tensors and the gradient entering it
         kinds.append((leaving, lambda i: fsdp.at_gather(i, acc), True))
         kinds.append((leaving, lambda i: fsdp.at_prefetch(i, acc), True))
-    if experts or eager:
-        # in its experts' (or eager attention's) backward, block i - 1 prefetched, no gradient
-        # of the rest yet
-        kinds.append((leaving + max(experts, eager), lambda i: fsdp.at_block_start(i, acc), True))
+    if arch.modelling is not None:
+        # in its MLP's or experts' backward, its eager attention's, or the norms' between them
+        # (with the MLP's gradients), block i - 1 prefetched, no gradient of the rest yet
+        within = max(
+            experts,
+            eager,
+            dense_layer_backward(arch, batch, regime.value),
+            norms_backward(arch, batch, regime.value, fsdp.grad_element_bytes),
+        )
+        kinds.append((leaving + within, lambda i: fsdp.at_block_start(i, acc), True))
+        # its input norm's backward, every gradient of the block made
+        end = input_norm_backward(arch, batch, regime.value)
+        kinds.append((end, lambda i: fsdp.at_block_end(i, acc), False))
     base = acts.logits + acts.embedding
     moments = [
         base + acts.saved_below(i, arch.layers) + extra + at(i)

@@ -1,0 +1,40 @@
+"""CI holds docs/VALIDATION.md's figures for the whole GPU steps of ``bench/gpu/step_fuzz.py``:
+every committed run predicted again by the current calculators, each group's summary line
+exactly as the document states it (``step_fuzz.py --report FILES --current``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from bench.gpu.step_fuzz import load, summary  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results" / "step_fuzz"
+VALIDATION = ROOT / "docs" / "VALIDATION.md"
+# the drawn configs of three device calls, and the committed real configs of one
+GROUPS = (
+    "h200_seed1[123].jsonl",
+    "h200_seed1[45].jsonl",
+    "h200_seed1[67].jsonl",
+    "h200_real.jsonl",
+)
+
+
+@pytest.mark.parametrize("pattern", GROUPS)
+def test_validation_states_what_the_runs_show(pattern: str) -> None:
+    files = sorted(str(p) for p in RESULTS.glob(pattern))
+    assert files, f"no committed runs match {pattern}"
+    line = f"`{pattern}`: {summary(load(files, current=True))}"
+    assert line in VALIDATION.read_text(), (
+        f"docs/VALIDATION.md does not state {line!r}: run "
+        f"`python3 bench/gpu/step_fuzz.py --report bench/results/step_fuzz/{pattern} --current`"
+    )
+
+
+def test_every_committed_file_is_in_a_group() -> None:
+    grouped = {p.name for pattern in GROUPS for p in RESULTS.glob(pattern)}
+    assert grouped == {p.name for p in RESULTS.glob("*.jsonl")}
