@@ -524,9 +524,11 @@ def _step(
         # next unit's copy-out is done, and the last one until the root's post-forward
         # (_fsdp_param_group.py wait_for_unshard, _fsdp_state.py _post_forward): at the last
         # block's copy-out two flat outputs live beside the gathered parameters, and a loss
-        # computed inside the root (transformers) still sees the last block's.
+        # computed inside the root (transformers) still sees the last block's. With one block
+        # the flat output kept beside the last block's is the root's.
         gathered = unsharded if stage is Stage.GRADIENTS else root + block
-        forward_gathered = gathered + 2 * block
+        previous = root if blocks(param_tensors(setup) or []) == 1 else block
+        forward_gathered = gathered + block + previous
         last_gather = block if arch.modelling is not None else 0
     # foreach Adam/AdamW (the CUDA default): one temporary list the size of the local params
     # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach
