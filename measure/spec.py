@@ -436,8 +436,7 @@ def hidden_size(model: ModelChoice) -> int | None:
         return None
     from transformers import AutoConfig
 
-    cfg = dict(model.hf_config)
-    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config = AutoConfig.for_model(model.hf_config["model_type"], **config_values(model.hf_config))
     for source in (config, getattr(config, "text_config", None)):
         if source is None:
             continue

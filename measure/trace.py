@@ -69,6 +69,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from calculators.batch import Batch, Checkpointing
 from measure.layer_repeats import LayerRepeats, Packed, PlayedStorage
+from measure.spec import config_values
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -124,11 +125,9 @@ class TraceResult:
 def _config(hf_config: Mapping[str, Any]) -> Any:
     from transformers import AutoConfig
 
-    body = {k: v for k, v in hf_config.items() if not k.startswith("_")}
-    model_type = body.pop("model_type")
-    for key in ("architectures", "transformers_version", "torch_dtype", "dtype", "auto_map"):
-        body.pop(key, None)
-    return AutoConfig.for_model(model_type, **body)
+    dropped = ("architectures", "transformers_version", "torch_dtype", "dtype", "auto_map")
+    body = {k: v for k, v in hf_config.items() if not k.startswith("_") and k not in dropped}
+    return AutoConfig.for_model(body["model_type"], **config_values(body))
 
 
 def build_model(hf_config: Mapping[str, Any], dtype: torch.dtype) -> PreTrainedModel:

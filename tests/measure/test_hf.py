@@ -19,6 +19,7 @@ from measure.engines.hf import build_hf, decoder_layers, hf_config, hf_tensors  
 from measure.hf_families import FAMILIES, family_config  # noqa: E402
 from measure.runner import run  # noqa: E402
 from measure.spec import parse_spec  # noqa: E402
+from measure.trace import count_parameters  # noqa: E402
 from measure.workloads import build_workload  # noqa: E402
 
 # families the calculator reads from config.json today (the others are predicted from Ψ)
@@ -285,4 +286,5 @@ def test_the_request_config_is_left_as_given() -> None:
     before = copy.deepcopy(request)
     build_workload(parse_spec(request))  # the request read, then the model built from it
     hf_config(body)
+    count_parameters(body)  # the traced mode's own build
     assert request == before
