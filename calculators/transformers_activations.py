@@ -233,11 +233,7 @@ def layer_terms(
             # (b·heads, s, d) reshape of it is a view too: the whole output stays alive
             attention += d.lin * t * (q + kv)
         return LayerTerms(norms, linear_inputs, attention, mlp)
-    # fp32 with no mask: transformers asks SDPA for grouped-query heads (enable_gqa), which
-    # the memory-efficient kernel does not take (sdp_utils.cpp
-    # check_batch_size_and_num_heads_dense<false>) and flash and cuDNN run no fp32, so SDPA
-    # falls back to its math path (_scaled_dot_product_attention_math)
-    math = regime == "fp32" and not masked and grouped
+    math = _sdpa_math_path(arch, regime, masked)
     efficient = regime == "fp32" and not math
     # repeat_kv with a mask; the math path expands k/v itself
     gqa_expanded = (masked or math) and grouped and not _mqa_views(arch, regime, masked, rotated)
@@ -318,6 +314,15 @@ def _mqa_views(arch: Architecture, regime: str, masked: bool, rotated: bool = Tr
     needs no copy, so SDPA saves views of the cache's own k and v (under autocast its bf16
     casts of a rotated layer's fp32 k and v are full-size copies instead)."""
     return masked and arch.n_kv_heads == 1 and (regime != "autocast" or not rotated)
+
+
+def _sdpa_math_path(arch: Architecture, regime: str, masked: bool) -> bool:
+    """Whether a layer's SDPA runs its math path: fp32 with no mask, where transformers asks SDPA
+    for grouped-query heads (enable_gqa), which the memory-efficient kernel does not take
+    (sdp_utils.cpp check_batch_size_and_num_heads_dense<false>) and flash and cuDNN run no fp32,
+    so SDPA falls back to ``_scaled_dot_product_attention_math``. (DeepSeek's latent attention
+    has as many key/value heads as query heads.)"""
+    return regime == "fp32" and not masked and arch.n_kv_heads != arch.heads
 
 
 def _mask_bias(batch: Batch, sdpa: int) -> int:
@@ -607,19 +612,24 @@ def dense_layer_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     return max(candidates)
 
 
-def _mlp_weight_elements(arch: Architecture, dense: bool) -> int:
-    """Elements of one layer's MLP weights: the gated MLP's three, or the experts' 3-D weights,
-    the router and a shared expert with its gate."""
+def _mlp_linear_elements(arch: Architecture, dense: bool) -> int:
+    """Elements of one layer's MLP ``nn.Linear`` weights: the gated MLP's three, or the router
+    and a shared expert with its gate (the experts' 3-D weights are no ``nn.Linear``)."""
+    h = arch.hidden
     if dense:
         f = (_m(arch).dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
-        return 3 * arch.hidden * f
+        return 3 * h * f
     m = _m(arch)
-    elements = arch.num_experts * (3 * arch.ffn + 1) * arch.hidden
+    elements = arch.num_experts * h  # router
     if m.shared_expert_ffn:
-        elements += 3 * arch.hidden * m.shared_expert_ffn + (
-            arch.hidden if m.shared_expert_gate else 0
-        )
+        elements += 3 * h * m.shared_expert_ffn + (h if m.shared_expert_gate else 0)
     return elements
+
+
+def _mlp_weight_elements(arch: Architecture, dense: bool) -> int:
+    """Elements of one layer's MLP weights: its linears, and an experts layer's 3-D weights."""
+    experts = 0 if dense else arch.num_experts * 3 * arch.ffn * arch.hidden
+    return _mlp_linear_elements(arch, dense) + experts
 
 
 def norms_backward(
@@ -697,13 +707,9 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
     the same ops, its probabilities fp32: its backward holds what an fp32 eager attention's does
     (a layer without a mask is enough: the largest layer decides)."""
     m = _m(arch)
-    math = (
-        regime == "fp32"
-        and arch.n_kv_heads != arch.heads
-        and m.latent_attention is None
-        and not batch.padded
-        and _windowed_layers(arch, batch) < arch.layers
-    )
+    # a layer without a mask: none under padding, nor where every layer's window is reached
+    unmasked = not batch.padded and _windowed_layers(arch, batch) < arch.layers
+    math = m.latent_attention is None and _sdpa_math_path(arch, regime, masked=not unmasked)
     if not m.eager_attention and not math:
         return 0
     d = dtypes(regime)
@@ -997,14 +1003,7 @@ def _layer_weight_elements(arch: Architecture, dense: bool) -> int:
         elements += h * heads * mla.v_head_dim
     else:
         elements = h * (q + 2 * kv) + q * h
-    if dense:
-        f = (m.dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
-        return elements + 3 * h * f
-    elements += arch.num_experts * h  # router
-    shared = m.shared_expert_ffn
-    if shared:
-        elements += 3 * h * shared + (h if m.shared_expert_gate else 0)
-    return elements
+    return elements + _mlp_linear_elements(arch, dense)
 
 
 def autocast_weight_elements(arch: Architecture, checkpointed: bool) -> int:

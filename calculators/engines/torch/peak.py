@@ -504,20 +504,10 @@ def step_memory(
     # own before its attention core are counted with that moment
     first_made = ddp_grads is not None and not accumulated_gradients
     made_bytes = ddp_grads.element_bytes if ddp_grads is not None and first_made else 0
+    root_made = ddp_grads.root if ddp_grads is not None and first_made else 0
 
     def inner(kept: int, block: int | None = None) -> int:
-        """A layer's MLP's, experts' or the norms' backward between MLP and attention, beyond its
-        saved tensors and the gradient entering it (``kept``: bytes per element of the MLP's
-        weight gradients made by then and counted nowhere else; ``block``: that block's kind,
-        by default the largest)."""
-        if arch.modelling is None:
-            return 0
-        dense = None if block is None else arch.num_experts <= 1 or block < dense_layers(arch)
-        return max(
-            experts_backward(arch, batch, regime.value) if dense is not True else 0,
-            dense_layer_backward(arch, batch, regime.value) if dense is not False else 0,
-            norms_backward(arch, batch, regime.value, kept, dense),
-        )
+        return _layer_inner(arch, batch, regime, kept, block)
 
     if arch.modelling is not None:
         # the final norm's backward, after the head's: the loss's and the head's saved tensors
@@ -533,13 +523,13 @@ def step_memory(
                 + fs.at_final_norm(accumulated_gradients)
             )
         else:
-            root_made = ddp_grads.root if ddp_grads is not None and first_made else 0
             moments["final_norm_backward"] = (
                 end_of_forward - acts.head - acts.loss + final + accumulated_gradients + root_made
             )
     # the last layer runs backward as it ran forward where it is not checkpointed
     top_plain = not acts.recomputed(arch.layers - 1)
-    if arch.modelling is not None and top_plain and not (fsdp_backward and fsdp_backward.layers):
+    fsdp_blocks = fsdp_backward is not None and fsdp_backward.layers
+    if arch.modelling is not None and top_plain and not fsdp_blocks:
         # the last layer's backward: the head's and the loss's saved tensors are freed, the
         # residual stream's gradient enters the layer; then its eager attention's backward
         res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
@@ -550,10 +540,10 @@ def step_memory(
             + res * batch.tokens * arch.hidden
             + accumulated_gradients
         )
-        root = ddp_grads.root if ddp_grads is not None and first_made else 0
-        moments["layer_backward"] = entered + root + inner(made_bytes, arch.layers - 1)
+        moments["layer_backward"] = entered + root_made + inner(made_bytes, arch.layers - 1)
         if eager:
-            made = root + (ddp_grads.block_before_attention if ddp_grads and first_made else 0)
+            before = ddp_grads.block_before_attention if ddp_grads and first_made else 0
+            made = root_made + before
             moments["attention_backward"] = entered + eager + made
     if acts.recompute:
         # backward of the last checkpointed block: the saved block inputs, the caller's logits,
@@ -650,6 +640,24 @@ def step_memory(
     )
 
 
+def _layer_inner(
+    arch: Architecture, batch: Batch, regime: Regime, kept: int, block: int | None = None
+) -> int:
+    """A layer's MLP's, experts' or the norms' backward between MLP and attention at its largest,
+    beyond its saved tensors and the gradient entering it (0: not a transformers model).
+    ``kept``: bytes per element of the MLP's weight gradients made by then and counted nowhere
+    else; ``block``: that block's kind (DeepSeek's first blocks are dense), by default the
+    largest of the model's kinds."""
+    if arch.modelling is None:
+        return 0
+    dense = None if block is None else arch.num_experts <= 1 or block < dense_layers(arch)
+    return max(
+        experts_backward(arch, batch, regime.value) if dense is not True else 0,
+        dense_layer_backward(arch, batch, regime.value) if dense is not False else 0,
+        norms_backward(arch, batch, regime.value, kept, dense),
+    )
+
+
 def _block_backward(
     arch: Architecture,
     batch: Batch,
@@ -679,7 +687,6 @@ def _block_backward(
     leaving = res * t * arch.hidden  # the gradient of the block's input
     in_block = res * t * arch.hidden + stats + lin * t * (qkv + arch.hidden) + leaving
     last = fsdp.layers - 1
-    experts = experts_backward(arch, batch, regime.value) if arch.modelling is not None else 0
     # an eager attention's backward, later in the block: the MLP's saved tensors are freed
     eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
     acc = accumulated_gradients
@@ -699,12 +706,7 @@ def _block_backward(
     if arch.modelling is not None:
         # in its MLP's or experts' backward, its eager attention's, or the norms' between them
         # (with the MLP's gradients), block i - 1 prefetched, no gradient of the rest yet
-        within = max(
-            experts,
-            eager,
-            dense_layer_backward(arch, batch, regime.value),
-            norms_backward(arch, batch, regime.value, fsdp.grad_element_bytes),
-        )
+        within = max(eager, _layer_inner(arch, batch, regime, fsdp.grad_element_bytes))
         kinds.append((leaving + within, lambda i: fsdp.at_block_start(i, acc), True))
         # its input norm's backward, every gradient of the block made
         end = input_norm_backward(arch, batch, regime.value)
