@@ -9,9 +9,13 @@ peak (the allocator's ``requested_bytes``, free of its block rounding), after-fo
 resident bytes beside the predicted ones and the predicted peak's moment. ``--report`` prints
 the errors against the requested peak, worst first; with ``--current`` it predicts every run
 again with the calculators as they are now (the recorded prediction is the one of the code that
-ran). Measuring needs a CUDA device, torch and transformers; reporting needs no GPU.
+ran). ``--engine deepspeed`` runs each drawn config under DeepSpeed at stages 0–3 on one GPU
+instead (eight times the micro-batch, the Trainer's "auto" buckets, overlap_comm drawn).
+Every row records whether the run left its request as sent. Measuring needs a CUDA device,
+torch and transformers (and DeepSpeed for its engine); reporting needs none of the GPU side.
 
     NCCL_NVLS_ENABLE=0 python3 bench/gpu/step_fuzz.py --seed 11 --budget-s 380 --out DIR
+    NCCL_NVLS_ENABLE=0 python3 bench/gpu/step_fuzz.py --engine deepspeed --seed 21 --out DIR
     python3 bench/gpu/step_fuzz.py --report bench/results/step_fuzz/*.jsonl
     python3 bench/gpu/step_fuzz.py --report bench/results/step_fuzz/*.jsonl --current
 """
@@ -26,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -53,9 +58,32 @@ def _body(
     }
 
 
-def body(rng: random.Random) -> dict[str, Any]:
+def _deepspeed_body(
+    hf: dict[str, Any], batch: dict[str, Any], overlap_comm: bool
+) -> dict[str, Any]:
+    """The ``/v1/measure`` body of one DeepSpeed run on one GPU: stages 0–3, bf16 with fp32
+    masters, AdamW, the buckets transformers' Trainer resolves from "auto" (sized by the hidden
+    size, so a small model's activations are not hidden behind DeepSpeed's default 1 GB
+    buckets), ``overlap_comm`` as drawn (off: stage 1 keeps every gradient until the boundary)."""
+    auto = (
+        "reduce_bucket_size",
+        "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold",
+    )
+    return {
+        **_body(hf, "mixed_bf16", 0, 1, batch),
+        "stages": [0, 1, 2, 3],
+        "engine": "deepspeed",
+        "mode": "distributed",
+        "engine_config": {
+            "zero_optimization": {**dict.fromkeys(auto, "auto"), "overlap_comm": overlap_comm}
+        },
+    }
+
+
+def body(rng: random.Random, engine: str = "torch") -> dict[str, Any]:
     """One ``/v1/measure`` body: a drawn config, widened and lengthened, at a drawn stage and
-    simulated Nd."""
+    simulated Nd (``engine`` torch), or at every stage on one GPU (deepspeed)."""
     from bench.trace_fuzz import random_case
 
     cfg, batch, regime = random_case(rng)
@@ -74,19 +102,20 @@ def body(rng: random.Random) -> dict[str, Any]:
     stage = rng.choice([0, 1, 2, 3])
     dp = rng.choice([1, 8, 64]) if stage >= 2 else rng.choice([1, 8])
     precision = {"autocast": "mixed_bf16", "half": "bf16", "fp32": "fp32"}[regime.value]
-    return _body(
-        cfg,
-        precision,
-        stage,
-        dp,
-        {
-            "micro_batch_size": batch.micro_batch_size,
-            "seq_len": batch.seq_len * LONGER,
-            "activation_checkpointing": batch.activation_checkpointing.value,
-            "padded": batch.padded,
-            "checkpoint_every_n_layers": batch.checkpoint_every_n_layers,
-        },
-    )
+    shape = {
+        "micro_batch_size": batch.micro_batch_size,
+        "seq_len": batch.seq_len * LONGER,
+        "activation_checkpointing": batch.activation_checkpointing.value,
+        "padded": batch.padded,
+        "checkpoint_every_n_layers": batch.checkpoint_every_n_layers,
+    }
+    if engine == "deepspeed":
+        # DeepSpeed checkpoints every layer or none (every_n_layers is refused); eight times
+        # the micro-batch, so activations outweigh the cuBLAS workspaces at every stage
+        shape["checkpoint_every_n_layers"] = 1
+        shape["micro_batch_size"] *= 8
+        return _deepspeed_body(cfg, shape, rng.random() < 0.5)
+    return _body(cfg, precision, stage, dp, shape)
 
 
 def real_bodies(path: Path) -> list[dict[str, Any]]:
@@ -111,21 +140,39 @@ def real_bodies(path: Path) -> list[dict[str, Any]]:
     ]
 
 
+def _moment(predicted: dict[str, Any]) -> str | None:
+    """The predicted peak's moment, as the torch engines' notes and DeepSpeed's name it."""
+    for n in predicted.get("notes", []):
+        if n.startswith("peak at "):
+            return str(n.split(";")[0])
+        if n.startswith("peak moment: "):
+            return "peak at " + n.removeprefix("peak moment: ")
+    return None
+
+
 def measure(
-    seed: int, budget_s: float, out: Path, given: list[dict[str, Any]] | None = None
+    seed: int,
+    budget_s: float,
+    out: Path,
+    given: list[dict[str, Any]] | None = None,
+    engine: str = "torch",
 ) -> None:
     import torch
 
     from calculators.errors import InputError
-    from measure.runner import run
+    from measure.runner import deepspeed_linear_patched, run
 
     rng = random.Random(seed)
     start = time.time()
-    name = f"step_fuzz_{seed}.jsonl" if given is None else "step_real.jsonl"
+    tag = "" if engine == "torch" else "ds_"
+    name = f"step_fuzz_{tag}{seed}.jsonl" if given is None else "step_real.jsonl"
     queue = list(given or [])
     with (out / name).open("w") as f:
         while time.time() - start < budget_s and (given is None or queue):
-            b = body(rng) if given is None else queue.pop(0)
+            b = body(rng, engine) if given is None else queue.pop(0)
+            sent = json.dumps(b)
+            # a DeepSpeed stage-3 engine patches F.linear for the rest of the process
+            patched = engine == "deepspeed" and deepspeed_linear_patched()
             try:
                 result = run(b)
             except InputError:
@@ -135,12 +182,14 @@ def measure(
                 continue
             for r in result["runs"]:
                 m, p = r["measured"], r["predicted"]
-                notes = [n for n in p.get("notes", []) if n.startswith("peak at ")]
                 row = {
                     "body": b,
+                    # the run left the request as it was sent
+                    "request_unchanged": json.dumps(b) == sent,
                     "compute_capability_major": torch.cuda.get_device_capability()[0],
                     "stage": r["stage"],
-                    "moment": notes[0].split(";")[0] if notes else None,
+                    "linear_patched": patched,
+                    "moment": _moment(p),
                     **{k: m.get(k) for k in ("peak", "peak_requested", "after_forward")},
                     **{k: m.get(k) for k in ("resident",)},
                     **{f"pred_{k}": p.get(k) for k in ("peak", "after_forward", "resident")},
@@ -159,24 +208,31 @@ def predict_again(row: dict[str, Any]) -> dict[str, Any]:
 
     from calculators.conventions import Stage
     from calculators.memory import estimate
+    from measure import runner, spec
     from measure.compare import predicted_memory
-    from measure.runner import parse_spec, run_settings, training_setup
     from measure.workloads import build_workload
 
-    ms = parse_spec(row["body"])
-    workload = build_workload(ms)
-    stage = Stage(row["stage"])
-    settings = dataclasses.replace(
-        run_settings(ms, workload, torch.device("cpu"), stage),
-        device_type="cuda",
-        compute_capability_major=row.get("compute_capability_major", 9),  # the H200 runs
-    )
-    setup = training_setup(ms, workload, row["body"]["dp"], settings, stage)
+    # a DeepSpeed run is predicted where DeepSpeed is not installed, with F.linear as the run
+    # had it
+    with (
+        mock.patch.object(spec, "deepspeed_available", return_value=True),
+        mock.patch.object(
+            runner, "deepspeed_linear_patched", return_value=row.get("linear_patched", False)
+        ),
+    ):
+        ms = runner.parse_spec(row["body"])
+        workload = build_workload(ms)
+        stage = Stage(row["stage"])
+        settings = dataclasses.replace(
+            runner.run_settings(ms, workload, torch.device("cpu"), stage),
+            device_type="cuda",
+            compute_capability_major=row.get("compute_capability_major", 9),  # the H200 runs
+        )
+        setup = runner.training_setup(ms, workload, row["body"]["dp"], settings, stage)
     p = predicted_memory(estimate(setup, [stage]).stages[0])
-    notes = [n for n in p.get("notes", []) if n.startswith("peak at ")]
     return {
         **row,
-        "moment": notes[0].split(";")[0] if notes else None,
+        "moment": _moment(p),
         **{f"pred_{k}": p.get(k) for k in ("peak", "after_forward", "resident")},
     }
 
@@ -204,6 +260,14 @@ def summary(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def _engine(body: dict[str, Any]) -> str:
+    """``deepspeed`` and its overlap_comm for a DeepSpeed run; nothing for the torch engines."""
+    if body.get("engine") != "deepspeed":
+        return ""
+    overlap = body["engine_config"]["zero_optimization"]["overlap_comm"]
+    return f"deepspeed (overlap_comm {'on' if overlap else 'off'}) "
+
+
 def report(rows: list[dict[str, Any]]) -> None:
     out = []
     for d in rows:
@@ -214,8 +278,11 @@ def report(rows: list[dict[str, Any]]) -> None:
             (
                 (d["pred_peak"] - req) / req * 100,
                 (d["pred_peak"] - req) / 2**20,
-                (d["pred_after_forward"] - d["after_forward"]) / d["after_forward"] * 100,
-                f"{cfg['model_type']} stage {d['stage']} Nd {d['body']['dp']} "
+                # DeepSpeed's profile predicts no after-forward figure
+                None
+                if d["pred_after_forward"] is None
+                else (d["pred_after_forward"] - d["after_forward"]) / d["after_forward"] * 100,
+                f"{cfg['model_type']} {_engine(d['body'])}stage {d['stage']} Nd {d['body']['dp']} "
                 f"{d['body']['precision']} {batch['micro_batch_size']} x {batch['seq_len']} "
                 f"{batch['activation_checkpointing']}"
                 f"{f'/{every}' if every > 1 else ''}"
@@ -223,11 +290,12 @@ def report(rows: list[dict[str, Any]]) -> None:
                 f"{cfg.get('attn_implementation', 'sdpa')}, {d['moment']}",
             )
         )
-    out.sort()
+    out.sort(key=lambda r: (r[0], r[1]))
     print("| requested peak error | MiB | after forward | run, predicted moment |")
     print("|---|---|---|---|")
     for e, mib, af, what in out:
-        print(f"| {e:+.2f} % | {mib:+.2f} | {af:+.2f} % | {what} |")
+        shown = "–" if af is None else f"{af:+.2f} %"
+        print(f"| {e:+.2f} % | {mib:+.2f} | {shown} | {what} |")
     print(f"\n{summary(rows)}")
 
 
@@ -239,11 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", nargs="+", metavar="JSONL")
     p.add_argument("--current", action="store_true", help="predict again with the code as it is")
     p.add_argument("--real", type=Path, help="run these committed configs instead (real_bodies)")
+    p.add_argument("--engine", choices=["torch", "deepspeed"], default="torch")
     a = p.parse_args(argv)
     if a.report:
         report(load(a.report, a.current))
     else:
-        measure(a.seed, a.budget_s, a.out, real_bodies(a.real) if a.real else None)
+        measure(a.seed, a.budget_s, a.out, real_bodies(a.real) if a.real else None, a.engine)
     return 0
 
 
