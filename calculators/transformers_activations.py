@@ -539,11 +539,21 @@ def final_norm_held(arch: Architecture, batch: Batch, regime: str) -> int:
     return _norm_internal(arch, t, h, res) + res * t * h + _norm_backward(arch, t, h, res)
 
 
-def layer_backward(arch: Architecture, batch: Batch, dense: bool, moved: bool = False) -> int:
-    """With 16-bit parameters: what a layer's first backward ops hold at their largest beyond
-    its saved tensors and the gradient entering it (``dense``: a dense-MLP layer, else an
-    experts layer; ``moved``: a gradient hook takes each weight gradient away as soon as it is
-    accumulated, as DeepSpeed's stage 2 and 3 hooks do).
+def layer_backward(
+    arch: Architecture,
+    batch: Batch,
+    dense: bool,
+    moved: bool = False,
+    moved_by_norms: bool | None = None,
+    entering_held: bool = False,
+) -> int:
+    """With 16-bit parameters: what a layer's backward holds at its largest beyond its saved
+    tensors and the gradient entering it (``dense``: a dense-MLP layer, else an experts layer;
+    ``moved``: a gradient hook takes each weight gradient away as soon as it is accumulated, as
+    DeepSpeed's stage 2 and 3 hooks do; ``moved_by_norms``: the MLP's weight gradients are gone
+    by the norms' backward, by default as ``moved`` says: stage 3 reduces a leaf module's
+    gradients together once its input's gradient exists; ``entering_held``: the caller keeps
+    the gradient entering the layer, as torch's reentrant checkpoint does).
 
     - Dense MLP ``down(act(gate) * up)``: ``down``'s backward writes its input's gradient and
       frees that saved input, the product's backward writes both factors' gradients: two
@@ -560,35 +570,64 @@ def layer_backward(arch: Architecture, batch: Batch, dense: bool, moved: bool = 
       with ``down_proj``'s weight gradient; and the gate/up ``grouped_mm`` writing its input's
       gradient with both experts' weight gradients alive (:func:`experts_backward`); with
       ``moved``, ``down_proj``'s is gone by then. A shared expert's backward may run first and
-      free what it saved; that is not subtracted (errs high by at most those bytes).
+      free what it saved; that is not subtracted (errs high by at most those bytes). A gated
+      shared expert's output gradient waits through the routed experts' backward.
     - Sandwich norms (Gemma-2/3): the post-feedforward norm's backward runs first, with the whole
-      layer saved (:func:`_norm_backward`).
+      layer saved (:func:`_norm_backward`), on the gradient entering the layer, which the
+      residual stream keeps.
+    - An eager attention's backward (:func:`eager_attention_backward`), past the sum of the
+      residual stream's gradient and the MLP half's: with ``entering_held`` the entering one is
+      alive beside that sum.
+    - The norms between MLP and attention, the MLP's weight gradients made (:func:`norms_backward`,
+      16-bit where no hook has moved them).
+    - Where no hook moves a gradient: ``down``'s weight gradient beside the dense MLP's, and the
+      input norm's backward at the layer's end (:func:`input_norm_backward`), every weight
+      gradient of the layer made and, of what the layer saved, only that norm's left.
     """
     t, h = batch.tokens, arch.hidden
     m = _m(arch)
     x = HALF_BYTES
+    kept = 0 if (moved if moved_by_norms is None else moved_by_norms) else x
     candidates = []
     if dense or arch.num_experts <= 1:
         f = (m.dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
-        candidates.append(2 * x * t * f)
+        candidates.append(2 * x * t * f + (0 if moved else x * f * h))
     else:
         n = t * arch.experts_per_token
         weights = _routing_weight_bytes(m, dtypes("half"))
         product = max(weights, x)
-        candidates.append(3 * product * n * h + (x * n * h if product != x else 0))
+        # a gated shared expert (Qwen2-MoE: sigmoid(gate(x)) * shared(x), computed before the
+        # routed experts) has its output's gradient made first, by the product's backward; it
+        # waits for the shared expert's backward, which runs after the routed experts'
+        waiting = x * t * h if m.shared_expert_ffn and m.shared_expert_gate else 0
+        candidates.append(3 * product * n * h + (x * n * h if product != x else 0) + waiting)
         # further down: the gated product's backward (down's input gradient and both
         # factors', down's saved input and the weighted product's saved proj_out freed;
         # down_proj's weight gradient written), then the gate/up grouped_mm with both
         # experts' weight gradients at once
         f, e = arch.ffn, arch.num_experts
         down = 0 if moved else x * e * f * h
-        candidates.append(2 * x * n * f + down - x * n * h)
-        candidates.append(experts_backward(arch, batch, "half") - (x * e * f * h - down))
+        candidates.append(2 * x * n * f + down - x * n * h + waiting)
+        candidates.append(experts_backward(arch, batch, "half") - (x * e * f * h - down) + waiting)
         if m.shared_expert_ffn:
             candidates.append(2 * x * t * m.shared_expert_ffn)
     if m.sandwich_norms:
-        candidates.append(_norm_backward(arch, t, h, x))
-    candidates.append(eager_attention_backward(arch, batch, "half"))
+        # the post-feedforward norm's output gradient is the one entering the layer, which the
+        # residual stream keeps: not freed by the norm's backward
+        candidates.append(x * t * h + _norm_backward(arch, t, h, x))
+    # past the sum of the residual stream's gradient and the MLP half's (the attention's
+    # backward, the input norm's), the gradient entering the layer is freed unless the caller
+    # holds it: torch.utils.checkpoint's reentrant backward keeps it as its argument
+    held = x * t * h if entering_held else 0
+    candidates.append(eager_attention_backward(arch, batch, "half") + held)
+    candidates.append(norms_backward(arch, batch, "half", kept, dense))
+    if kept:
+        weights = _layer_weight_elements(arch, dense) - _mlp_linear_elements(arch, dense)
+        weights += _mlp_weight_elements(arch, dense)
+        saved = _total(layer_terms(arch, batch, "half", False, masked=batch.padded, dense=dense))
+        # input_norm_backward counts the gradient entering the layer as the residual stream's
+        end = input_norm_backward(arch, batch, "half") - x * t * h
+        candidates.append(end + kept * weights - saved + held)
     return max(candidates)
 
 
@@ -608,7 +647,8 @@ def dense_layer_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     f = (m.dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
     candidates = [2 * x * t * f + x * f * h]
     if m.sandwich_norms:
-        candidates.append(_norm_backward(arch, t, h, x))
+        # its output gradient is the one entering the layer, kept by the residual stream
+        candidates.append(dtypes(regime).res * t * h + _norm_backward(arch, t, h, x))
     return max(candidates)
 
 
@@ -741,18 +781,22 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
     return max(grads - freed, 0)
 
 
-def first_layer_backward(arch: Architecture, batch: Batch) -> int:
+def first_layer_backward(
+    arch: Architecture, batch: Batch, moved: bool = False, entering_held: bool = False
+) -> int:
     """:func:`layer_backward` of the first layer (DeepSeek's first layers are dense)."""
-    return layer_backward(arch, batch, dense=dense_layers(arch) > 0)
+    return layer_backward(arch, batch, dense_layers(arch) > 0, moved, None, entering_held)
 
 
-def last_layer_backward(arch: Architecture, batch: Batch, moved: bool = False) -> int:
+def last_layer_backward(
+    arch: Architecture, batch: Batch, moved: bool = False, moved_by_norms: bool | None = None
+) -> int:
     """With 16-bit parameters: bytes above the same instant as :func:`final_norm_backward` at
     the largest point of the last layer's first backward ops (:func:`layer_backward`; its saved
     tensors alive, or recomputed under checkpointing), net of what the final norm saved, freed
     by then (the norm's input gradient stands in for the head's input gradient)."""
     dense = dense_layers(arch) >= arch.layers
-    return layer_backward(arch, batch, dense, moved) - _norm_internal(
+    return layer_backward(arch, batch, dense, moved, moved_by_norms) - _norm_internal(
         arch, batch.tokens, arch.hidden, HALF_BYTES
     )
 

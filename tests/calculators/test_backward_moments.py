@@ -1,5 +1,6 @@
 """The moments inside a layer's backward (``calculators/transformers_activations.py``) and the
-torch engines' peak moments built on them (``calculators/engines/torch/peak.py``)."""
+peak moments the engines build on them (``calculators/engines/torch/peak.py``,
+``calculators/engines/deepspeed/layouts.py``)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ import pytest
 
 from calculators.architecture import count_params, tensor_counts
 from calculators.batch import Batch, Checkpointing
-from calculators.conventions import Engine, Precision, Stage
+from calculators.conventions import HALF_BYTES, Engine, Precision, Stage
+from calculators.engines.deepspeed.layouts import forward_moments, later_micro_steps, step_shape
+from calculators.engines.deepspeed.memory import Shared
 from calculators.hf_config import architecture_from_hf_config
 from calculators.memory import estimate
 from calculators.model_states import TrainingSetup
-from calculators.transformers_activations import final_norm_held, norms_backward
+from calculators.transformers_activations import (
+    _norm_backward,
+    final_norm_held,
+    layer_backward,
+    norms_backward,
+)
 from measure.hf_families import FAMILIES, family_config
 
 MLP_PARTS = {"mlp", "experts", "router", "shared_expert", "shared_expert_gate"}
@@ -91,3 +99,94 @@ def test_final_norm_held_counts_the_norms_fp32_temporaries() -> None:
         batch.tokens * arch.hidden
     )
     assert per_element >= 5 * 4
+
+
+# a narrow-MLP model on long sequences (bench/results/step_fuzz/h200_ds_seed21.jsonl: Gemma,
+# hidden 768, ffn 160): its norms' fp32 temporaries outweigh its MLP's backward
+NARROW_MLP = {
+    **family_config("gemma"),
+    "hidden_size": 768,
+    "intermediate_size": 160,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "vocab_size": 100,
+}
+
+
+def test_deepspeed_layers_hold_their_norms_backward() -> None:
+    # under DeepSpeed the module is 16-bit; stages 0 and 1 without overlap_comm keep the MLP's
+    # gradients in param.grad by the pre-MLP norm's backward, stages 2 and 3 move each away
+    arch = architecture_from_hf_config(NARROW_MLP)
+    batch = Batch(16, 128)
+    kept = norms_backward(arch, batch, "half", HALF_BYTES, True)
+    assert layer_backward(arch, batch, True) == kept
+    assert layer_backward(arch, batch, True, moved=True) == norms_backward(
+        arch, batch, "half", 0, True
+    )
+    assert kept > norms_backward(arch, batch, "half", 0, True)
+
+
+def test_a_sandwich_norm_keeps_the_gradient_entering_the_layer() -> None:
+    # Gemma-2/3's post-feedforward norm runs backward first, on the gradient entering the layer,
+    # which the residual stream still holds: the norm's backward does not free it
+    arch = architecture_from_hf_config(family_config("gemma2"))
+    batch = Batch(8, 192)
+    t, h = batch.tokens, arch.hidden
+    floor = HALF_BYTES * t * h + _norm_backward(arch, t, h, HALF_BYTES)
+    assert layer_backward(arch, batch, True) >= floor
+    assert layer_backward(arch, batch, True, moved=True) >= floor
+
+
+def _deepspeed(config: dict[str, object], batch: Batch) -> TrainingSetup:
+    arch = architecture_from_hf_config(config)
+    return TrainingSetup(
+        params=count_params(arch),
+        dp=1,
+        precision=Precision.MIXED_BF16,
+        engine=Engine.DEEPSPEED,
+        architecture=arch,
+        batch=batch,
+    )
+
+
+def test_later_micro_steps_add_a_layers_gradients_in_place() -> None:
+    # where no hook moves a gradient, the first micro-step's last layer keeps its own weight
+    # gradients in param.grad; on later micro-steps AccumulateGrad adds each into the one
+    # accumulated before and frees it: the moment is the moved one's, beside the accumulated
+    setup = _deepspeed(NARROW_MLP, Batch(16, 128, grad_accumulation_steps=2))
+    shared = Shared(setup)
+    shape = step_shape(setup, shared.knobs)
+    assert shape.last_layer_backward is not None and shape.last_layer_backward_moved is not None
+    regrown = shape.regrown_gradients(False)
+    assert regrown == shape.last_layer_backward - shape.last_layer_backward_moved > 0
+    assert shape.regrown_gradients(True) == 0
+    moments = forward_moments(shape, shape.first_gradient([1]))
+    later_micro_steps(moments, 2, {"accumulated_gradients": 1}, ("last_layer_backward",), regrown)
+    first = moments["last_layer_backward"]
+    later = moments["last_layer_backward_later_micro_step"]
+    assert first.activations - later.activations == regrown
+    assert later.buffers["accumulated_gradients"] == 1
+
+
+def test_a_gated_shared_experts_output_gradient_waits_for_the_routed_experts() -> None:
+    # Qwen2-MoE computes its shared expert before the routed ones and gates it after them: the
+    # gate's product runs backward first and its gradient for the shared expert's output waits
+    # through the routed experts' backward
+    arch = architecture_from_hf_config(family_config("qwen2_moe"))
+    assert arch.modelling is not None
+    ungated = dataclasses.replace(
+        arch, modelling=dataclasses.replace(arch.modelling, shared_expert_gate=False)
+    )
+    batch = Batch(2, 1024)
+    waiting = HALF_BYTES * batch.tokens * arch.hidden
+    assert layer_backward(arch, batch, False) - layer_backward(ungated, batch, False) == waiting
+
+
+def test_reentrant_checkpointing_holds_the_gradient_entering_the_block() -> None:
+    # torch.utils.checkpoint's reentrant backward keeps the block's output gradient as its
+    # argument: past the residual sum (an eager attention's backward) it is alive beside the sum
+    arch = architecture_from_hf_config({**family_config("llama"), "attn_implementation": "eager"})
+    batch = Batch(2, 1024)
+    held = layer_backward(arch, batch, True, entering_held=True)
+    assert held - layer_backward(arch, batch, True) == HALF_BYTES * batch.tokens * arch.hidden

@@ -15,12 +15,16 @@ from bench.gpu.step_fuzz import load, summary  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "step_fuzz"
 VALIDATION = ROOT / "docs" / "VALIDATION.md"
-# the drawn configs of three device calls, and the committed real configs of one
+# the drawn configs of four device calls under the torch engines, the committed real configs of
+# one, and the drawn configs of three under DeepSpeed (the last predicted before it ran)
 GROUPS = (
     "h200_seed1[123].jsonl",
     "h200_seed1[45].jsonl",
     "h200_seed1[67].jsonl",
     "h200_real.jsonl",
+    "h200_seed18.jsonl",
+    "h200_ds_seed2[1234].jsonl",
+    "h200_ds_seed2[567].jsonl",
 )
 
 

@@ -317,6 +317,20 @@ class StepShape:
     # returns: alive inside the model's forward only, not in ``acts``
     dropped_logits: int = 0
     token_bytes: int = 0  # one 16-bit feature over the micro-batch's tokens
+    # stage 3 with the last layer's MLP a leaf module: its gradients wait for the MLP's whole
+    # backward, then are reduced together before the norms' backward
+    last_layer_backward_leaf: int | None = None
+    # the first layer's backward where its gradients add into those accumulated before
+    # (later micro-steps: AccumulateGrad adds each in place and frees it, as if moved away)
+    first_layer_backward_moved: int = 0
+
+    def regrown_gradients(self, hook_moves_gradients: bool) -> int:
+        """What :attr:`last_layer_backward` counts of the layer's own gradients kept where no
+        hook moves them, to take off on later micro-steps: there each adds into the gradient
+        accumulated before and is freed."""
+        if hook_moves_gradients or self.last_layer_backward is None:
+            return 0
+        return self.last_layer_backward - (self.last_layer_backward_moved or 0)
 
     def first_gradient(self, numels: Sequence[int]) -> int:
         """The gradient the head's backward makes first: its weight's, which exists even when
@@ -352,6 +366,8 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
     fp32_logits = block(FP32_BYTES * t * v)
     head = block(HALF_BYTES * v * (arch.embed_proj_dim or arch.hidden))
     freed, norm, layer, first_layer, layer_moved = 0, 0, None, 0, None
+    leaf: int | None = None
+    first_moved = 0
     if arch.modelling is None and arch.final_norm and arch.num_experts == 1:
         # the canonical decoder (measure.workloads.GPT): the final norm's backward writes its
         # input's gradient beside the head's; the last block's MLP backward then runs with the
@@ -366,6 +382,7 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         block_input = HALF_BYTES * t * arch.hidden
         recomputed = mlp_backward(arch, batch, recomputed=True) or 0
         first_layer = max(recomputed - 2 * block_input, 0)
+        leaf, first_moved = layer, first_layer
     if arch.modelling is not None:
         from calculators import transformers_activations as hf
 
@@ -374,7 +391,12 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         norm = hf.final_norm_backward(arch, batch)
         layer = hf.last_layer_backward(arch, batch)
         layer_moved = hf.last_layer_backward(arch, batch, moved=True)
-        first_layer = hf.first_layer_backward(arch, batch)
+        # the first block recomputed (first_block_backward): inside its backward only the
+        # gradient entering it is alive; the one leaving it is made at its end
+        block_input = HALF_BYTES * t * arch.hidden
+        first_layer = max(hf.first_layer_backward(arch, batch, False, True) - block_input, 0)
+        leaf = hf.last_layer_backward(arch, batch, moved=False, moved_by_norms=True)
+        first_moved = max(hf.first_layer_backward(arch, batch, True, True) - block_input, 0)
     return StepShape(
         acts,
         held,
@@ -391,6 +413,8 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         layer_moved,
         dropped,
         HALF_BYTES * t,
+        leaf,
+        first_moved,
     )
 
 
@@ -493,8 +517,9 @@ def first_block_backward(
     the last backward ops make; a tied head's gradient already sits in the shared weight's
     input buffer (see :meth:`StepShape.first_gradient`). Of the saved block inputs only the first
     block's is left (plus what all blocks share), the head's saved tensors are gone, and the
-    gradients flowing into and out of the block are alive. On later micro-steps every
-    gradient is alive (autograd accumulates into ``param.grad`` in place).
+    gradients flowing into and out of the block are alive at its end; inside it only the one
+    entering it (:attr:`StepShape.first_layer_backward` is net of the other). On later
+    micro-steps every gradient is alive (autograd accumulates into ``param.grad`` in place).
     """
     if not shape.known or shape.blocks < 1:
         return {}
@@ -518,7 +543,7 @@ def first_block_backward(
         - shape.log_softmax_out
         + acts.recompute
         + 2 * shape.block_input
-        + shape.first_layer_backward
+        + (shape.first_layer_backward if accumulation <= 1 else shape.first_layer_backward_moved)
     )
     return {"first_block_backward": Moment(alive, {"gradients": grads, **buffers})}
 
@@ -554,9 +579,15 @@ BACKWARD_START = ("loss_backward", "first_gradient", "final_norm_backward", "las
 
 
 def later_micro_steps(
-    moments: dict[str, Moment], accumulation: int, carried: Mapping[str, int], names: Sequence[str]
+    moments: dict[str, Moment],
+    accumulation: int,
+    carried: Mapping[str, int],
+    names: Sequence[str],
+    regrown: int = 0,
 ) -> None:
-    """With gradient accumulation, micro-steps 2..k repeat ``names`` with ``carried`` alive."""
+    """With gradient accumulation, micro-steps 2..k repeat ``names`` with ``carried`` alive;
+    ``last_layer_backward`` without the ``regrown`` bytes of the layer's own gradients
+    (:meth:`StepShape.regrown_gradients`), which add into ``carried`` there."""
     if accumulation <= 1:
         return
     for name in names:
@@ -567,7 +598,8 @@ def later_micro_steps(
                 buffers[k] = (
                     max(buffers.get(k, 0), v) if k == "ipg_buckets" else (buffers.get(k, 0) + v)
                 )
-            moments[f"{name}_later_micro_step"] = Moment(m.activations, buffers)
+            acts = m.activations - (regrown if name == "last_layer_backward" else 0)
+            moments[f"{name}_later_micro_step"] = Moment(acts, buffers)
 
 
 # --- stages -------------------------------------------------------------------------------------
@@ -636,7 +668,13 @@ def stage0(
     # the tied weight's gradient is one of the three
     moments.update(tied_embedding_backward(shape, g16 - shape.head_grad, {}))
     # autograd accumulates into param.grad; the all-reduce runs at the boundary only
-    later_micro_steps(moments, accumulation, {"accumulated_gradients": g16}, BACKWARD_START)
+    later_micro_steps(
+        moments,
+        accumulation,
+        {"accumulated_gradients": g16},
+        BACKWARD_START,
+        shape.regrown_gradients(False),
+    )
     moments["gradient_allreduce"] = Moment(
         0, {"held_outputs": shape.held, "gradients": g16, "allreduce_flatten": flat}
     )
@@ -772,6 +810,7 @@ class Stage12:
                 accumulation,
                 {"accumulated_gradients": facts.half_blocks, "ipg_buckets": ipg},
                 BACKWARD_START,
+                shape.regrown_gradients(in_hooks),
             )
         self.before_reduction = moments
 
@@ -863,6 +902,16 @@ class Stage12:
             reduce_peak, reduce_acts = gip, 0
 
         moments = dict(self.before_reduction)
+        bounds = facts.block_bounds
+        first = next((lo for lo, *_ in extents[:-1] if lo < part), None) if in_hooks else None
+        if first is not None and not offload and bounds and first - 1 >= bounds[-1]:
+            # the first bucket reduced during backward that reaches rank 0's partition is
+            # overflowed by the final norm's or the head's gradient: grads_in_partition exists
+            # before the last block's backward (its recomputation, its backward ops) begins
+            for name in ("recompute", "last_layer_backward"):
+                if name in moments:
+                    m = moments[name]
+                    moments[name] = Moment(m.activations, {**m.buffers, "grads_in_partition": gip})
         moments["gradient_reduction"] = Moment(
             reduce_acts,
             {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak},
@@ -1036,7 +1085,7 @@ class Stage3:
         # a leaf's gradients wait for its whole backward: the last layer's expert gradients
         # are not moved away one by one (stage3.py reduce_leaf_module_grads)
         self.shape = (
-            replace(shape, last_layer_backward_moved=shape.last_layer_backward)
+            replace(shape, last_layer_backward_moved=shape.last_layer_backward_leaf)
             if shape.blocks - 1 in leaves
             else shape
         )
