@@ -545,15 +545,13 @@ def layer_backward(
     dense: bool,
     moved: bool = False,
     moved_by_norms: bool | None = None,
-    entering_held: bool = False,
 ) -> int:
     """With 16-bit parameters: what a layer's backward holds at its largest beyond its saved
     tensors and the gradient entering it (``dense``: a dense-MLP layer, else an experts layer;
     ``moved``: a gradient hook takes each weight gradient away as soon as it is accumulated, as
     DeepSpeed's stage 2 and 3 hooks do; ``moved_by_norms``: the MLP's weight gradients are gone
     by the norms' backward, by default as ``moved`` says: stage 3 reduces a leaf module's
-    gradients together once its input's gradient exists; ``entering_held``: the caller keeps
-    the gradient entering the layer, as torch's reentrant checkpoint does).
+    gradients together once its input's gradient exists).
 
     - Dense MLP ``down(act(gate) * up)``: ``down``'s backward writes its input's gradient and
       frees that saved input, the product's backward writes both factors' gradients: two
@@ -575,9 +573,7 @@ def layer_backward(
     - Sandwich norms (Gemma-2/3): the post-feedforward norm's backward runs first, with the whole
       layer saved (:func:`_norm_backward`), on the gradient entering the layer, which the
       residual stream keeps.
-    - An eager attention's backward (:func:`eager_attention_backward`), past the sum of the
-      residual stream's gradient and the MLP half's: with ``entering_held`` the entering one is
-      alive beside that sum.
+    - An eager attention's backward (:func:`eager_attention_backward`).
     - The norms between MLP and attention, the MLP's weight gradients made (:func:`norms_backward`,
       16-bit where no hook has moved them).
     - Where no hook moves a gradient: ``down``'s weight gradient beside the dense MLP's, and the
@@ -615,11 +611,7 @@ def layer_backward(
         # the post-feedforward norm's output gradient is the one entering the layer, which the
         # residual stream keeps: not freed by the norm's backward
         candidates.append(x * t * h + _norm_backward(arch, t, h, x))
-    # past the sum of the residual stream's gradient and the MLP half's (the attention's
-    # backward, the input norm's), the gradient entering the layer is freed unless the caller
-    # holds it: torch.utils.checkpoint's reentrant backward keeps it as its argument
-    held = x * t * h if entering_held else 0
-    candidates.append(eager_attention_backward(arch, batch, "half") + held)
+    candidates.append(eager_attention_backward(arch, batch, "half"))
     candidates.append(norms_backward(arch, batch, "half", kept, dense))
     if kept:
         weights = _layer_weight_elements(arch, dense) - _mlp_linear_elements(arch, dense)
@@ -627,7 +619,7 @@ def layer_backward(
         saved = _total(layer_terms(arch, batch, "half", False, masked=batch.padded, dense=dense))
         # input_norm_backward counts the gradient entering the layer as the residual stream's
         end = input_norm_backward(arch, batch, "half") - x * t * h
-        candidates.append(end + kept * weights - saved + held)
+        candidates.append(end + kept * weights - saved)
     return max(candidates)
 
 
@@ -781,11 +773,9 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
     return max(grads - freed, 0)
 
 
-def first_layer_backward(
-    arch: Architecture, batch: Batch, moved: bool = False, entering_held: bool = False
-) -> int:
+def first_layer_backward(arch: Architecture, batch: Batch, moved: bool = False) -> int:
     """:func:`layer_backward` of the first layer (DeepSeek's first layers are dense)."""
-    return layer_backward(arch, batch, dense_layers(arch) > 0, moved, None, entering_held)
+    return layer_backward(arch, batch, dense_layers(arch) > 0, moved)
 
 
 def last_layer_backward(

@@ -181,12 +181,3 @@ def test_a_gated_shared_experts_output_gradient_waits_for_the_routed_experts() -
     batch = Batch(2, 1024)
     waiting = HALF_BYTES * batch.tokens * arch.hidden
     assert layer_backward(arch, batch, False) - layer_backward(ungated, batch, False) == waiting
-
-
-def test_reentrant_checkpointing_holds_the_gradient_entering_the_block() -> None:
-    # torch.utils.checkpoint's reentrant backward keeps the block's output gradient as its
-    # argument: past the residual sum (an eager attention's backward) it is alive beside the sum
-    arch = architecture_from_hf_config({**family_config("llama"), "attn_implementation": "eager"})
-    batch = Batch(2, 1024)
-    held = layer_backward(arch, batch, True, entering_held=True)
-    assert held - layer_backward(arch, batch, True) == HALF_BYTES * batch.tokens * arch.hidden

@@ -394,9 +394,9 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         # the first block recomputed (first_block_backward): inside its backward only the
         # gradient entering it is alive; the one leaving it is made at its end
         block_input = HALF_BYTES * t * arch.hidden
-        first_layer = max(hf.first_layer_backward(arch, batch, False, True) - block_input, 0)
+        first_layer = max(hf.first_layer_backward(arch, batch) - block_input, 0)
         leaf = hf.last_layer_backward(arch, batch, moved=False, moved_by_norms=True)
-        first_moved = max(hf.first_layer_backward(arch, batch, True, True) - block_input, 0)
+        first_moved = max(hf.first_layer_backward(arch, batch, moved=True) - block_input, 0)
     return StepShape(
         acts,
         held,
