@@ -586,8 +586,7 @@ def layer_backward(
     kept = 0 if (moved if moved_by_norms is None else moved_by_norms) else x
     candidates = []
     if dense or arch.num_experts <= 1:
-        f = (m.dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
-        candidates.append(2 * x * t * f + (0 if moved else x * f * h))
+        candidates.append(dense_layer_backward(arch, batch, "half", kept=not moved))
     else:
         n = t * arch.experts_per_token
         weights = _routing_weight_bytes(m, dtypes("half"))
@@ -607,10 +606,7 @@ def layer_backward(
         candidates.append(experts_backward(arch, batch, "half") - (x * e * f * h - down) + waiting)
         if m.shared_expert_ffn:
             candidates.append(2 * x * t * m.shared_expert_ffn)
-    if m.sandwich_norms:
-        # the post-feedforward norm's output gradient is the one entering the layer, which the
-        # residual stream keeps: not freed by the norm's backward
-        candidates.append(x * t * h + _norm_backward(arch, t, h, x))
+    candidates.append(_post_feedforward_norm_backward(arch, batch, "half"))
     candidates.append(eager_attention_backward(arch, batch, "half"))
     candidates.append(norms_backward(arch, batch, "half", kept, dense))
     if kept:
@@ -623,25 +619,34 @@ def layer_backward(
     return max(candidates)
 
 
-def dense_layer_backward(arch: Architecture, batch: Batch, regime: str) -> int:
+def _post_feedforward_norm_backward(arch: Architecture, batch: Batch, regime: str) -> int:
+    """Gemma-2/3's post-feedforward norm's backward, the first of a layer's (0: no sandwich
+    norms): :func:`_norm_backward` on its output's gradient, which is the gradient entering the
+    layer: the residual stream keeps it, so the norm's backward does not free it."""
+    if not _m(arch).sandwich_norms:
+        return 0
+    d = dtypes(regime)
+    t, h = batch.tokens, arch.hidden
+    return d.res * t * h + _norm_backward(arch, t, h, d.lin)
+
+
+def dense_layer_backward(arch: Architecture, batch: Batch, regime: str, kept: bool = True) -> int:
     """What a dense layer's first backward ops hold at their largest beyond its saved tensors
-    and the gradient entering it, with each weight gradient kept where autograd makes it (FSDP2
-    keeps a block's unsharded gradients until its post-backward): ``down``'s backward writes its
-    input's gradient and weight gradient and frees that saved input, then the product's
-    backward writes both factors' gradients (:func:`layer_backward`'s dense MLP, with
-    ``down_proj``'s weight gradient alive); Gemma-2/3's post-feedforward norm's backward runs
-    before it (:func:`_norm_backward`). 0 for a model without dense layers."""
+    and the gradient entering it, with ``down_proj``'s weight gradient kept where autograd makes
+    it (``kept``: FSDP2 keeps a block's unsharded gradients until its post-backward; not where a
+    DeepSpeed hook moves each away): ``down``'s backward writes its input's gradient and weight
+    gradient and frees that saved input, then the product's backward writes both factors'
+    gradients (:func:`layer_backward`'s dense MLP); Gemma-2/3's post-feedforward norm's backward
+    runs before it (:func:`_post_feedforward_norm_backward`). 0 for a model without dense
+    layers."""
     if arch.modelling is None or (arch.num_experts > 1 and dense_layers(arch) == 0):
         return 0
     x = dtypes(regime).lin
     t, h = batch.tokens, arch.hidden
     m = _m(arch)
     f = (m.dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
-    candidates = [2 * x * t * f + x * f * h]
-    if m.sandwich_norms:
-        # its output gradient is the one entering the layer, kept by the residual stream
-        candidates.append(dtypes(regime).res * t * h + _norm_backward(arch, t, h, x))
-    return max(candidates)
+    mlp = 2 * x * t * f + (x * f * h if kept else 0)
+    return max(mlp, _post_feedforward_norm_backward(arch, batch, regime))
 
 
 def _mlp_linear_elements(arch: Architecture, dense: bool) -> int:
