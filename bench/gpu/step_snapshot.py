@@ -2,16 +2,19 @@
 """What is alive at the measured peak of a ``/v1/measure`` run, beside the predicted moments.
 
 Reruns bodies that ``bench/gpu/step_fuzz.py`` recorded (the ``--worst`` most negative errors
-against the requested peak, or ``--pick`` line numbers) through ``measure.runner.run`` with the
-CUDA allocator's history recorded. ``measure/engines/pytorch.py`` resets the peak four times in
-its measured step (the step's start, then after forward, after backward and after the optimizer
-step); a marker allocation at each reset finds that step in the history. The report gives, per
+against the requested peak, or ``--pick`` line numbers), each at the stage of its row, through
+``measure.runner.run`` with the CUDA allocator's history recorded. ``measure/engines/pytorch.py``
+resets the peak four times in its measured step (the step's start, then after forward, after
+backward and after the optimizer step); ``measure/engines/deepspeed.py`` once, at the step's
+start, and the script marks each ``engine.backward`` and ``engine.step`` call. A marker
+allocation at each of these finds the step and its phases in the history. The report gives, per
 run, the predicted moments (``peak_candidate_*``), the measured and replayed requested peak, the
 phase it falls in, the allocation that reached it and the blocks alive then, grouped by size and
-first Python frames, largest first::
+first Python frames, largest first. Run it under ``torchrun`` so that a DeepSpeed run measures
+in this process (``measure.runner`` spawns a child otherwise, whose history is not recorded)::
 
-    NCCL_NVLS_ENABLE=0 python3 bench/gpu/step_snapshot.py \\
-        --jsonl bench/results/step_fuzz/*.jsonl --worst 12
+    NCCL_NVLS_ENABLE=0 DS_ACCELERATOR=cuda PYTHONPATH=$PWD torchrun --nproc-per-node 1 \\
+        bench/gpu/step_snapshot.py --jsonl bench/results/step_fuzz/*.jsonl --worst 12
 """
 
 from __future__ import annotations
@@ -33,18 +36,39 @@ from bench.gpu.alloc_snapshot import alive_at_start  # noqa: E402
 MIB = 2**20
 MARK = 777  # bytes: a size nothing else in a step asks for
 MARK_END = 779
+MARK_BACKWARD = 781  # DeepSpeed's engine.backward begins
+MARK_STEP = 783  # DeepSpeed's engine.step begins
 BEFORE = ("alive before the history",)
 PHASES = ("forward", "backward", "optimizer step", "zero_grad")
 
 
+# frames every allocation in a counted step passes through (dispatch, the collective counter)
+_PASS_THROUGH = ("module.py", "step_snapshot.py", "_ops.py", "comms.py", "eval_frame.py")
+_PASS_THROUGH += ("_compile.py", "_python_dispatch.py")
+# C++ frames of the allocator and of the recording, skipped to reach the op that asked
+_CPP_SKIP = ("c10::", "CUDACachingAllocator", "GatheredContext", "CapturedTraceback", "??")
+
+
 def _frames(event: dict[str, Any]) -> tuple[str, ...]:
+    """The allocation's first Python frames; for one autograd made (no Python frame, with
+    ``--stacks all``), its first C++ frames."""
+    frames = event.get("frames", [])
     kept = [
-        f
-        for f in event.get("frames", [])
+        f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}"
+        for f in frames
         if f["filename"].endswith(".py")
-        and not f["filename"].endswith(("nn/modules/module.py", "step_snapshot.py"))
+        and not os.path.basename(f["filename"]).endswith(_PASS_THROUGH)
     ]
-    return tuple(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in kept[:4])
+    if not kept:  # the op, then the autograd node that ran it
+        cpp = [
+            f["name"][:90]
+            for f in frames
+            if not f["filename"].endswith(".py") and not any(k in f["name"] for k in _CPP_SKIP)
+        ]
+        node = [n for n in cpp if "Backward" in n or "autograd::generated" in n]
+        kept = [n for n in cpp if n.startswith("at::native") or n.startswith("at::_ops")][:2]
+        kept += node[:2]
+    return tuple(kept[:4])
 
 
 def _mark(size: int = MARK) -> None:
@@ -53,31 +77,56 @@ def _mark(size: int = MARK) -> None:
     del m
 
 
-def window_peak(snap: dict[str, Any]) -> tuple[int, int, dict[str, Any], dict[int, Any]]:
+def window_peak(
+    snap: dict[str, Any], deepspeed: bool = False
+) -> tuple[int, str, dict[str, Any], dict[int, Any]]:
     """(requested peak in the measured step, its phase, the event reaching it, alive then)."""
     trace = snap["device_traces"][0]
     live = alive_at_start(snap, BEFORE)
     allocs = [(i, e["size"]) for i, e in enumerate(trace) if e["action"] == "alloc"]
     end = next(i for i, size in allocs if size == MARK_END)
-    marks = [i for i, size in allocs if size == MARK and i < end][-4:]
+    marks = [i for i, size in allocs if size == MARK and i < end][-1 if deepspeed else -4 :]
     start = marks[0]
+    named = {MARK_BACKWARD: "backward", MARK_STEP: "optimizer step"}
     current = sum(size for size, _ in live.values())
-    best, best_at, best_event, best_live, phase = -1, 0, {}, {}, 0
+    best, best_at, best_event, best_live, phase = -1, "", {}, {}, PHASES[0]
+    markers = (MARK, MARK_BACKWARD, MARK_STEP)
     for i, event in enumerate(trace[:end]):
         if event["action"] == "alloc":
-            if event["size"] == MARK and i >= start:
-                phase = sum(1 for m in marks if m <= i) - 1
-            where = (PHASES[phase],) if i >= start else ("before the step",)
+            if i >= start and event["size"] == MARK:
+                phase = PHASES[sum(1 for m in marks if m <= i) - 1]
+            elif i >= start and event["size"] in named:
+                phase = named[event["size"]]
+            where = (phase,) if i >= start else ("before the step",)
             live[event["addr"]] = (event["size"], where + _frames(event))
             current += event["size"]
-            if i >= start and event["size"] != MARK and current > best:
+            if i >= start and event["size"] not in markers and current > best:
                 best, best_at, best_event, best_live = current, phase, event, dict(live)
         elif event["action"] == "free_completed":
             current -= live.pop(event["addr"], (0, BEFORE))[0]
     return best, best_at, best_event, best_live
 
 
-def one(body: dict[str, Any], rows: int) -> None:
+def _mark_deepspeed() -> list[tuple[Any, str, Any]]:
+    """Marks each ``engine.backward`` and ``engine.step`` call; the originals, to restore."""
+    try:
+        from deepspeed.runtime.engine import DeepSpeedEngine
+    except ImportError:
+        return []
+    saved = []
+    for name, size in (("backward", MARK_BACKWARD), ("step", MARK_STEP)):
+        original = getattr(DeepSpeedEngine, name)
+
+        def marked(self: Any, *args: Any, _f: Any = original, _s: int = size, **kw: Any) -> Any:
+            _mark(_s)
+            return _f(self, *args, **kw)
+
+        setattr(DeepSpeedEngine, name, marked)
+        saved.append((DeepSpeedEngine, name, original))
+    return saved
+
+
+def one(body: dict[str, Any], rows: int, stacks: str = "python") -> None:
     from measure import memory
     from measure.runner import run
 
@@ -93,8 +142,10 @@ def one(body: dict[str, Any], rows: int) -> None:
 
     memory.DeviceMemory.reset_peak = marked_reset  # type: ignore[method-assign]
     memory.DeviceMemory.nvml_used = marked_nvml  # type: ignore[method-assign]
+    deepspeed = body.get("engine") == "deepspeed"
+    restore = _mark_deepspeed() if deepspeed else []
     torch.cuda.memory._record_memory_history(
-        max_entries=2_000_000, stacks="python", clear_history=True
+        max_entries=2_000_000, stacks=stacks, clear_history=True
     )
     try:
         result = run(body)
@@ -103,6 +154,8 @@ def one(body: dict[str, Any], rows: int) -> None:
         torch.cuda.memory._record_memory_history(enabled=None)
         memory.DeviceMemory.reset_peak = reset  # type: ignore[method-assign]
         memory.DeviceMemory.nvml_used = nvml  # type: ignore[method-assign]
+        for owner, name, original in restore:
+            setattr(owner, name, original)
     r = result["runs"][0]
     m, p = r["measured"], r["predicted"]
     comps = p.get("components", {})
@@ -115,11 +168,12 @@ def one(body: dict[str, Any], rows: int) -> None:
     for k, v in sorted(comps.items()):
         if isinstance(v, int | float) and v:
             print(f"   {k:48s} {v / MIB:10.3f} MiB")
-    peak, phase, event, alive = window_peak(snap)
+    peak, phase, event, alive = window_peak(snap, deepspeed)
+    forward = p.get("after_forward")
     print(
         f"measured: peak_requested {m['peak_requested'] / MIB:.3f} MiB, replayed {peak / MIB:.3f}"
-        f" MiB in {PHASES[max(phase, 0)]}; after_forward {m['after_forward'] / MIB:.3f} MiB"
-        f" (predicted {p['after_forward'] / MIB:.3f})"
+        f" MiB in {phase}; after_forward {m['after_forward'] / MIB:.3f} MiB"
+        f" (predicted {'-' if forward is None else f'{forward / MIB:.3f}'})"
     )
     print(
         f"   reached by {event.get('size', 0)} B at {' <- '.join(_frames(event)) or '(no frames)'}"
@@ -140,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--best", type=int, default=0, help="the N most positive errors")
     ap.add_argument("--pick", nargs="*", default=[], help="FILE:LINE (1-based)")
     ap.add_argument("--rows", type=int, default=30)
+    ap.add_argument(
+        "--stacks", choices=["python", "all"], default="python", help="all: C++ frames too"
+    )
     a = ap.parse_args(argv)
     found = []
     for name in a.jsonl:
@@ -153,10 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     chosen = found[: a.worst] + (found[-a.best :] if a.best else [])
     chosen += [t for t in found if t[1] in a.pick or any(t[1].endswith(p) for p in a.pick)]
     for err, where, d in chosen:
-        print(f"\n=== {where}: recorded error {err:+.2f} %")
-        print(json.dumps(d["body"]))
+        body = {**d["body"], "stages": [d.get("stage", d["body"]["stages"][0])]}
+        print(f"\n=== {where}: stage {body['stages'][0]}, recorded error {err:+.2f} %")
+        print(json.dumps(body))
         try:
-            one(d["body"], a.rows)
+            one(body, a.rows, a.stacks)
         except Exception as e:  # noqa: BLE001 (one run failing must not end the others)
             print(f"failed: {e!r}"[:400])
         torch.cuda.empty_cache()
