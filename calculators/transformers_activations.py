@@ -69,6 +69,7 @@ from calculators.architecture import (
 )
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
+from calculators.reduction_scratch import reduction_scratch
 
 INDEX_BYTES = 8  # int64
 BOOL_BYTES = 1
@@ -495,35 +496,85 @@ def experts_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     return max(combine, grads - freed, 0)
 
 
-def _norm_backward(arch: Architecture, rows: int, width: int, in_bytes: int) -> int:
-    """Bytes an RMSNorm's backward holds at its largest beyond what was alive when its output's
-    gradient arrived (``rows`` vectors of ``width``, input and output ``in_bytes`` wide).
+def experts_product_backward(arch: Architecture, batch: Batch, regime: str, down_bytes: int) -> int:
+    """An experts layer's gated product's backward, beyond the layer's saved tensors and the
+    gradient entering it (0: no experts). The weighted product's backward has freed the down
+    output (``proj_out``); the down ``grouped_mm`` has written its input's gradient (token-expert
+    rows × ffn) and ``down_proj``'s weight gradient (``down_bytes`` per element where it stays
+    alive, 0 where a hook has moved it or it is counted elsewhere) and freed that saved input;
+    the product's backward writes both factors' gradients. A gated shared expert's output
+    gradient waits through it (:func:`layer_backward`)."""
+    if arch.modelling is None or arch.num_experts <= 1:
+        return 0
+    d = dtypes(regime)
+    m = _m(arch)
+    t, h, f = batch.tokens, arch.hidden, arch.ffn
+    n = t * arch.experts_per_token
+    x = d.experts
+    waiting = d.lin * t * h if m.shared_expert_ffn and m.shared_expert_gate else 0
+    return 2 * x * n * f + down_bytes * arch.num_experts * f * h - x * n * h + waiting
 
-    The autograd formulas run from the output back: the weight product's backward (Gemma's
-    ``to(input_dtype)`` and ``x_normed * (1 + weight)`` first), then ``x * rsqrt(var)``, which
-    leaves x's first gradient (fp32) waiting for the second; ``mean``'s backward (``expand``
-    then ``div``) and ``pow``'s (``grad * (2 * x.pow(1))``: three more) make four fp32 tensors
-    on top of it. By then the incoming gradient, the normalised tensor the weight product saved
-    (16-bit in Llama's norm, fp32 in Gemma's) and the fp32 ``rsqrt`` statistics are freed;
-    ``x.to(float32)`` stays saved until ``pow``'s backward ends. Vectors of ``width`` (the
-    weight's gradient) are left out."""
-    normed = FP32_BYTES if _m(arch).norm_plus_one else in_bytes
+
+def _norm_backward(
+    arch: Architecture,
+    rows: int,
+    width: int,
+    in_bytes: int,
+    recomputed: bool = False,
+    weight_done: bool = False,
+) -> int:
+    """Bytes an RMSNorm's backward holds at its largest beyond what was alive when its output's
+    gradient arrived (``rows`` vectors of ``width``, input and output ``in_bytes`` wide;
+    ``recomputed``: in a block that non-reentrant checkpointing recomputed; ``weight_done``:
+    only the ops after the weight's gradient is accumulated, where a hook may allocate).
+
+    The autograd formulas run from the output back. First the weight product's backward
+    (Gemma's ``to(input_dtype)`` first, whose backward casts the gradient to fp32 and frees the
+    16-bit one, then ``x_normed * (1 + weight)`` in fp32; Llama's ``weight * x`` in the input's
+    dtype): ``MulBackward0`` writes both factors' gradients at the full size, and autograd
+    sums the weight's over the rows (``validate_outputs``: ``sum_to``), the reduction kernel
+    staging its partial sums in a buffer sized by its launch configuration
+    (:func:`calculators.reduction_scratch.reduction_scratch`), both gradients alive, and the
+    node's input gradient: the engine drops it after the outputs are checked. The saved
+    tensors are released after that too, but in a recomputed block checkpointing's unpack hook
+    gave the node the only reference to the normalised tensor, gone as the node returns. Then
+    ``x * rsqrt(var)``, which leaves x's first gradient (fp32) waiting for the second; ``mean``'s
+    backward (``expand`` then ``div``) and ``pow``'s (``grad * (2 * x.pow(1))``: three more)
+    make four fp32 tensors on top of it. By then the incoming gradient, the normalised tensor
+    the weight product saved (16-bit in Llama's norm, fp32 in Gemma's) and the fp32 ``rsqrt``
+    statistics are freed; ``x.to(float32)`` stays saved until ``pow``'s backward ends. Vectors
+    of ``width`` (the weight's gradient) are left out."""
+    n = rows * width
+    plus_one = _m(arch).norm_plus_one
+    normed = FP32_BYTES if plus_one else in_bytes
+    statistics = 5 * FP32_BYTES * n - in_bytes * n - normed * n - FP32_BYTES * rows
+    if weight_done:
+        return statistics
+    cast = (FP32_BYTES - in_bytes) * n if plus_one else 0  # the fp32 copy, the 16-bit one freed
+    product = FP32_BYTES if plus_one else in_bytes
+    weight = cast + 2 * product * n + reduction_scratch(width, rows)
+    if recomputed:
+        weight -= normed * n
+    return max(statistics, weight)
+
+
+def _recomputed(batch: Batch) -> bool:
+    """Whether every decoder layer is recomputed in backward (non-reentrant checkpointing)."""
     return (
-        5 * FP32_BYTES * rows * width
-        - in_bytes * rows * width
-        - normed * rows * width
-        - FP32_BYTES * rows
+        batch.activation_checkpointing is Checkpointing.FULL
+        and batch.checkpoint_every_n_layers == 1
     )
 
 
-def final_norm_backward(arch: Architecture, batch: Batch) -> int:
+def final_norm_backward(arch: Architecture, batch: Batch, weight_done: bool = False) -> int:
     """With 16-bit parameters (the module cast, as DeepSpeed does): what the final norm's
-    backward adds at its largest to the instant the head's weight gradient exists.
+    backward adds at its largest to the instant the head's weight gradient exists (``weight_done``:
+    after the norm's weight gradient is accumulated, :func:`_norm_backward`).
 
     At that instant the loss's saved log-softmax output and, with soft-capping, ``tanh``'s
     output are freed, and the gradient of the head's input stands in for the head's saved input
     (the norm's output); it is the gradient entering the norm (:func:`_norm_backward`)."""
-    return _norm_backward(arch, batch.tokens, arch.hidden, HALF_BYTES)
+    return _norm_backward(arch, batch.tokens, arch.hidden, HALF_BYTES, weight_done=weight_done)
 
 
 def final_norm_held(arch: Architecture, batch: Batch, regime: str) -> int:
@@ -602,7 +653,7 @@ def layer_backward(
         # experts' weight gradients at once
         f, e = arch.ffn, arch.num_experts
         down = 0 if moved else x * e * f * h
-        candidates.append(2 * x * n * f + down - x * n * h + waiting)
+        candidates.append(experts_product_backward(arch, batch, "half", 0 if moved else x))
         candidates.append(experts_backward(arch, batch, "half") - (x * e * f * h - down) + waiting)
         if m.shared_expert_ffn:
             candidates.append(2 * x * t * m.shared_expert_ffn)
@@ -627,7 +678,7 @@ def _post_feedforward_norm_backward(arch: Architecture, batch: Batch, regime: st
         return 0
     d = dtypes(regime)
     t, h = batch.tokens, arch.hidden
-    return d.res * t * h + _norm_backward(arch, t, h, d.lin)
+    return d.res * t * h + _norm_backward(arch, t, h, d.lin, _recomputed(batch))
 
 
 def dense_layer_backward(arch: Architecture, batch: Batch, regime: str, kept: bool = True) -> int:
@@ -638,14 +689,31 @@ def dense_layer_backward(arch: Architecture, batch: Batch, regime: str, kept: bo
     gradient and frees that saved input, then the product's backward writes both factors'
     gradients (:func:`layer_backward`'s dense MLP); Gemma-2/3's post-feedforward norm's backward
     runs before it (:func:`_post_feedforward_norm_backward`). 0 for a model without dense
-    layers."""
+    layers.
+
+    With biases on the MLP (Llama's ``mlp_bias``) autograd sums each bias's gradient over the
+    tokens (``validate_outputs``: ``sum_to``), the reduction kernel staging its partial sums in
+    a buffer sized by its launch configuration
+    (:func:`calculators.reduction_scratch.reduction_scratch`), while the node's outputs are
+    alive: ``down``'s beside its input's and weight's gradients, its saved input not yet freed;
+    ``up``'s (the engine runs it before the activation's backward: it was made later) beside
+    its input's and weight's gradients and both factors' gradients, which stand in for the
+    freed factors, the product's gradient gone."""
     if arch.modelling is None or (arch.num_experts > 1 and dense_layers(arch) == 0):
         return 0
     x = dtypes(regime).lin
     t, h = batch.tokens, arch.hidden
     m = _m(arch)
     f = (m.dense_ffn or arch.ffn) if arch.num_experts > 1 else arch.ffn
-    mlp = 2 * x * t * f + (x * f * h if kept else 0)
+    down = x * f * h if kept else 0
+    mlp = 2 * x * t * f + down
+    if arch.bias:
+        # a weight's gradient is the node's output: alive while the bias is summed, moved or not
+        mlp = max(
+            mlp,
+            x * t * f + x * f * h + reduction_scratch(h, t),
+            x * t * h - x * t * f + x * f * h + down + reduction_scratch(f, t),
+        )
     return max(mlp, _post_feedforward_norm_backward(arch, batch, regime))
 
 
@@ -692,6 +760,7 @@ def norms_backward(
     t, h = batch.tokens, arch.hidden
     m = _m(arch)
     kinds = {start < dense_layers(arch) for start, _ in block_kinds(arch)}
+    again = _recomputed(batch)
     best = 0
     for kind in kinds if dense is None else {dense}:
         terms = layer_terms(arch, batch, regime, use_cache=False, masked=batch.padded, dense=kind)
@@ -699,10 +768,10 @@ def norms_backward(
         held -= terms.mlp + _mlp_inputs(arch, d, t, kind)
         if m.sandwich_norms:
             held -= _norm_internal(arch, t, h, d.lin)  # the post-feedforward norm ran first
-        best = max(best, held + d.res * t * h + _norm_backward(arch, t, h, d.res))
+        best = max(best, held + d.res * t * h + _norm_backward(arch, t, h, d.res, again))
         if m.sandwich_norms:
             held -= _norm_internal(arch, t, h, d.res)
-            best = max(best, held + d.lin * t * h + _norm_backward(arch, t, h, d.lin))
+            best = max(best, held + d.lin * t * h + _norm_backward(arch, t, h, d.lin, again))
     return best
 
 
@@ -716,7 +785,8 @@ def input_norm_backward(arch: Architecture, batch: Batch, regime: str) -> int:
         return 0
     d = dtypes(regime)
     t, h = batch.tokens, arch.hidden
-    return _norm_internal(arch, t, h, d.res) + 2 * d.res * t * h + _norm_backward(arch, t, h, d.res)
+    backward = _norm_backward(arch, t, h, d.res, _recomputed(batch))
+    return _norm_internal(arch, t, h, d.res) + 2 * d.res * t * h + backward
 
 
 def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> int:
@@ -735,7 +805,9 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
     than after it, at s = 512, 1,024 and 2,048 on an H200). That is 12·S bytes written, less the
     2·S of the freed 16-bit copy, in 16-bit (and under autocast, whose cast for the matmul is
     that copy); in fp32 the probabilities are one tensor, freed only after ``softmax``'s
-    backward: 12·S. Dropout and soft-capping free more than they write before that point.
+    backward: 12·S. Dropout's backward writes the gradient of its input and frees its own
+    input gradient and its boolean mask; in fp32 its output, which the second ``bmm`` saved, is
+    freed by that ``bmm``'s backward. Soft-capping frees more than it writes before that point.
     ``o_proj``'s backward has freed the output copy it saved and the second ``bmm``'s the v it
     saved, whose gradient (expanded to every head) is alive beside them (a live-storage count
     of the step on the CPU, under autocast with checkpointing, holds these and no more).
@@ -763,6 +835,11 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
     freed += (3 if m.sandwich_norms else 1) * _norm_internal(arch, t, h, d.res)
     # o_proj's backward freed its input (the output copy), the second bmm's the v it saved
     freed += sdpa * t * width
+    if m.attention_dropout:
+        # dropout's backward freed its mask; in fp32 its output, which the second bmm saved, is
+        # a tensor of its own, freed by that bmm's backward (in 16 bits it stands in for the
+        # freed copy above)
+        freed += BOOL_BYTES * scores + (FP32_BYTES * scores if sdpa == FP32_BYTES else 0)
     if mla is not None:
         one = batch.micro_batch_size == 1  # v a view of kv_b_proj's output, kept whole
         nope = mla.qk_nope_head_dim

@@ -13,11 +13,17 @@ from calculators.batch import Batch, Checkpointing
 from calculators.conventions import HALF_BYTES, Engine, Precision, Stage
 from calculators.engines.deepspeed.layouts import forward_moments, later_micro_steps, step_shape
 from calculators.engines.deepspeed.memory import Shared
+from calculators.engines.torch.peak import _layer_inner
 from calculators.hf_config import architecture_from_hf_config
 from calculators.memory import estimate
 from calculators.model_states import TrainingSetup
+from calculators.reduction_scratch import reduction_scratch
 from calculators.transformers_activations import (
     _norm_backward,
+    dense_layer_backward,
+    eager_attention_backward,
+    experts_backward,
+    final_norm_backward,
     final_norm_held,
     layer_backward,
     norms_backward,
@@ -181,3 +187,149 @@ def test_a_gated_shared_experts_output_gradient_waits_for_the_routed_experts() -
     batch = Batch(2, 1024)
     waiting = HALF_BYTES * batch.tokens * arch.hidden
     assert layer_backward(arch, batch, False) - layer_backward(ungated, batch, False) == waiting
+
+
+# bench/results/step_fuzz/h200_ds_seed26.jsonl: a one-layer Gemma, 8 x 192 tokens, whose peak
+# is its final norm's backward
+ONE_LAYER_GEMMA = {
+    **family_config("gemma"),
+    "hidden_size": 768,
+    "intermediate_size": 384,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "vocab_size": 500,
+}
+
+
+def test_a_norms_weight_gradient_is_summed_with_both_products_alive() -> None:
+    # Gemma's norm in 16-bit: type_as's backward casts the gradient to fp32 (the 16-bit one
+    # freed), x_normed * (1 + weight) writes both factors' fp32 gradients, and the weight's is
+    # summed over the tokens through the reduction kernel's staging buffer while they are alive
+    arch = architecture_from_hf_config(ONE_LAYER_GEMMA)
+    batch = Batch(8, 192)
+    t, h = batch.tokens, arch.hidden
+    weight = (4 - 2) * t * h + 2 * 4 * t * h + reduction_scratch(h, t)
+    assert final_norm_backward(arch, batch) == weight
+    # after the weight's gradient is accumulated: x * rsqrt's and the statistics' backward
+    assert final_norm_backward(arch, batch, weight_done=True) < weight
+    # in a recomputed block checkpointing's unpack hook held the only reference to the
+    # normalised tensor (fp32 in Gemma's norm): freed as the node returns, before the sum
+    recomputed = _norm_backward(arch, t, h, HALF_BYTES, recomputed=True)
+    assert recomputed == max(weight - 4 * t * h, final_norm_backward(arch, batch, True))
+
+
+def test_the_final_norm_after_a_bucket_flush_holds_grads_in_partition() -> None:
+    # bench/results/step_fuzz/h200_ds_seed27.jsonl: the head's gradient fills the Trainer's
+    # hidden^2 bucket and the final norm's overflows it, so DeepSpeed's stage 2 copies the
+    # bucket into grads_in_partition before the norm's statistics run backward
+    config = {
+        **family_config("mistral"),
+        "hidden_size": 256,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 48,
+        "vocab_size": 257,
+    }
+    arch = architecture_from_hf_config(config)
+
+    def peak(bucket: int) -> tuple[str, dict[str, int]]:
+        setup = dataclasses.replace(
+            _deepspeed(config, Batch(16, 192)),
+            engine_config={
+                "bf16": {"enabled": True},
+                "zero_optimization": {"reduce_bucket_size": bucket, "overlap_comm": False},
+            },
+        )
+        est = estimate(setup, [Stage.GRADIENTS]).stages[0]
+        moment = next(n for n in est.notes if n.startswith("peak moment:"))
+        return moment, {k: v for k, v in est.components.items() if k.startswith("peak.")}
+
+    moment, small = peak(arch.hidden**2)
+    assert moment == "peak moment: final_norm_backward"
+    assert small["peak.grads_in_partition"] > 0
+    # a bucket that takes every gradient flushes only at the end of backward
+    _, large = peak(10**8)
+    assert "peak.grads_in_partition" not in large
+    assert small["peak.activations"] <= large["peak.activations"]
+
+
+def test_an_mlp_bias_gradient_is_summed_beside_ups_gradients() -> None:
+    # bench/results/step_fuzz/h200_seed17.jsonl: SmolLM3 with mlp_bias; up's backward (run
+    # before the activation's) sums its bias's gradient over the tokens while both factors'
+    # gradients, its input's and its weight's are alive
+    config = {
+        **family_config("smollm3"),
+        "hidden_size": 256,
+        "intermediate_size": 800,
+        "num_hidden_layers": 1,
+        "mlp_bias": True,
+    }
+    arch = architecture_from_hf_config(config)
+    plain = architecture_from_hf_config({**config, "mlp_bias": False})
+    batch = Batch(2, 512)
+    t, h, f = batch.tokens, arch.hidden, arch.ffn
+    up = 2 * t * h - 2 * t * f + 2 * 2 * f * h + reduction_scratch(f, t)
+    assert dense_layer_backward(arch, batch, "half") == max(
+        dense_layer_backward(plain, batch, "half"), up
+    )
+    assert dense_layer_backward(arch, batch, "half") > dense_layer_backward(plain, batch, "half")
+
+
+def test_attention_dropouts_mask_is_freed_before_softmaxs_backward() -> None:
+    # in fp32 dropout's output is a tensor of its own, saved by the second bmm and freed by its
+    # backward; the boolean mask goes with dropout's backward
+    config = {**family_config("llama"), "attn_implementation": "eager"}
+    batch = Batch(1, 296)
+    arch = architecture_from_hf_config(config)
+    dropped = architecture_from_hf_config({**config, "attention_dropout": 0.1})
+    scores = batch.micro_batch_size * arch.heads * batch.seq_len**2
+    plain = eager_attention_backward(arch, batch, "fp32")
+    assert eager_attention_backward(dropped, batch, "fp32") == max(plain - 5 * scores, 0)
+
+
+def test_the_torch_engines_count_the_experts_gated_products_backward() -> None:
+    # bench/results/step_fuzz/h200_seed20.jsonl: a Mixtral layer in bf16 whose experts' gated
+    # product runs backward with down's input and weight gradients alive (read -2.33 % without)
+    config = {
+        **family_config("mixtral"),
+        "hidden_size": 96,
+        "intermediate_size": 800,
+        "num_local_experts": 2,
+        "num_experts_per_tok": 2,
+    }
+    arch = architecture_from_hf_config(config)
+    batch = Batch(2, 296)
+    from calculators.activations import Regime
+
+    n, f, h = batch.tokens * arch.experts_per_token, arch.ffn, arch.hidden
+    gated = 2 * 2 * n * f + 2 * arch.num_experts * f * h - 2 * n * h
+    assert gated > experts_backward(arch, batch, "half")
+    assert _layer_inner(arch, batch, Regime.HALF, HALF_BYTES) >= gated
+
+
+def test_fsdp2_holds_a_blocks_gradients_made_before_its_attention_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # FSDP2 keeps a block's unsharded gradients until its post-backward: by a recomputed eager
+    # attention's backward its MLP's, output projection's and post-attention norm's exist
+    # (bench/results/step_fuzz/h200_seed18.jsonl: Phi-3, read -2.65 % without them)
+    from calculators.engines.torch import memory
+
+    config = {**family_config("llama"), "attn_implementation": "eager", "vocab_size": 128}
+    arch = architecture_from_hf_config(config)
+    setup = dataclasses.replace(
+        _setup("llama", Precision.MIXED_BF16, 2, 256),
+        params=count_params(arch),
+        architecture=arch,
+        batch=Batch(2, 256, Checkpointing.FULL),
+    )
+    with_grads = _moments(setup, Stage.GRADIENTS)["recompute"]
+    made = {"proj", "gate", "up", "down", "ln2"}  # the output projection, the MLP, its norm
+    block = memory.root_and_last_block(memory.param_tensors(setup) or [])[1]
+    grads = HALF_BYTES * sum(t.numel for t in block if t.name.split(".")[-2] in made)
+    monkeypatch.setattr(memory, "_before_attention", lambda _: 0)
+    assert with_grads - _moments(setup, Stage.GRADIENTS)["recompute"] == grads

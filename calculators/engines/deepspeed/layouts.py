@@ -323,6 +323,9 @@ class StepShape:
     # the first layer's backward where its gradients add into those accumulated before
     # (later micro-steps: AccumulateGrad adds each in place and frees it, as if moved away)
     first_layer_backward_moved: int = 0
+    # the final norm's backward once its weight's gradient is accumulated, where a hook may
+    # have allocated (the later part of final_norm_backward)
+    final_norm_after_weight: int = 0
 
     def regrown_gradients(self, hook_moves_gradients: bool) -> int:
         """What :attr:`last_layer_backward` counts of the layer's own gradients kept where no
@@ -366,6 +369,7 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
     fp32_logits = block(FP32_BYTES * t * v)
     head = block(HALF_BYTES * v * (arch.embed_proj_dim or arch.hidden))
     freed, norm, layer, first_layer, layer_moved = 0, 0, None, 0, None
+    norm_after_weight = 0
     leaf: int | None = None
     first_moved = 0
     if arch.modelling is None and arch.final_norm and arch.num_experts == 1:
@@ -389,6 +393,7 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         if arch.modelling.final_logit_softcap:
             freed = block(HALF_BYTES * t * v)  # tanh(logits / cap), saved by tanh's backward
         norm = hf.final_norm_backward(arch, batch)
+        norm_after_weight = hf.final_norm_backward(arch, batch, weight_done=True)
         layer = hf.last_layer_backward(arch, batch)
         layer_moved = hf.last_layer_backward(arch, batch, moved=True)
         # the first block recomputed (first_block_backward): inside its backward only the
@@ -415,6 +420,7 @@ def step_shape(setup: TrainingSetup, knobs: Knobs) -> StepShape:
         HALF_BYTES * t,
         leaf,
         first_moved,
+        norm_after_weight,
     )
 
 
@@ -435,7 +441,9 @@ def forward_moments(
       (stages 1/2) the first gradient hook allocates the IPG bucket
       (stage_1_and_2.py ``setup_buckets``).
     - ``final_norm_backward`` and ``last_layer_backward`` (transformers' modelling code): the
-      first ops after it, with the bucket alive. An untied head's gradient is gone by then
+      first ops after it, with the bucket alive (under a tied head, from the final norm's
+      weight's hook on: its weight product's backward runs before). An untied head's gradient
+      is gone by then
       where the hook copies it into the bucket (``hook_moves_gradients``: stage 2, stage 1
       with overlap_comm, stage 3); a tied one waits in the shared weight's input buffer until
       the embedding's backward.
@@ -484,6 +492,13 @@ def forward_moments(
         )
     if shape.final_norm_backward:
         out["final_norm_backward"] = Moment(base + shape.final_norm_backward, after)
+        if shape.tied and shape.final_norm_after_weight:
+            # a tied head's gradient waits in the shared weight's input buffer: the first hook
+            # is the final norm's weight's, after its weight product's backward, so the bucket
+            # exists only for the norm's later ops
+            before_hook = Moment(base + shape.final_norm_backward, {**after, "ipg_buckets": 0})
+            later_ops = Moment(base + shape.final_norm_after_weight, after)
+            out["final_norm_backward"] = max(before_hook, later_ops, key=lambda m: m.total)
     recompute = shape.acts.recompute
     if recompute:
         # activation checkpointing: the last block's forward runs again at the start of
@@ -907,11 +922,30 @@ class Stage12:
         if first is not None and not offload and bounds and first - 1 >= bounds[-1]:
             # the first bucket reduced during backward that reaches rank 0's partition is
             # overflowed by the final norm's or the head's gradient: grads_in_partition exists
-            # before the last block's backward (its recomputation, its backward ops) begins
+            # before the last block's backward (its recomputation, its backward ops) begins,
+            # and for the final norm's backward after its weight's gradient is accumulated
             for name in ("recompute", "last_layer_backward"):
                 if name in moments:
                     m = moments[name]
                     moments[name] = Moment(m.activations, {**m.buffers, "grads_in_partition": gip})
+            m = moments.get("final_norm_backward")
+            if m is not None and shape.final_norm_after_weight:
+                later = Moment(
+                    m.activations - shape.final_norm_backward + shape.final_norm_after_weight,
+                    {**m.buffers, "grads_in_partition": gip},
+                )
+                if later.total > m.total:
+                    moments["final_norm_backward"] = later
+        elif first is not None and not offload and len(bounds) > 1 and first - 1 >= bounds[-2]:
+            # overflowed by a gradient of the last block (a bucket smaller than one layer's
+            # gradients): grads_in_partition exists for the rest of that block's backward. The
+            # block's largest moment is taken as coming after it (errs high by at most
+            # grads_in_partition where it comes before).
+            m = moments.get("last_layer_backward")
+            if m is not None:
+                moments["last_layer_backward"] = Moment(
+                    m.activations, {**m.buffers, "grads_in_partition": gip}
+                )
         moments["gradient_reduction"] = Moment(
             reduce_acts,
             {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak},

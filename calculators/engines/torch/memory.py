@@ -565,8 +565,20 @@ def _step(
 
 
 # a decoder layer's parameters whose gradients its attention core's backward comes before:
-# the input norm and the q/k/v projections (DeepSeek's latent ones) with their norms
+# the input norm and the q/k/v projections (DeepSeek's latent ones) with their norms, by the
+# module's names (a measured model's parameter list) and by the architecture's own
 _BEFORE_ATTENTION = (
+    "ln1",
+    "q",
+    "k",
+    "v",
+    "qkv",
+    "q_a",
+    "q_b",
+    "q_a_norm",
+    "kv_a",
+    "kv_a_norm",
+    "kv_b",
     "input_layernorm",
     "q_proj",
     "k_proj",
@@ -598,13 +610,18 @@ def _ddp_backward_grads(setup: TrainingSetup, grad_bytes: int) -> DdpBackwardGra
         return None
     root, block = root_and_last_block(ts)
     embedding = 0 if arch.tied_embeddings else arch.vocab_size * arch.hidden
-    before = sum(t.numel for t in block if t.name.split(".")[-2] not in _BEFORE_ATTENTION)
     return DdpBackwardGrads(
         grad_bytes * (sum(t.numel for t in root) - embedding),
         grad_bytes * sum(t.numel for t in block),
-        grad_bytes * before,
+        grad_bytes * _before_attention(block),
         grad_bytes,
     )
+
+
+def _before_attention(block: Sequence[ParamTensor]) -> int:
+    """Elements of a block's gradients autograd makes before its attention core's backward:
+    its MLP's or experts', its output projection's and its post-attention norms'."""
+    return sum(t.numel for t in block if t.name.split(".")[-2] not in _BEFORE_ATTENTION)
 
 
 def root_and_last_block(
@@ -702,4 +719,5 @@ def _fsdp_backward(
         keeps_shards=not offload,
         gather_inputs=block_shard * d.compute if offload and stage is Stage.PARAMETERS else 0,
         grad_element_bytes=d.compute,
+        block_grads_before_attention=d.compute * _before_attention(last),
     )

@@ -66,6 +66,7 @@ from calculators.transformers_activations import (
     dense_layer_backward,
     eager_attention_backward,
     experts_backward,
+    experts_product_backward,
     final_hidden_state,
     final_norm_held,
     input_norm_backward,
@@ -267,6 +268,9 @@ class FsdpBackward:
             all-gather output they are copied into is allocated (0: no offload; the shards on
             the device are copied straight into it).
         grad_element_bytes: bytes per element of the unsharded gradients (compute dtype).
+        block_grads_before_attention: the part of ``block_grads`` autograd has made by the
+            block's attention core's backward: its MLP's, output projection's and
+            post-attention norms' gradients (an eager attention's backward runs beside them).
     """
 
     layers: int
@@ -282,6 +286,7 @@ class FsdpBackward:
     keeps_shards: bool = True
     gather_inputs: int = 0
     grad_element_bytes: int = HALF_BYTES
+    block_grads_before_attention: int = 0
 
     def at_block_start(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds when block ``i``'s backward starts (no gradient of it yet)."""
@@ -582,8 +587,10 @@ def step_memory(
             if arch.modelling is not None:
                 # the recomputed block's experts' (or dense MLP's, or sandwich norm's) backward
                 # (no gradient leaves it yet), or its eager attention's
+                # (with the block's unsharded gradients made before its attention core)
                 layer = inner(fsdp_backward.grad_element_bytes)
-                recompute += max(layer - res * batch.tokens * arch.hidden, in_block, 0)
+                attention = in_block + fsdp_backward.block_grads_before_attention if eager else 0
+                recompute += max(layer - res * batch.tokens * arch.hidden, attention, 0)
         else:
             recompute += unsharded_after_forward + accumulated_gradients
             # the recomputed block k's eager attention, or its MLP's, experts' or norms'
@@ -653,6 +660,7 @@ def _layer_inner(
     dense = None if block is None else arch.num_experts <= 1 or block < dense_layers(arch)
     return max(
         experts_backward(arch, batch, regime.value) if dense is not True else 0,
+        experts_product_backward(arch, batch, regime.value, kept) if dense is not True else 0,
         dense_layer_backward(arch, batch, regime.value) if dense is not False else 0,
         norms_backward(arch, batch, regime.value, kept, dense),
     )
@@ -706,7 +714,8 @@ def _block_backward(
     if arch.modelling is not None:
         # in its MLP's or experts' backward, its eager attention's, or the norms' between them
         # (with the MLP's gradients), block i - 1 prefetched, no gradient of the rest yet
-        within = max(eager, _layer_inner(arch, batch, regime, fsdp.grad_element_bytes))
+        attention = eager + fsdp.block_grads_before_attention if eager else 0
+        within = max(attention, _layer_inner(arch, batch, regime, fsdp.grad_element_bytes))
         kinds.append((leaving + within, lambda i: fsdp.at_block_start(i, acc), True))
         # its input norm's backward, every gradient of the block made
         end = input_norm_backward(arch, batch, regime.value)
