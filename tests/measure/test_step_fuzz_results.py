@@ -24,9 +24,11 @@ GROUPS = (
     "h200_real.jsonl",
     "h200_seed18.jsonl",
     "h200_seed[12][09].jsonl",
+    "h200_seed2[12].jsonl",
     "h200_ds_seed2[1234].jsonl",
     "h200_ds_seed2[567].jsonl",
     "h200_ds_seed[23][089].jsonl",
+    "h200_ds_seed3[123].jsonl",
 )
 
 

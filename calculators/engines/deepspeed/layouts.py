@@ -928,23 +928,23 @@ class Stage12:
                 if name in moments:
                     m = moments[name]
                     moments[name] = Moment(m.activations, {**m.buffers, "grads_in_partition": gip})
-            m = moments.get("final_norm_backward")
-            if m is not None and shape.final_norm_after_weight:
+            norm = moments.get("final_norm_backward")
+            if norm is not None and shape.final_norm_after_weight:
                 later = Moment(
-                    m.activations - shape.final_norm_backward + shape.final_norm_after_weight,
-                    {**m.buffers, "grads_in_partition": gip},
+                    norm.activations - shape.final_norm_backward + shape.final_norm_after_weight,
+                    {**norm.buffers, "grads_in_partition": gip},
                 )
-                if later.total > m.total:
+                if later.total > norm.total:
                     moments["final_norm_backward"] = later
         elif first is not None and not offload and len(bounds) > 1 and first - 1 >= bounds[-2]:
             # overflowed by a gradient of the last block (a bucket smaller than one layer's
             # gradients): grads_in_partition exists for the rest of that block's backward. The
             # block's largest moment is taken as coming after it (errs high by at most
             # grads_in_partition where it comes before).
-            m = moments.get("last_layer_backward")
-            if m is not None:
+            layer = moments.get("last_layer_backward")
+            if layer is not None:
                 moments["last_layer_backward"] = Moment(
-                    m.activations, {**m.buffers, "grads_in_partition": gip}
+                    layer.activations, {**layer.buffers, "grads_in_partition": gip}
                 )
         moments["gradient_reduction"] = Moment(
             reduce_acts,
