@@ -192,11 +192,9 @@ def test_a_gated_shared_experts_output_gradient_waits_for_the_routed_experts() -
 # bench/results/step_fuzz/h200_ds_seed26.jsonl: a one-layer Gemma, 8 x 192 tokens, whose peak
 # is its final norm's backward
 ONE_LAYER_GEMMA = {
-    **family_config("gemma"),
-    "hidden_size": 768,
+    **NARROW_MLP,
     "intermediate_size": 384,
     "num_hidden_layers": 1,
-    "num_attention_heads": 8,
     "num_key_value_heads": 1,
     "head_dim": 16,
     "vocab_size": 500,
