@@ -10,11 +10,15 @@ start, and the script marks each ``engine.backward`` and ``engine.step`` call. A
 allocation at each of these finds the step and its phases in the history. The report gives, per
 run, the predicted moments (``peak_candidate_*``), the measured and replayed requested peak, the
 phase it falls in, the allocation that reached it and the blocks alive then, grouped by size and
-first Python frames, largest first. Run it under ``torchrun`` so that a DeepSpeed run measures
-in this process (``measure.runner`` spawns a child otherwise, whose history is not recorded)::
+first Python frames, largest first. Run a DeepSpeed row under ``torchrun``, one row per
+invocation: there ``measure.runner`` measures in this process (it spawns a child otherwise, whose
+history is not recorded), and DeepSpeed keeps the process group it first saw::
 
     NCCL_NVLS_ENABLE=0 DS_ACCELERATOR=cuda PYTHONPATH=$PWD torchrun --nproc-per-node 1 \\
-        bench/gpu/step_snapshot.py --jsonl bench/results/step_fuzz/*.jsonl --worst 12
+        bench/gpu/step_snapshot.py --jsonl bench/results/step_fuzz/h200_ds_seed2?.jsonl \\
+        --pick h200_ds_seed26.jsonl:12
+    NCCL_NVLS_ENABLE=0 python3 bench/gpu/step_snapshot.py --stacks all \\
+        --jsonl bench/results/step_fuzz/h200_seed*.jsonl --worst 12
 """
 
 from __future__ import annotations
