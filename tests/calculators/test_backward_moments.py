@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from calculators.activations import Regime
 from calculators.architecture import count_params, tensor_counts
 from calculators.batch import Batch, Checkpointing
 from calculators.conventions import HALF_BYTES, Engine, Precision, Stage
@@ -301,8 +302,6 @@ def test_the_torch_engines_count_the_experts_gated_products_backward() -> None:
     }
     arch = architecture_from_hf_config(config)
     batch = Batch(2, 296)
-    from calculators.activations import Regime
-
     n, f, h = batch.tokens * arch.experts_per_token, arch.ffn, arch.hidden
     gated = 2 * 2 * n * f + 2 * arch.num_experts * f * h - 2 * n * h
     assert gated > experts_backward(arch, batch, "half")

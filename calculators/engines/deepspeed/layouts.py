@@ -919,15 +919,15 @@ class Stage12:
         moments = dict(self.before_reduction)
         bounds = facts.block_bounds
         first = next((lo for lo, *_ in extents[:-1] if lo < part), None) if in_hooks else None
-        if first is not None and not offload and bounds and first - 1 >= bounds[-1]:
-            # the first bucket reduced during backward that reaches rank 0's partition is
-            # overflowed by the final norm's or the head's gradient: grads_in_partition exists
-            # before the last block's backward (its recomputation, its backward ops) begins,
-            # and for the final norm's backward after its weight's gradient is accumulated
-            for name in ("recompute", "last_layer_backward"):
-                if name in moments:
-                    m = moments[name]
-                    moments[name] = Moment(m.activations, {**m.buffers, "grads_in_partition": gip})
+        # where the first bucket reduced during backward that reaches rank 0's partition is
+        # overflowed, and the moments grads_in_partition exists at from then on
+        overflowed = None if first is None or offload or not bounds else first - 1
+        after_flush: tuple[str, ...] = ()
+        if overflowed is not None and overflowed >= bounds[-1]:
+            # by the final norm's or the head's gradient: before the last block's backward (its
+            # recomputation, its backward ops) begins, and for the final norm's backward after
+            # its weight's gradient is accumulated
+            after_flush = ("recompute", "last_layer_backward")
             norm = moments.get("final_norm_backward")
             if norm is not None and shape.final_norm_after_weight:
                 later = Moment(
@@ -936,16 +936,15 @@ class Stage12:
                 )
                 if later.total > norm.total:
                     moments["final_norm_backward"] = later
-        elif first is not None and not offload and len(bounds) > 1 and first - 1 >= bounds[-2]:
-            # overflowed by a gradient of the last block (a bucket smaller than one layer's
-            # gradients): grads_in_partition exists for the rest of that block's backward. The
-            # block's largest moment is taken as coming after it (errs high by at most
-            # grads_in_partition where it comes before).
-            layer = moments.get("last_layer_backward")
-            if layer is not None:
-                moments["last_layer_backward"] = Moment(
-                    layer.activations, {**layer.buffers, "grads_in_partition": gip}
-                )
+        elif overflowed is not None and len(bounds) > 1 and overflowed >= bounds[-2]:
+            # by a gradient of the last block (a bucket smaller than one layer's gradients): for
+            # the rest of that block's backward. The block's largest moment is taken as coming
+            # after it (errs high by at most grads_in_partition where it comes before).
+            after_flush = ("last_layer_backward",)
+        for name in after_flush:
+            m = moments.get(name)
+            if m is not None:
+                moments[name] = Moment(m.activations, {**m.buffers, "grads_in_partition": gip})
         moments["gradient_reduction"] = Moment(
             reduce_acts,
             {"held_outputs": shape.held, "ipg_buckets": ipg, "reduction_buffers": reduce_peak},
