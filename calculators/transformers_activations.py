@@ -309,6 +309,37 @@ def _eager_attention(
     return saved
 
 
+def eager_softmax_forward(arch: Architecture, batch: Batch, regime: str) -> int:
+    """What a layer holds at its eager attention's softmax in forward, beyond its input (0: SDPA,
+    or not a transformers model): its input norm's saved tensors and output, the latent norms
+    of DeepSeek's attention, q, k and v as the first ``matmul`` saves them, and the scores.
+
+    ``softmax(attn_weights, dtype=torch.float32)`` on 16-bit scores converts them to an fp32
+    copy first (ATen's ``softmax`` takes its half-to-float kernel for fp16 only; bf16 is
+    converted), then writes the fp32 output, while the variable still holds the 16-bit scores;
+    on fp32 scores it writes the output beside them. Against what the attention saves
+    (:func:`_eager_attention`) that is one fp32 scores tensor more, where the 16-bit copy of the
+    probabilities stands for the 16-bit scores, and the output copy not made yet. The rest of
+    the layer (the post-attention norms, the MLP) has not run. A recomputed or checkpointed
+    layer holds the same as locals."""
+    if arch.modelling is None or not _m(arch).eager_attention:
+        return 0
+    d = dtypes(regime)
+    t, h = batch.tokens, arch.hidden
+    sdpa = HALF_BYTES if regime != "fp32" else FP32_BYTES
+    mla = _m(arch).latent_attention
+    if mla is not None:
+        norms, inputs, attention = _latent_attention_terms(arch, mla, batch, d, batch.padded)
+        out = sdpa * t * arch.heads * mla.v_head_dim
+    else:
+        attention = layer_terms(arch, batch, regime, use_cache=False, masked=batch.padded).attention
+        norms, inputs = 0, _norm_output(d, t, h, _attention_consumers(arch))
+        out = sdpa * t * arch.q_dim
+    scores = batch.micro_batch_size * arch.heads * batch.seq_len**2
+    norms += _norm_internal(arch, t, h, d.res)
+    return norms + inputs + attention - out + FP32_BYTES * scores
+
+
 def _mqa_views(arch: Architecture, regime: str, masked: bool, rotated: bool = True) -> bool:
     """Whether a masked layer's ``repeat_kv`` hands SDPA views rather than copies: with one
     key/value head, ``expand`` then ``reshape`` merges a size-1 dim with a stride-0 one, which
@@ -463,7 +494,9 @@ def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
     return saved
 
 
-def experts_backward(arch: Architecture, batch: Batch, regime: str) -> int:
+def experts_backward(
+    arch: Architecture, batch: Batch, regime: str, down_bytes: int | None = None
+) -> int:
     """The most a MoE layer's backward holds beyond what the layer saved (0: no experts).
 
     ``integrations/moe.py`` ``grouped_mm_experts_forward`` ends with ``weighted_out = proj_out *
@@ -471,16 +504,22 @@ def experts_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     there: the index's backward writes the un-permuted gradient (token-expert rows × hidden),
     then the weighted product's backward writes both its inputs' gradients at that size before
     autograd casts and sums them — three such tensors in the product's dtype, which is fp32
-    where the routing weights are (Mixtral's softmax in fp32), while the layer's saved tensors
-    are all still alive.
+    where the routing weights are (Mixtral's softmax in fp32), and the experts' one cast back to
+    their dtype, while the layer's saved tensors are all still alive.
 
     Then the experts run in reverse: the weighted product frees the down output and the
     routing weights, the down ``grouped_mm`` writes ``down_proj``'s gradient and frees its input,
     the activation's and product's backward free ``act(gate)``, ``act * up`` and the gate/up
     output, and the gate/up ``grouped_mm`` writes ``gate_up_proj``'s gradient, then its input's.
     Alive then beyond the saved layer: both experts' weight gradients (E × 3 × ffn × hidden, the
-    weights' dtype), the gate/up output's gradient and the gathered input's gradient, which
-    stand in for the gate/up output and the gathered input still saved.
+    weights' dtype; ``down_bytes`` per element of ``down_proj``'s where given, 0 where a hook
+    has moved it by then), the gate/up output's gradient and the gathered input's gradient,
+    which stand in for the gate/up output and the gathered input still saved.
+
+    A gated shared expert (Qwen2-MoE: ``sigmoid(gate(x)) * shared(x)``, computed before the
+    routed experts and gated after them) has its output's gradient made first, by the gate
+    product's backward; it waits through the routed experts' backward for the shared expert's,
+    which runs after them.
     """
     if arch.modelling is None or arch.num_experts <= 1:
         return 0
@@ -490,10 +529,13 @@ def experts_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     n = batch.tokens * k
     x = d.experts
     weight_bytes = _routing_weight_bytes(m, d)
-    combine = 3 * max(x, weight_bytes) * n * h
-    grads = x * e * 3 * f * h
+    product = max(x, weight_bytes)
+    combine = 3 * product * n * h + (x * n * h if product != x else 0)
+    down = x if down_bytes is None else down_bytes
+    grads = x * e * 2 * f * h + down * e * f * h
     freed = 2 * x * n * f + weight_bytes * n  # act(gate) and act * up; the routing weights
-    return max(combine, grads - freed, 0)
+    waiting = d.lin * batch.tokens * h if m.shared_expert_ffn and m.shared_expert_gate else 0
+    return max(combine, grads - freed, 0) + waiting
 
 
 def experts_product_backward(arch: Architecture, batch: Batch, regime: str, down_bytes: int) -> int:
@@ -639,22 +681,13 @@ def layer_backward(
     if dense or arch.num_experts <= 1:
         candidates.append(dense_layer_backward(arch, batch, "half", kept=not moved))
     else:
-        n = t * arch.experts_per_token
-        weights = _routing_weight_bytes(m, dtypes("half"))
-        product = max(weights, x)
-        # a gated shared expert (Qwen2-MoE: sigmoid(gate(x)) * shared(x), computed before the
-        # routed experts) has its output's gradient made first, by the product's backward; it
-        # waits for the shared expert's backward, which runs after the routed experts'
-        waiting = x * t * h if m.shared_expert_ffn and m.shared_expert_gate else 0
-        candidates.append(3 * product * n * h + (x * n * h if product != x else 0) + waiting)
-        # further down: the gated product's backward (down's input gradient and both
-        # factors', down's saved input and the weighted product's saved proj_out freed;
-        # down_proj's weight gradient written), then the gate/up grouped_mm with both
-        # experts' weight gradients at once
-        f, e = arch.ffn, arch.num_experts
-        down = 0 if moved else x * e * f * h
-        candidates.append(experts_product_backward(arch, batch, "half", 0 if moved else x))
-        candidates.append(experts_backward(arch, batch, "half") - (x * e * f * h - down) + waiting)
+        # the weighted product's backward; further down the gated product's (down's input
+        # gradient and both factors', down's saved input and the weighted product's saved
+        # proj_out freed; down_proj's weight gradient written), then the gate/up grouped_mm
+        # with both experts' weight gradients at once
+        down = 0 if moved else x
+        candidates.append(experts_product_backward(arch, batch, "half", down))
+        candidates.append(experts_backward(arch, batch, "half", down))
         if m.shared_expert_ffn:
             candidates.append(2 * x * t * m.shared_expert_ffn)
     candidates.append(_post_feedforward_norm_backward(arch, batch, "half"))
@@ -1001,6 +1034,24 @@ def plain_layers(arch: Architecture, batch: Batch, regime: str) -> list[int]:
             kept[kind] = _total(terms)
         out.append(kept[kind])
     return out
+
+
+def final_norm_forward(arch: Architecture, batch: Batch, regime: str) -> int:
+    """What the final norm holds at its last op in forward (0: not a transformers model): the
+    last block's output (its input), which the decoder's loop variable keeps until the norm
+    returns, what it saves (:func:`_norm_internal`), and its output; in 16-bit also the fp32
+    tensor its last op reads, a local nothing saves (Llama's ``hidden_states * rsqrt(...)``
+    before ``.to(input_dtype)``, Gemma's fp32 product before ``type_as``). In fp32 (and under
+    autocast, whose residual stream is fp32) ``to(float32)`` and the last cast return their
+    input: the input is the saved ``x`` and that local the saved or returned tensor."""
+    if arch.modelling is None:
+        return 0
+    d = dtypes(regime)
+    t, h = batch.tokens, arch.hidden
+    held = _norm_internal(arch, t, h, d.res) + d.res * t * h
+    if d.res != FP32_BYTES:
+        held += d.res * t * h + FP32_BYTES * t * h
+    return held
 
 
 def final_hidden_state(arch: Architecture, batch: Batch, regime: str) -> int:

@@ -536,7 +536,8 @@ def test_many_blocks_of_few_experts_are_one_run_played_at_once(
 @given(arch=architectures())
 def test_torch_reads_of_a_param_list_are_the_named_tensors(arch: Architecture) -> None:
     """What the torch engines read from an architecture's ParamList (shapes, sizes, the root
-    FSDP group, the number of FSDP groups) equals the same read over its named tensors."""
+    FSDP group, the number of FSDP groups, each block's tensors) equals the same read over its
+    named tensors."""
     params = architecture_params(arch)
     named = tuple(params.tensors)
     assert shape_counts(params) == Counter(p.shape for p in named)
@@ -547,4 +548,13 @@ def test_torch_reads_of_a_param_list_are_the_named_tensors(arch: Architecture) -
     named_root, named_last = torch_memory.root_and_last_block(named)
     assert root == named_root
     assert Counter(p.shape for p in last) == Counter(p.shape for p in named_last)
-    assert torch_memory.blocks(params) == torch_memory.blocks(named)
+    # block by block: each kind's block of the list, repeated, is the named blocks' shapes
+    runs = [
+        Counter(p.shape for p in tensors)
+        for count, tensors in torch_memory.block_runs(params)
+        for _ in range(count)
+    ]
+    named_runs = [
+        Counter(p.shape for p in tensors) for _, tensors in torch_memory.block_runs(named)
+    ]
+    assert runs == named_runs

@@ -330,3 +330,75 @@ def test_fsdp2_holds_a_blocks_gradients_made_before_its_attention_core(
     grads = HALF_BYTES * sum(t.numel for t in block if t.name.split(".")[-2] in made)
     monkeypatch.setattr(memory, "_before_attention", lambda _: 0)
     assert with_grads - _moments(setup, Stage.GRADIENTS)["recompute"] == grads
+
+
+def test_fsdp2_holds_each_kind_of_block_at_its_own_size() -> None:
+    # DeepSeek's dense blocks come before its experts blocks: at N = 64 the four-expert weights
+    # pad 16-fold, so an experts block gathers far more than a dense one. Each block's moments
+    # read its own size and its neighbours' (bench/results/step_fuzz/h200_seed19.jsonl: a
+    # three-layer DeepSeek-V3 read +17.5 % with every block sized as the last)
+    from calculators.engines.torch import memory
+    from calculators.parameters import fsdp_shard_total
+
+    config = {**family_config("deepseek_v3"), "num_hidden_layers": 5, "first_k_dense_replace": 2}
+    arch = architecture_from_hf_config(config)
+    setup = dataclasses.replace(
+        _setup("deepseek_v3", Precision.BF16, 2, 64, dp=64),
+        params=count_params(arch),
+        architecture=arch,
+    )
+    ts = memory.param_tensors(setup) or []
+    runs = memory.block_runs(ts)
+    assert [count for count, _ in runs] == [2, 3]
+    fsdp = memory._fsdp_backward(setup, Stage.PARAMETERS, memory.dtypes(setup.precision), ts)
+    dense, experts = (b for _, b in fsdp.blocks)
+    for (_, tensors), block in zip(runs, (dense, experts), strict=True):
+        assert block.gathered == 64 * fsdp_shard_total(tensors, 64) * HALF_BYTES
+    assert experts.gathered > 2 * dense.gathered
+    # the first experts block finds the last dense block prefetched, not one of its own kind
+    assert fsdp.at_block_start(2, 0) - fsdp.at_block_start(3, 0) < experts.gathered - dense.gathered
+    assert {1, 2} <= fsdp.candidates()
+
+
+def test_one_rank_makes_no_flat_all_gather_output() -> None:
+    # FSDP2 on one rank copies each shard into its unsharded storage when a block's
+    # pre-forward or pre-backward waits for it (_fsdp_param_group.py wait_for_unshard,
+    # world_size == 1): no flat all-gather output beside the parameters, and a prefetch that
+    # allocates nothing. At N = 2 (dimensions that divide evenly: the same padded bytes) block
+    # 0's all-gather in forward holds both copies of the root and of block 0
+    from calculators.engines.torch import memory
+
+    one = _setup("llama", Precision.BF16, 2, 64, dp=1)
+    two = dataclasses.replace(one, dp=2)
+    root, _ = memory._root_and_last_block(one, HALF_BYTES)
+    first = HALF_BYTES * sum(t.numel for t in memory.first_block(memory.param_tensors(one) or []))
+    gap = _moments(two, Stage.PARAMETERS)["first_block_gather"]
+    gap -= _moments(one, Stage.PARAMETERS)["first_block_gather"]
+    assert gap == root + first
+    fsdp = memory._fsdp_backward(one, Stage.PARAMETERS, memory.dtypes(one.precision), [])
+    assert not fsdp.across_ranks
+
+
+def test_the_last_blocks_eager_softmax_holds_an_fp32_copy_of_the_scores() -> None:
+    # softmax(dtype=float32) on bf16 scores converts them first, then writes its fp32 output,
+    # the 16-bit scores still bound: under FSDP2 the last block's eager attention does so beside
+    # its flat all-gather output (bench/results/step_fuzz/h200_seed19.jsonl: the measured peak,
+    # in forward, reached by softmax's output)
+    from calculators.transformers_activations import eager_softmax_forward
+
+    config = {**family_config("llama"), "attn_implementation": "eager", "vocab_size": 128}
+    arch = architecture_from_hf_config(config)
+    batch = Batch(2, 256)
+    scores = 2 * arch.heads * 256**2
+    sdpa = architecture_from_hf_config(family_config("llama"))
+    assert eager_softmax_forward(sdpa, batch, "half") == 0
+    held = eager_softmax_forward(arch, batch, "half")
+    # the fp32 copy and output, the 16-bit scores, q, k and v: more than both fp32 tensors
+    assert held > 2 * 4 * scores + HALF_BYTES * scores
+    setup = dataclasses.replace(
+        _setup("llama", Precision.BF16, 2, 256, dp=4),
+        params=count_params(arch),
+        architecture=arch,
+    )
+    moments = _moments(setup, Stage.PARAMETERS)
+    assert moments["last_block_forward"] > moments["last_block_gather"]

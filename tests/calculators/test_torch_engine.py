@@ -219,19 +219,15 @@ def test_cpu_offload_prefetch_holds_the_inputs_copied_up() -> None:
     # copied up from the CPU and cast before its flat all-gather output is made
     import dataclasses
 
-    from calculators.engines.torch.peak import FsdpBackward
+    from calculators.engines.torch.peak import FsdpBackward, FsdpBlock
 
+    block = FsdpBlock(gathered=40, grads=40, reduce_input=80, shard_grad=20, gather_inputs=20)
     fsdp = FsdpBackward(
-        layers=4,
+        blocks=((4, block),),
         root_gathered=100,
         root_grads=10,
-        block_gathered=40,
-        block_grads=40,
-        reduce_input=80,
-        block_shard_grad=20,
         prefetch=True,
         keeps_shards=False,
-        gather_inputs=20,
     )
     assert fsdp.at_prefetch(0, 0) == 0
     for i in (1, 2, 3):
@@ -240,6 +236,12 @@ def test_cpu_offload_prefetch_holds_the_inputs_copied_up() -> None:
     kept = dataclasses.replace(fsdp, keeps_shards=True)
     assert fsdp.at_block_end(0, 0) == 40 + 80 + 100 + 10 + 40
     assert kept.at_block_end(0, 0) == fsdp.at_block_end(0, 0) + 3 * 20
+    # one rank alone prefetches nothing: its shards are copied up and into the unsharded
+    # storage when the block's own pre-backward waits for it, with no flat output
+    alone = dataclasses.replace(fsdp, across_ranks=False)
+    assert [alone.at_prefetch(i, 0) for i in range(4)] == [0] * 4
+    assert alone.at_gather(2, 0) == fsdp.at_gather(2, 0) - 40 + 20
+    assert alone.at_block_end(2, 0) == fsdp.at_block_end(2, 0) - 40
 
 
 def sent_bytes_per_rank(setup: TrainingSetup, stage: Stage) -> int:
@@ -408,27 +410,31 @@ def test_fsdp2_forward_gathers_block_0_with_the_roots_flat_output_kept(stage: St
 @pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("keeps_shards", [True, False])
 @pytest.mark.parametrize("accumulated", [0, 7_000])
-def test_fsdp2_backward_terms_are_linear_between_the_end_blocks(
-    prefetch: bool, keeps_shards: bool, accumulated: int
+@pytest.mark.parametrize("across_ranks", [True, False])
+def test_fsdp2_backward_terms_are_linear_inside_each_run_of_alike_blocks(
+    prefetch: bool, keeps_shards: bool, accumulated: int, across_ranks: bool
 ) -> None:
-    # the every_n_layers walk takes each FSDP2 moment between block 1 and the one before the
-    # last as a line through blocks 1 and 2 (engines/torch/peak.py _block_backward)
-    from calculators.engines.torch.peak import FsdpBackward
+    # the blocks' backward evaluates each FSDP2 moment at FsdpBackward.candidates only, and the
+    # every_n_layers walk takes it as a line inside each run (engines/torch/peak.py
+    # _block_backward): both hold where every term is linear in the block away from a run's
+    # first two and last two blocks, for unlike runs (DeepSeek's dense blocks, then its
+    # experts blocks)
+    from calculators.engines.torch.peak import FsdpBackward, FsdpBlock
 
+    dense = FsdpBlock(1_009, 1_013, 2_017, 251, 127, 257, 509)
+    experts = FsdpBlock(4_001, 4_003, 8_009, 1_021, 503, 1_031, 2_003)
     f = FsdpBackward(
-        layers=9,
+        blocks=((7, dense), (9, experts)),
         root_gathered=101,
         root_grads=103,
-        block_gathered=1_009,
-        block_grads=1_013,
-        reduce_input=2_017,
-        block_shard_grad=251,
         prefetch=prefetch,
-        cast_output=127,
         embedding_grads=131,
         keeps_shards=keeps_shards,
-        gather_inputs=257,
+        across_ranks=across_ranks,
     )
+    assert f.layers == 16
+    assert f.candidates() == {0, 1, 5, 6, 7, 8, 14, 15}
+    assert f.inner_runs() == [range(2, 5), range(9, 14)]
     for at in (
         f.at_block_start,
         f.at_block_end,
@@ -437,7 +443,17 @@ def test_fsdp2_backward_terms_are_linear_between_the_end_blocks(
         f.at_gather,
         f.at_prefetch,
     ):
-        slope = at(2, accumulated) - at(1, accumulated)
-        assert [at(i, accumulated) for i in range(1, 8)] == [
-            at(1, accumulated) + slope * (i - 1) for i in range(1, 8)
-        ]
+        for inner in f.inner_runs():
+            first = inner.start - 1
+            slope = at(first + 1, accumulated) - at(first, accumulated)
+            line = [
+                at(first, accumulated) + slope * (i - first) for i in range(first, inner.stop + 1)
+            ]
+            assert [at(i, accumulated) for i in range(first, inner.stop + 1)] == line
+    # each block reads its own sizes and its neighbours': the last dense block holds the first
+    # experts block's reduce-scatter input, and the first experts block finds the dense block
+    # before it prefetched (none in a world of one, whose gather makes no flat output)
+    assert f.at_block_end(6, 0) - f.at_reduce(6, 0) == 1_009 + 8_009 - 2_017
+    if prefetch:
+        expected = 1_009 - 4_001 if across_ranks else -1_031
+        assert f.at_block_start(7, 0) - f.at_gather(7, 0) == expected

@@ -175,6 +175,8 @@ PHASE = {
     "loss_forward": "forward",
     "last_block_gather": "forward",
     "first_block_gather": "forward",
+    "last_block_forward": "forward",
+    "final_norm_forward": "forward",
     "loss_backward": "backward",
     "block_backward": "backward",
     "recompute": "backward",
@@ -182,6 +184,23 @@ PHASE = {
     "root_backward_gather": "backward",
     "optimizer_step": "step",
 }
+
+
+def _peak_off(got: dict[str, Any], family: str, checkpointing: str) -> int:
+    """The prediction's peak less the count's, less what the count cannot see: a Mixtral
+    experts layer's weighted product (16-bit ``proj_out`` times fp32 routing weights) casts its
+    first gradient back to 16 bits beside its three fp32 token-expert rows × hidden gradients
+    on the GPU (bench/results/step_fuzz/h200_ds_seed27.jsonl reads -2 % without it), while the
+    CPU count of this run shows no such cast: its largest moment is the index's backward, just
+    before the product's."""
+    off = got["p_peak"] - got["peak"]
+    if family == "mixtral" and checkpointing == "full":
+        from measure.hf_families import family_config
+
+        config = family_config(family, "tiny")
+        rows = 2 * 64 * config["num_experts_per_tok"]  # micro-batch 2 × 64 tokens, top-k
+        off -= 2 * rows * config["hidden_size"]
+    return off
 
 
 def _hf_step(
@@ -307,7 +326,7 @@ def test_fsdp2_peak_of_transformers_models(
     pytest.importorskip("transformers")
     got = _hf_step(family, world, stage, checkpointing)
     assert abs(got["p_resident"] - got["resident"]) <= 0.005 * got["resident"], got
-    assert abs(got["p_peak"] - got["peak"]) <= 0.005 * got["peak"], got
+    assert abs(_peak_off(got, family, checkpointing)) <= 0.005 * got["peak"], got
     assert got["p_moment"] == moment, got
     assert got["phase"] == PHASE[moment], got
 
@@ -367,7 +386,7 @@ def test_fsdp2_peak_with_accelerates_fp32_outputs(
     plain = _hf_step(family, world, stage, checkpointing, None, **shape)
     got = _hf_step(family, world, stage, checkpointing, {CONVERT_OUTPUTS: True}, **shape)
     assert abs(got["p_resident"] - got["resident"]) <= 0.005 * got["resident"], got
-    assert abs(got["p_peak"] - got["peak"]) <= 0.005 * got["peak"], got
+    assert abs(_peak_off(got, family, checkpointing)) <= 0.005 * got["peak"], got
     if moment is not None:
         assert got["p_moment"] == moment, got
     # the held fp32 logits replace 16-bit ones: twice their bytes (2 × 2 × tokens × vocab)
@@ -402,7 +421,7 @@ def test_fsdp2_peak_under_transformers_trainer_loop(
         family, world, stage, checkpointing, {**engine_config, TRAINER_LOOP: True}, **shape
     )
     assert abs(got["p_resident"] - got["resident"]) <= 0.005 * got["resident"], got
-    assert abs(got["p_peak"] - got["peak"]) <= 0.005 * got["peak"], got
+    assert abs(_peak_off(got, family, checkpointing)) <= 0.005 * got["peak"], got
     assert got["peak"] < plain["peak"] and got["p_peak"] < plain["p_peak"], (got, plain)
 
 

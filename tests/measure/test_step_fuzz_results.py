@@ -15,16 +15,19 @@ from bench.gpu.step_fuzz import load, summary  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "step_fuzz"
 VALIDATION = ROOT / "docs" / "VALIDATION.md"
-# the drawn configs of four device calls under the torch engines, the committed real configs of
-# one, and the drawn configs of three under DeepSpeed (the last predicted before it ran)
+# the drawn configs of the device calls under the torch engines, the committed real configs of
+# one, and the drawn configs of those under DeepSpeed, grouped by sitting
 GROUPS = (
     "h200_seed1[123].jsonl",
     "h200_seed1[45].jsonl",
     "h200_seed1[67].jsonl",
     "h200_real.jsonl",
     "h200_seed18.jsonl",
-    "h200_seed[12][09].jsonl",
+    "h200_seed19.jsonl",
+    "h200_seed20.jsonl",
     "h200_seed2[12].jsonl",
+    "h200_seed2[34567].jsonl",
+    "h200_seed2[89].jsonl",
     "h200_ds_seed2[1234].jsonl",
     "h200_ds_seed2[567].jsonl",
     "h200_ds_seed[23][089].jsonl",

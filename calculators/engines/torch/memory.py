@@ -62,6 +62,7 @@ from calculators.engines.torch.config import check_offload, offloads, reduce_byt
 from calculators.engines.torch.peak import (
     DdpBackwardGrads,
     FsdpBackward,
+    FsdpBlock,
     StepMemory,
     converts_outputs,
     step_memory,
@@ -480,9 +481,10 @@ def _step(
             gathered_for_loss = (0 if unsharded else root) + prefetched
         if not unsharded:
             # the root's pre-backward copies its parameters out of the flat all-gather output
-            # (wait_for_unshard, foreach_all_gather_copy_out): both alive together
-            root_copy_out = 2 * root
-            if offload:
+            # (wait_for_unshard, foreach_all_gather_copy_out): both alive together; one rank
+            # alone copies its shards straight into the parameters' storage
+            root_copy_out = 2 * root if setup.dp > 1 else root
+            if offload and setup.dp > 1:
                 # then it prefetches the last block: under CPUOffloadPolicy its shards are
                 # copied up and cast (the all-gather inputs) before its flat output is made
                 root_copy_out = max(root_copy_out, root + last_block + last_block // setup.dp)
@@ -511,7 +513,7 @@ def _step(
         if batch.grad_accumulation_steps == 1 and not offload:
             root_reduction += step_grads - root_shard * d.gradient
         fsdp_backward = _fsdp_backward(setup, stage, d, ts)
-    last_gather = forward_gathered = first_gather = 0
+    last_gather = forward_gathered = in_last_block = first_gather = 0
     if stage >= Stage.GRADIENTS:
         root, block = _root_and_last_block(setup, d.compute)
         # every unit is resharded when backward ends, so forward gathers the root again, then
@@ -520,6 +522,9 @@ def _step(
         # parameters (N × padded shard each)
         first = setup.dp * fsdp_shard_total(first_block(param_tensors(setup) or []), setup.dp)
         first_gather = 2 * root + 2 * first * d.compute
+        if setup.dp == 1:
+            # one rank alone makes no flat all-gather output (wait_for_unshard, world_size == 1)
+            first_gather = root + first * d.compute
         # FSDP2 in forward keeps each all-gather's flat output (N × padded shard) until the
         # next unit's copy-out is done, and the last one until the root's post-forward
         # (_fsdp_param_group.py wait_for_unshard, _fsdp_state.py _post_forward): at the last
@@ -527,9 +532,10 @@ def _step(
         # computed inside the root (transformers) still sees the last block's. With one block
         # the flat output kept beside the last block's is the root's.
         gathered = unsharded if stage is Stage.GRADIENTS else root + block
-        previous = root if blocks(param_tensors(setup) or []) == 1 else block
-        forward_gathered = gathered + block + previous
-        last_gather = block if arch.modelling is not None else 0
+        previous = _before_last_block(setup, d.compute) or root
+        in_last_block = gathered + block if setup.dp > 1 else gathered
+        forward_gathered = in_last_block + previous if setup.dp > 1 else gathered
+        last_gather = block if arch.modelling is not None and setup.dp > 1 else 0
     # foreach Adam/AdamW (the CUDA default): one temporary list the size of the local params
     # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach
     # updates in place.
@@ -553,6 +559,7 @@ def _step(
         root_reduction=root_reduction,
         fsdp_backward=fsdp_backward,
         forward_gathered=forward_gathered,
+        in_last_block=in_last_block,
         last_gather=last_gather,
         first_gather=first_gather,
         # accelerate wraps forward only under mixed precision (Accelerator's native_amp)
@@ -652,12 +659,16 @@ def _block(ts: Sequence[ParamTensor], which: int) -> list[ParamTensor]:
     if not isinstance(ts, ParamList):
         groups = [t.group for t in ts if t.group != ROOT_GROUP]
         return [t for t in ts if groups and t.group == groups[which]]
-    template = ts.template
-    if not template.kinds:
+    if not ts.template.kinds:
         return []
-    kinds = template.kinds[:which] if which else []
-    kind = template.kinds[which]
-    start = template.first + sum(k.pre + k.expert + k.post for k in kinds)
+    return _kind_tensors(ts, which % len(ts.template.kinds))
+
+
+def _kind_tensors(ts: ParamList, k: int) -> list[ParamTensor]:
+    """The tensors of a block of the template's ``k``-th kind, each expert's once per expert."""
+    template = ts.template
+    kind = template.kinds[k]
+    start = template.first + sum(x.pre + x.expert + x.post for x in template.kinds[:k])
     pre, expert = start + kind.pre, start + kind.pre + kind.expert
     tensors = template.tensors
     return [
@@ -667,12 +678,18 @@ def _block(ts: Sequence[ParamTensor], which: int) -> list[ParamTensor]:
     ]
 
 
-def blocks(ts: Sequence[ParamTensor]) -> int:
-    """FSDP units besides the root: one per block (a :class:`ParamList`'s counted from its
-    template)."""
+def block_runs(ts: Sequence[ParamTensor]) -> list[tuple[int, list[ParamTensor]]]:
+    """The blocks in forward order, as ``(how many, one block's tensors)``: a
+    :class:`ParamList`'s one per kind of its template (each expert's tensors once per expert),
+    another list's one per block."""
     if isinstance(ts, ParamList):
-        return sum(kind.blocks for kind in ts.template.kinds)
-    return len({t.group for t in ts if t.group != ROOT_GROUP})
+        template = ts.template
+        return [(kind.blocks, _kind_tensors(ts, k)) for k, kind in enumerate(template.kinds)]
+    groups: dict[str, list[ParamTensor]] = {}
+    for t in ts:
+        if t.group != ROOT_GROUP:
+            groups.setdefault(t.group, []).append(t)
+    return [(1, tensors) for tensors in groups.values()]
 
 
 def _root_and_last_block(setup: TrainingSetup, compute_bytes: int) -> tuple[int, int]:
@@ -685,17 +702,29 @@ def _root_and_last_block(setup: TrainingSetup, compute_bytes: int) -> tuple[int,
     return setup.dp * root * compute_bytes, setup.dp * last * compute_bytes
 
 
+def _before_last_block(setup: TrainingSetup, compute_bytes: int) -> int:
+    """Bytes of the block before the last when FSDP2 gathers it (N × padded shard in the
+    compute dtype; 0 with one block)."""
+    runs = block_runs(param_tensors(setup) or [])
+    if sum(count for count, _ in runs) < 2:
+        return 0
+    count, tensors = runs[-1]
+    if count == 1:
+        _, tensors = runs[-2]
+    return setup.dp * fsdp_shard_total(tensors, setup.dp) * compute_bytes
+
+
 def _fsdp_backward(
     setup: TrainingSetup, stage: Stage, d: Dtypes, ts: Sequence[ParamTensor]
 ) -> FsdpBackward:
     """What FSDP2 holds during the blocks' backward (``peak.FsdpBackward``), from the padded
-    shards of the root and the last block of ``ts`` and the parameters after the blocks."""
+    shards of the root and of each kind of block in ``ts`` and the parameters after the
+    blocks."""
     arch = setup.architecture
     assert arch is not None  # _step has an architecture
     n = setup.dp
     offload = offloads(setup.offload)
-    root, last = root_and_last_block(ts)
-    block_shard = fsdp_shard_total(last, n)
+    root, _ = root_and_last_block(ts)
     root_shard = fsdp_shard_total(root, n)
     # the final norm and head (the embedding's gradient, when the head is tied to it), whose
     # backward runs before the blocks'
@@ -705,19 +734,33 @@ def _fsdp_backward(
     embedding_grads = embedding * (2 if arch.tied_embeddings else 1)
     if arch.tied_embeddings:
         after_blocks += embedding
+
+    def block(tensors: Sequence[ParamTensor]) -> FsdpBlock:
+        shard = fsdp_shard_total(tensors, n)
+        return FsdpBlock(
+            gathered=n * shard * d.compute,
+            grads=sum(t.numel for t in tensors) * d.compute,
+            reduce_input=n * shard * d.reduce,
+            shard_grad=shard * d.gradient,
+            cast_output=shard * d.reduce if d.reduce != d.gradient else 0,
+            gather_inputs=shard * d.compute if offload and stage is Stage.PARAMETERS else 0,
+            grads_before_attention=d.compute * _before_attention(tensors),
+        )
+
+    runs: list[tuple[int, FsdpBlock]] = []
+    for count, tensors in block_runs(ts):
+        b = block(tensors)
+        if runs and runs[-1][1] == b:
+            runs[-1] = (runs[-1][0] + count, b)
+        else:
+            runs.append((count, b))
     return FsdpBackward(
-        layers=blocks(ts),
+        blocks=tuple(runs),
         root_gathered=n * root_shard * d.compute,
         root_grads=after_blocks * d.compute,
-        block_gathered=n * block_shard * d.compute,
-        block_grads=sum(t.numel for t in last) * d.compute,
-        reduce_input=n * block_shard * d.reduce,
-        block_shard_grad=block_shard * d.gradient,
         prefetch=stage is Stage.PARAMETERS,
-        cast_output=block_shard * d.reduce if d.reduce != d.gradient else 0,
         embedding_grads=embedding_grads * d.compute,
         keeps_shards=not offload,
-        gather_inputs=block_shard * d.compute if offload and stage is Stage.PARAMETERS else 0,
         grad_element_bytes=d.compute,
-        block_grads_before_attention=d.compute * _before_attention(last),
+        across_ranks=n > 1,
     )

@@ -18,6 +18,11 @@ tensors whose lifetimes come from autograd and the engines' source:
   also find the last step's ``logits`` and ``loss``: the loop rebinds them only when forward
   returns; so does ``first_block_gather`` (FSDP2, block 0's all-gather, the root's flat output
   still kept beside the root's parameters).
+- ``final_norm_forward`` (transformers' modelling code): the final norm's last op in forward,
+  before the head has made any logits: every block's saved tensors, the norm's input, what it
+  saves, its output and (16-bit) an fp32 local; with a small vocabulary it outgrows the loss.
+- ``last_block_forward`` (FSDP2, eager attention): the last block's softmax in forward, its
+  flat all-gather output still kept, the previous block's freed.
 - ``recompute`` (activation checkpointing): the first block recomputed in backward, at the
   largest moment inside its backward (below).
 - ``final_norm_backward`` (transformers' modelling code): the final norm's backward after the
@@ -33,6 +38,9 @@ tensors whose lifetimes come from autograd and the engines' source:
   also each block's pre-backward, when its prefetched flat all-gather output and its
   unsharded parameters (both padded to N rows: 3-D expert weights with fewer experts than N
   grow N / E-fold) are alive together; and each block at the moments inside its backward.
+  Each block counts its own sizes (DeepSeek's dense blocks are smaller than its experts
+  blocks). On one rank FSDP2 makes no flat all-gather output and prefetches nothing: each
+  unit's shards are copied into its parameters when its pre-forward or pre-backward waits.
 - Inside a layer's backward (``transformers_activations``): its MLP's or experts' first ops with
   their gradients (``dense_layer_backward``, ``experts_backward``), the norms between MLP and
   attention with the MLP's weight gradients made (``norms_backward``), an eager attention's (or
@@ -65,9 +73,11 @@ from calculators.errors import InputError
 from calculators.transformers_activations import (
     dense_layer_backward,
     eager_attention_backward,
+    eager_softmax_forward,
     experts_backward,
     experts_product_backward,
     final_hidden_state,
+    final_norm_forward,
     final_norm_held,
     input_norm_backward,
     norms_backward,
@@ -233,6 +243,35 @@ class StepMemory:
 
 
 @dataclass(frozen=True)
+class FsdpBlock:
+    """One block's part in :class:`FsdpBackward`, in bytes.
+
+    Attributes:
+        gathered: the block's unsharded parameters (``N × padded shard``, compute dtype).
+        grads: its unsharded gradients (compute dtype).
+        reduce_input: its reduce-scatter input (``N × padded shard``, reduce dtype).
+        shard_grad: its reduced gradient shard (padded shard, reduce dtype).
+        cast_output: its 16-bit reduce-scatter output, alive while it is cast to the fp32 shard
+            (``reduce_dtype`` the param dtype; 0: the output is the shard).
+        gather_inputs: ``CPUOffloadPolicy``: its all-gather inputs, its shards copied up from
+            the CPU and cast to the compute dtype (padded shard), alive while the unsharded
+            storage they are copied into is allocated (0: no offload; the shards on the device
+            are copied straight into it).
+        grads_before_attention: the part of ``grads`` autograd has made by the block's
+            attention core's backward: its MLP's, output projection's and post-attention norms'
+            gradients (an eager attention's backward runs beside them).
+    """
+
+    gathered: int
+    grads: int
+    reduce_input: int
+    shard_grad: int
+    cast_output: int = 0
+    gather_inputs: int = 0
+    grads_before_attention: int = 0
+
+
+@dataclass(frozen=True)
 class FsdpBackward:
     """What FSDP2 holds while autograd runs backward through the blocks, in bytes.
 
@@ -244,90 +283,112 @@ class FsdpBackward:
     every block's backward (``_fsdp_param_group.py`` ``pre_backward`` / ``post_backward``).
     A block's post-backward reshards it, then drops the previous block's reduce-scatter
     input (``comm_ctx.reduce_scatter_state``), so until then that input is alive beside the
-    block's own parameters and gradients.
+    block's own parameters and gradients. Blocks of unlike kinds (DeepSeek's dense blocks
+    before its experts blocks) hold unlike amounts: each moment of block ``i`` reads its own
+    terms and its neighbours'.
 
     Attributes:
-        layers: blocks, each its own FSDP2 unit.
+        blocks: the blocks in forward order as runs of alike ones: ``(how many, their terms)``.
         root_gathered: the root unit's unsharded parameters (``N × padded shard``, compute dtype).
         root_grads: unsharded gradients of the root's parameters after the blocks.
-        block_gathered: one block's unsharded parameters (``N × padded shard``, compute dtype).
-        block_grads: one block's unsharded gradients (compute dtype).
-        reduce_input: one block's reduce-scatter input (``N × padded shard``, reduce dtype).
-        block_shard_grad: one block's reduced gradient shard (padded shard, reduce dtype).
         prefetch: ``reshard_after_forward=True``: each block is gathered again for backward and
             the next one prefetched; ``False``: the blocks not yet run backward stay gathered.
-        cast_output: one block's 16-bit reduce-scatter output, alive while it is cast to the
-            fp32 shard (``reduce_dtype`` the param dtype; 0: the output is the shard).
         embedding_grads: what the token embedding's backward adds to the root's gradients:
             its dense weight gradient, and where the head is tied to it the sum autograd makes
             of that and the head's gradient (``InputBuffer``, out of place), all three alive.
         keeps_shards: whether each reduced gradient shard stays on the device (``False`` under
             ``CPUOffloadPolicy``: each is copied to the CPU as it is made, the device copy freed).
-        gather_inputs: ``CPUOffloadPolicy``: one block's all-gather inputs, its shards copied up
-            from the CPU and cast to the compute dtype (padded shard), alive while the flat
-            all-gather output they are copied into is allocated (0: no offload; the shards on
-            the device are copied straight into it).
         grad_element_bytes: bytes per element of the unsharded gradients (compute dtype).
-        block_grads_before_attention: the part of ``block_grads`` autograd has made by the
-            block's attention core's backward: its MLP's, output projection's and
-            post-attention norms' gradients (an eager attention's backward runs beside them).
+        across_ranks: whether the all-gather spans ranks (N > 1). A world of one rank makes no
+            flat all-gather output and its prefetch allocates nothing: a block's pre-backward
+            copies each shard into its unsharded storage when it waits for it
+            (``_fsdp_param_group.py`` ``unshard`` and ``wait_for_unshard``, ``world_size == 1``).
     """
 
-    layers: int
+    blocks: tuple[tuple[int, FsdpBlock], ...]
     root_gathered: int
     root_grads: int
-    block_gathered: int
-    block_grads: int
-    reduce_input: int
-    block_shard_grad: int
     prefetch: bool
-    cast_output: int = 0
     embedding_grads: int = 0
     keeps_shards: bool = True
-    gather_inputs: int = 0
     grad_element_bytes: int = HALF_BYTES
-    block_grads_before_attention: int = 0
+    across_ranks: bool = True
+
+    @property
+    def layers(self) -> int:
+        """Blocks, each its own FSDP2 unit."""
+        return sum(n for n, _ in self.blocks)
+
+    def block(self, i: int) -> FsdpBlock:
+        """Block ``i``'s terms."""
+        for n, b in self.blocks:
+            if i < n:
+                return b
+            i -= n
+        raise IndexError(i)
+
+    def candidates(self) -> set[int]:
+        """The blocks where a moment's largest value can lie: each term is linear in the block
+        inside a run of alike blocks whose neighbours are alike too, so the first two and the
+        last two of each run."""
+        out: set[int] = set()
+        start = 0
+        for n, _ in self.blocks:
+            end = start + n - 1
+            out |= {start, min(start + 1, end), max(end - 1, start), end}
+            start += n
+        return out
+
+    def inner_runs(self) -> list[range]:
+        """The blocks of each run between its first two and last two (:meth:`candidates`), on
+        which every moment is linear in the block."""
+        out, start = [], 0
+        for n, _ in self.blocks:
+            if n > 4:
+                out.append(range(start + 2, start + n - 2))
+            start += n
+        return out
 
     def at_block_start(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds when block ``i``'s backward starts (no gradient of it yet)."""
-        return self.at_block_end(i, accumulated_gradients) - self.block_grads
+        return self.at_block_end(i, accumulated_gradients) - self.block(i).grads
 
     def at_block_end(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds at the end of block ``i``'s backward (blocks run L-1 down to 0)."""
-        held_input = self.reduce_input if i < self.layers - 1 else 0
-        return self._gathered(i, True) + held_input + self._common(i, accumulated_gradients)
+        own = self._gathered(i, True) + self.block(i).grads + self._held_input(i)
+        return own + self._common(i, accumulated_gradients)
 
     def at_final_norm(self, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds during the final norm's backward, before any block's: the root
         gathered again with its gradients, and the blocks still gathered since forward where
         they are not resharded after it (``prefetch`` false); with ``prefetch`` the last block,
         which the root's pre-backward prefetches (it ran forward last)."""
-        blocks = self.block_gathered if self.prefetch else self.layers * self.block_gathered
+        if not self.prefetch:
+            blocks = sum(n * b.gathered for n, b in self.blocks)
+        else:
+            blocks = self.block(self.layers - 1).gathered if self.across_ranks else 0
         return self.root_gathered + self.root_grads + blocks + accumulated_gradients
 
     def at_reduce(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds while block ``i``'s post-backward copies its gradients into the
         reduce-scatter input: the block resharded, the previous input dropped."""
-        return self._gathered(i, False) + self.reduce_input + self._common(i, accumulated_gradients)
+        b = self.block(i)
+        own = self._gathered(i, False) + b.grads + b.reduce_input
+        return own + self._common(i, accumulated_gradients)
 
     def at_cast(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds while block ``i``'s 16-bit reduce-scatter output is cast to its
         fp32 shard (``_to_dtype_if_needed``): as :meth:`at_reduce`, the unsharded gradients
         freed after the copy-in, both outputs alive."""
-        return (
-            self.at_reduce(i, accumulated_gradients)
-            - self.block_grads
-            + self.cast_output
-            + self.block_shard_grad
-        )
+        b = self.block(i)
+        return self.at_reduce(i, accumulated_gradients) - b.grads + b.cast_output + b.shard_grad
 
     def at_embedding(self, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds during the token embedding's backward, after every block's: the
         root still gathered (its post-backward runs from the final callback), the gradients
-        of the root's parameters, block 0's reduce-scatter input and every block's shard (the
-        common terms of a block below block 0, without its gradients)."""
-        common = self._common(-1, accumulated_gradients) - self.block_grads
-        return common + self.embedding_grads + self.reduce_input
+        of the root's parameters, block 0's reduce-scatter input and every block's shard."""
+        common = self._common(-1, accumulated_gradients)
+        return common + self.embedding_grads + self.block(0).reduce_input
 
     def at_gather(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds while block ``i``'s pre-backward copies its prefetched all-gather
@@ -335,30 +396,55 @@ class FsdpBackward:
         and the block's unsharded parameters both ``N × padded shard``, the next block's
         reduce-scatter input, no gradient of block ``i`` yet, block ``i - 1`` not yet
         prefetched (``pre_backward`` prefetches after the wait). Only where blocks are
-        gathered again for backward (``reshard_after_forward=True``)."""
-        held_input = self.reduce_input if i < self.layers - 1 else 0
-        common = self._common(i, accumulated_gradients) - self.block_grads
-        return 2 * self.block_gathered + held_input + common
+        gathered again for backward (``reshard_after_forward=True``). A world of one copies
+        the shards (copied up from the CPU under ``CPUOffloadPolicy``) into the unsharded
+        storage: no flat output."""
+        b = self.block(i)
+        source = b.gathered if self.across_ranks else b.gather_inputs
+        own = b.gathered + source + self._held_input(i)
+        return own + self._common(i, accumulated_gradients)
 
     def at_prefetch(self, i: int, accumulated_gradients: int) -> int:
         """Bytes FSDP2 holds when block ``i``'s pre-backward, its copy-out done (the flat output
         freed), prefetches block ``i - 1`` under ``CPUOffloadPolicy``: the inputs copied up from
         the CPU and block ``i - 1``'s flat output beside block ``i``'s parameters (0 for block 0,
-        which prefetches nothing, and without offload, where no inputs are made)."""
-        if i == 0 or not self.gather_inputs:
+        which prefetches nothing, without offload, where no inputs are made, and in a world of
+        one, whose prefetch allocates nothing)."""
+        if i == 0 or not self.across_ranks:
             return 0
-        return self.at_gather(i, accumulated_gradients) + self.gather_inputs
+        before = self.block(i - 1)
+        if not before.gather_inputs:
+            return 0
+        own = self.block(i).gathered + before.gathered + before.gather_inputs
+        return own + self._held_input(i) + self._common(i, accumulated_gradients)
+
+    def _held_input(self, i: int) -> int:
+        """Block ``i + 1``'s reduce-scatter input, alive until block ``i``'s post-backward (none
+        after the last block)."""
+        return self.block(i + 1).reduce_input if i < self.layers - 1 else 0
 
     def _gathered(self, i: int, with_block: bool) -> int:
-        own = self.block_gathered if with_block else 0
-        if self.prefetch:  # block i-1 prefetched (none below block 0)
-            return own + (self.block_gathered if i > 0 else 0)
-        return own + self.block_gathered * i  # blocks 0..i-1 still gathered since forward
+        own = self.block(i).gathered if with_block else 0
+        if self.prefetch:  # block i-1 prefetched (none below block 0 or in a world of one)
+            return own + (self.block(i - 1).gathered if i > 0 and self.across_ranks else 0)
+        return own + self._sum_below(i, lambda b: b.gathered)  # still gathered since forward
 
     def _common(self, i: int, accumulated_gradients: int) -> int:
-        kept = (self.layers - 1 - i) * self.block_shard_grad if self.keeps_shards else 0
-        reduced = accumulated_gradients or kept
-        return self.root_gathered + self.root_grads + self.block_grads + reduced
+        """The root's parameters and gradients, and the reduced shards of the blocks after
+        ``i`` (or the accumulated gradients)."""
+        kept = 0
+        if self.keeps_shards:
+            kept = self._sum_below(self.layers, lambda b: b.shard_grad)
+            kept -= self._sum_below(i + 1, lambda b: b.shard_grad)
+        return self.root_gathered + self.root_grads + (accumulated_gradients or kept)
+
+    def _sum_below(self, i: int, term: Callable[[FsdpBlock], int]) -> int:
+        """``term`` summed over blocks ``0 .. i - 1``."""
+        total = 0
+        for n, b in self.blocks:
+            total += min(n, max(i, 0)) * term(b)
+            i -= n
+        return total
 
 
 @dataclass(frozen=True)
@@ -389,6 +475,7 @@ def step_memory(
     root_reduction: int = 0,
     fsdp_backward: FsdpBackward | None = None,
     forward_gathered: int = 0,
+    in_last_block: int = 0,
     last_gather: int = 0,
     first_gather: int = 0,
     fp32_outputs: bool = False,
@@ -415,6 +502,9 @@ def step_memory(
         fsdp_backward: what FSDP2 holds during the blocks' backward (``None``: not FSDP2).
         forward_gathered: FSDP2's gathered parameter bytes at the last block's all-gather in
             forward, its flat all-gather output and the previous block's included (0: none).
+        in_last_block: FSDP2's gathered parameter bytes while the last block runs forward: its
+            flat all-gather output still kept, the previous block's freed by its copy-out
+            (0: none).
         last_gather: the flat all-gather output still alive while a loss inside the root
             module runs (0: none).
         first_gather: FSDP2's gathered bytes at block 0's all-gather in forward: the root's
@@ -461,6 +551,20 @@ def step_memory(
         "loss_backward": end_of_forward + loss_grads + accumulated_gradients + gathered_for_loss,
         "optimizer_step": held + step_gradients + optimizer_temporary,
     }
+    if arch.modelling is not None:
+        # the final norm's last op, before the head: every block's saved tensors, the norm's
+        # own (with its input and an fp32 local), the autocast cache, the last step's outputs
+        moments["final_norm_forward"] = (
+            unsharded_after_forward
+            + acts.layers
+            + acts.embedding
+            + acts.autocast_weights
+            + inside.cast_cache
+            + acts.cache_only
+            + last_gather
+            + held
+            + final_norm_forward(arch, batch, regime.value)
+        )
     if forward_gathered:
         # the blocks before the last one have saved theirs; the hidden state entering the last
         # block is alive and saved by nothing yet, and transformers' decoder keeps
@@ -482,6 +586,12 @@ def step_memory(
             + (hidden if embeds else 0)
             + held
         )
+        softmax = eager_softmax_forward(arch, batch, regime.value)
+        if in_last_block and softmax:
+            # then the last block's eager attention runs its softmax
+            moments["last_block_forward"] = (
+                moments["last_block_gather"] - forward_gathered + in_last_block + softmax
+            )
     if first_gather:
         # forward has run the token embedding only: its output (the hidden state entering
         # block 0) and what it saved, beside the last step's outputs the loop still holds
@@ -568,29 +678,36 @@ def step_memory(
             # FSDP2 holds what it holds at the start of the block's backward (its gathered
             # parameters included); each block below the last finds the previous one's
             # reduce-scatter input and one more reduced shard, one saved input fewer: linear
-            # in the block between block 1 and the one before the last, so the largest is at
-            # one of those or at block 0 (nothing prefetched) or the last (no reduce input)
-            last = fsdp_backward.layers - 1
+            # in the block inside a run of alike blocks, so the largest is at one of the
+            # candidates (FsdpBackward.candidates)
+            fs = fsdp_backward
             # with every_n_layers only the checkpointed blocks run forward again, and the
             # blocks keep unlike amounts: each of them is a candidate
             recomputed = (
-                {0, min(1, last), max(last - 1, 0), last}
+                fs.candidates()
                 if acts.every_n_layers == 1
-                else range(0, last + 1, acts.every_n_layers)
+                else range(0, fs.layers, acts.every_n_layers)
             )
-            recompute += max(
-                fsdp_backward.at_block_start(i, accumulated_gradients)
-                - acts.saved_after(i, arch.layers)
-                + acts.plain_copies_below(i)
-                for i in recomputed
-            )
-            if arch.modelling is not None:
-                # the recomputed block's experts' (or dense MLP's, or sandwich norm's) backward
-                # (no gradient leaves it yet), or its eager attention's
-                # (with the block's unsharded gradients made before its attention core)
-                layer = inner(fsdp_backward.grad_element_bytes)
-                attention = in_block + fsdp_backward.block_grads_before_attention if eager else 0
-                recompute += max(layer - res * batch.tokens * arch.hidden, attention, 0)
+
+            def in_recompute(i: int) -> int:
+                """FSDP2's and the saved blocks' part while block ``i`` is recomputed and runs
+                backward; with transformers' modelling code, its experts' (or dense MLP's, or
+                sandwich norm's) backward (no gradient leaves it yet), or its eager
+                attention's (with the block's unsharded gradients made before its attention
+                core)."""
+                total = (
+                    fs.at_block_start(i, accumulated_gradients)
+                    - acts.saved_after(i, arch.layers)
+                    + acts.plain_copies_below(i)
+                )
+                if arch.modelling is None:
+                    return total
+                layer = inner(fs.grad_element_bytes, i)
+                before = fs.block(i).grads_before_attention
+                attention = in_block + before if eager else 0
+                return total + max(layer - res * batch.tokens * arch.hidden, attention, 0)
+
+            recompute += max(in_recompute(i) for i in recomputed)
         else:
             recompute += unsharded_after_forward + accumulated_gradients
             # the recomputed block k's eager attention, or its MLP's, experts' or norms'
@@ -683,9 +800,10 @@ def _block_backward(
     then that norm's own backward (``input_norm_backward``). In its post-backward only the
     gradient leaving the block is left of those. Earlier, with all it saved alive: its MLP's or
     experts' backward, its eager attention's, and the norms' between them with the MLP's
-    gradients made. Every term is linear in ``i`` between block 1 and block L-2, so the largest
-    is at one of those ends or at block 0 (nothing prefetched) or block L-1 (no earlier
-    reduce-scatter input).
+    gradients made. Inside a run of alike blocks every term is linear in ``i`` away from the
+    run's ends, so the largest is at one of :meth:`FsdpBackward.candidates`: a run's first
+    block (block 0 prefetches nothing; another's neighbour is unlike it), the one after it, the
+    one before its last or its last (the last block finds no earlier reduce-scatter input).
     """
     t = batch.tokens
     res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
@@ -694,47 +812,51 @@ def _block_backward(
     qkv = arch.q_dim + 2 * arch.kv_dim
     leaving = res * t * arch.hidden  # the gradient of the block's input
     in_block = res * t * arch.hidden + stats + lin * t * (qkv + arch.hidden) + leaving
-    last = fsdp.layers - 1
     # an eager attention's backward, later in the block: the MLP's saved tensors are freed
     eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
     acc = accumulated_gradients
-    # each moment of a block i: what the block adds, FSDP2's term and whether the block's own
-    # saved tensors are still alive (beside what the blocks below it keep)
-    kinds: list[tuple[int, Callable[[int], int], bool]] = [
+    # each moment of a block i: what the block adds with FSDP2's term, and whether the block's
+    # own saved tensors are still alive (beside what the blocks below it keep)
+    kinds: list[tuple[Callable[[int], int], bool]] = [
         # the end of its backward; its post-backward, its gradients copied in
-        (in_block, lambda i: fsdp.at_block_end(i, acc), False),
-        (leaving, lambda i: fsdp.at_reduce(i, acc), False),
+        (lambda i: in_block + fsdp.at_block_end(i, acc), False),
+        (lambda i: leaving + fsdp.at_reduce(i, acc), False),
     ]
-    if fsdp.cast_output:
-        kinds.append((leaving, lambda i: fsdp.at_cast(i, acc), False))
+    if any(b.cast_output for _, b in fsdp.blocks):
+        kinds.append((lambda i: leaving + fsdp.at_cast(i, acc), False))
     if fsdp.prefetch:
         # before its backward: its saved tensors and the gradient entering it
-        kinds.append((leaving, lambda i: fsdp.at_gather(i, acc), True))
-        kinds.append((leaving, lambda i: fsdp.at_prefetch(i, acc), True))
+        kinds.append((lambda i: leaving + fsdp.at_gather(i, acc), True))
+        kinds.append((lambda i: leaving + fsdp.at_prefetch(i, acc), True))
     if arch.modelling is not None:
         # in its MLP's or experts' backward, its eager attention's, or the norms' between them
         # (with the MLP's gradients), block i - 1 prefetched, no gradient of the rest yet
-        attention = eager + fsdp.block_grads_before_attention if eager else 0
-        within = max(attention, _layer_inner(arch, batch, regime, fsdp.grad_element_bytes))
-        kinds.append((leaving + within, lambda i: fsdp.at_block_start(i, acc), True))
+        def within(i: int) -> int:
+            before = fsdp.block(i).grads_before_attention
+            attention = eager + before if eager else 0
+            inner = _layer_inner(arch, batch, regime, fsdp.grad_element_bytes, i)
+            return leaving + max(attention, inner) + fsdp.at_block_start(i, acc)
+
+        kinds.append((within, True))
         # its input norm's backward, every gradient of the block made
         end = input_norm_backward(arch, batch, regime.value)
-        kinds.append((end, lambda i: fsdp.at_block_end(i, acc), False))
+        kinds.append((lambda i: end + fsdp.at_block_end(i, acc), False))
     base = acts.logits + acts.embedding
     moments = [
-        base + acts.saved_below(i, arch.layers) + extra + at(i)
-        + (acts.saved(i, arch.layers) if own else 0)
-        for i in {0, min(1, last), max(last - 1, 0), last}
-        for extra, at, own in kinds
-    ]  # fmt: skip
-    if acts.every_n_layers > 1 and last > 3:
-        # with every_n_layers the blocks keep unlike amounts: every block is a candidate. FSDP2's
-        # terms are linear in the block between block 1 and the one before the last, so each
-        # moment there is what the blocks below keep plus a line through blocks 1 and 2
-        inner = range(2, last - 1)
-        for extra, at, own in kinds:
-            slope = at(2) - at(1)
-            moments.append(base + extra + acts.most_saved_below(inner, slope, own) + at(1) - slope)
+        base + acts.saved_below(i, arch.layers) + at(i) + (acts.saved(i, arch.layers) if own else 0)
+        for i in fsdp.candidates()
+        for at, own in kinds
+    ]
+    if acts.every_n_layers > 1:
+        # with every_n_layers the blocks keep unlike amounts: every block is a candidate. Inside
+        # a run of alike blocks FSDP2's terms are linear in the block, so each moment there is
+        # what the blocks below keep plus a line through the run's second and third blocks
+        for inner in fsdp.inner_runs():
+            for at, own in kinds:
+                first = inner.start - 1
+                slope = at(first + 1) - at(first)
+                line = at(first) - slope * first
+                moments.append(base + line + acts.most_saved_below(inner, slope, own))
     if fsdp.embedding_grads:
         # the token embedding's backward: the gradient leaving block 0 enters it
         moments.append(base + leaving + fsdp.at_embedding(acc))
