@@ -621,8 +621,14 @@ def step_memory(
     made_bytes = ddp_grads.element_bytes if ddp_grads is not None and first_made else 0
     root_made = ddp_grads.root if ddp_grads is not None and first_made else 0
 
+    # a layer's inner moment depends on the block only through its kind (dense or experts)
+    inner_of: dict[tuple[int, bool | None], int] = {}
+
     def inner(kept: int, block: int | None = None) -> int:
-        return _layer_inner(arch, batch, regime, kept, block)
+        key = (kept, None if block is None else _dense_block(arch, block))
+        if key not in inner_of:
+            inner_of[key] = _layer_inner(arch, batch, regime, kept, block)
+        return inner_of[key]
 
     if arch.modelling is not None:
         # the final norm's backward, after the head's: the loss's and the head's saved tensors
@@ -764,6 +770,12 @@ def step_memory(
     )
 
 
+def _dense_block(arch: Architecture, block: int) -> bool:
+    """Whether block ``block`` has a dense MLP (DeepSeek's first blocks; every block of a dense
+    model)."""
+    return arch.num_experts <= 1 or block < dense_layers(arch)
+
+
 def _layer_inner(
     arch: Architecture, batch: Batch, regime: Regime, kept: int, block: int | None = None
 ) -> int:
@@ -774,7 +786,7 @@ def _layer_inner(
     largest of the model's kinds."""
     if arch.modelling is None:
         return 0
-    dense = None if block is None else arch.num_experts <= 1 or block < dense_layers(arch)
+    dense = None if block is None else _dense_block(arch, block)
     return max(
         experts_backward(arch, batch, regime.value) if dense is not True else 0,
         experts_product_backward(arch, batch, regime.value, kept) if dense is not True else 0,
@@ -831,11 +843,17 @@ def _block_backward(
     if arch.modelling is not None:
         # in its MLP's or experts' backward, its eager attention's, or the norms' between them
         # (with the MLP's gradients), block i - 1 prefetched, no gradient of the rest yet
+        layer_of = {
+            dense: _layer_inner(arch, batch, regime, fsdp.grad_element_bytes, block)
+            for dense, block in ((True, 0), (False, arch.layers - 1))
+            if _dense_block(arch, block) is dense
+        }
+
         def within(i: int) -> int:
             before = fsdp.block(i).grads_before_attention
             attention = eager + before if eager else 0
-            inner = _layer_inner(arch, batch, regime, fsdp.grad_element_bytes, i)
-            return leaving + max(attention, inner) + fsdp.at_block_start(i, acc)
+            layer = layer_of[_dense_block(arch, i)]
+            return leaving + max(attention, layer) + fsdp.at_block_start(i, acc)
 
         kinds.append((within, True))
         # its input norm's backward, every gradient of the block made
