@@ -187,12 +187,12 @@ PHASE = {
 
 
 def _peak_off(got: dict[str, Any], family: str, checkpointing: str) -> int:
-    """The prediction's peak less the count's, less what the count cannot see: a Mixtral
-    experts layer's weighted product (16-bit ``proj_out`` times fp32 routing weights) casts its
-    first gradient back to 16 bits beside its three fp32 token-expert rows × hidden gradients
-    on the GPU (bench/results/step_fuzz/h200_ds_seed27.jsonl reads -2 % without it), while the
-    CPU count of this run shows no such cast: its largest moment is the index's backward, just
-    before the product's."""
+    """The prediction's peak less the count's, less a cast the prediction counts and this CPU
+    run does not show: a Mixtral experts layer's weighted product (16-bit ``proj_out`` times
+    fp32 routing weights) casts its first gradient back to 16 bits beside its three fp32
+    token-expert rows × hidden gradients on the GPU (bench/results/step_fuzz/h200_ds_seed27.jsonl
+    reads -2 % without it), while the CPU count of the checkpointed run peaks at the index's
+    backward, just before the product's, with no such cast after it."""
     off = got["p_peak"] - got["peak"]
     if family == "mixtral" and checkpointing == "full":
         from measure.hf_families import family_config
