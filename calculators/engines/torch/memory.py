@@ -521,10 +521,9 @@ def _step(
         # same rule as below), beside the root's parameters and block 0's flat output and
         # parameters (N × padded shard each)
         first = setup.dp * fsdp_shard_total(first_block(param_tensors(setup) or []), setup.dp)
-        first_gather = 2 * root + 2 * first * d.compute
-        if setup.dp == 1:
-            # one rank alone makes no flat all-gather output (wait_for_unshard, world_size == 1)
-            first_gather = root + first * d.compute
+        # (one rank alone makes no flat all-gather output: wait_for_unshard, world_size == 1)
+        flat = 2 if setup.dp > 1 else 1
+        first_gather = flat * (root + first * d.compute)
         # FSDP2 in forward keeps each all-gather's flat output (N × padded shard) until the
         # next unit's copy-out is done, and the last one until the root's post-forward
         # (_fsdp_param_group.py wait_for_unshard, _fsdp_state.py _post_forward): at the last
@@ -533,8 +532,8 @@ def _step(
         # the flat output kept beside the last block's is the root's.
         gathered = unsharded if stage is Stage.GRADIENTS else root + block
         previous = _before_last_block(setup, d.compute) or root
-        in_last_block = gathered + block if setup.dp > 1 else gathered
-        forward_gathered = in_last_block + previous if setup.dp > 1 else gathered
+        in_last_block = gathered + (block if setup.dp > 1 else 0)
+        forward_gathered = in_last_block + (previous if setup.dp > 1 else 0)
         last_gather = block if arch.modelling is not None and setup.dp > 1 else 0
     # foreach Adam/AdamW (the CUDA default): one temporary list the size of the local params
     # (torch/optim/adam.py _multi_tensor_adam, torch._foreach_sqrt(exp_avg_sqs)); SGD's foreach

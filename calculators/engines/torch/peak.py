@@ -610,17 +610,6 @@ def step_memory(
         )
     if root_reduction:
         moments["root_reduction"] = held + root_reduction + accumulated_gradients
-    if fsdp_backward is not None and fsdp_backward.layers:
-        moments["block_backward"] = _block_backward(
-            arch, batch, regime, acts, fsdp_backward, accumulated_gradients
-        )
-    eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
-    # DDP's gradients made as backward goes (first micro-step); with eager attention a block's
-    # own before its attention core are counted with that moment
-    first_made = ddp_grads is not None and not accumulated_gradients
-    made_bytes = ddp_grads.element_bytes if ddp_grads is not None and first_made else 0
-    root_made = ddp_grads.root if ddp_grads is not None and first_made else 0
-
     # a layer's inner moment depends on the block only through its kind (dense or experts)
     inner_of: dict[tuple[int, bool | None], int] = {}
 
@@ -629,6 +618,17 @@ def step_memory(
         if key not in inner_of:
             inner_of[key] = _layer_inner(arch, batch, regime, kept, block)
         return inner_of[key]
+
+    if fsdp_backward is not None and fsdp_backward.layers:
+        moments["block_backward"] = _block_backward(
+            arch, batch, regime, acts, fsdp_backward, accumulated_gradients, inner
+        )
+    eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
+    # DDP's gradients made as backward goes (first micro-step); with eager attention a block's
+    # own before its attention core are counted with that moment
+    first_made = ddp_grads is not None and not accumulated_gradients
+    made_bytes = ddp_grads.element_bytes if ddp_grads is not None and first_made else 0
+    root_made = ddp_grads.root if ddp_grads is not None and first_made else 0
 
     if arch.modelling is not None:
         # the final norm's backward, after the head's: the loss's and the head's saved tensors
@@ -802,8 +802,10 @@ def _block_backward(
     acts: ActivationBreakdown,
     fsdp: FsdpBackward,
     accumulated_gradients: int,
+    inner: Callable[[int, int], int],
 ) -> int:
-    """The largest moment of the blocks' backward under FSDP2 (:class:`FsdpBackward`).
+    """The largest moment of the blocks' backward under FSDP2 (:class:`FsdpBackward`);
+    ``inner(kept, i)``: :func:`_layer_inner` of block ``i``.
 
     Instants of each block ``i``. At the end of its backward autograd still holds what blocks
     ``0..i-1`` saved, the caller's logits and the token ids; of block ``i`` itself only what
@@ -843,16 +845,10 @@ def _block_backward(
     if arch.modelling is not None:
         # in its MLP's or experts' backward, its eager attention's, or the norms' between them
         # (with the MLP's gradients), block i - 1 prefetched, no gradient of the rest yet
-        layer_of = {
-            dense: _layer_inner(arch, batch, regime, fsdp.grad_element_bytes, block)
-            for dense, block in ((True, 0), (False, arch.layers - 1))
-            if _dense_block(arch, block) is dense
-        }
-
         def within(i: int) -> int:
             before = fsdp.block(i).grads_before_attention
             attention = eager + before if eager else 0
-            layer = layer_of[_dense_block(arch, i)]
+            layer = inner(fsdp.grad_element_bytes, i)
             return leaving + max(attention, layer) + fsdp.at_block_start(i, acc)
 
         kinds.append((within, True))
@@ -869,12 +865,12 @@ def _block_backward(
         # with every_n_layers the blocks keep unlike amounts: every block is a candidate. Inside
         # a run of alike blocks FSDP2's terms are linear in the block, so each moment there is
         # what the blocks below keep plus a line through the run's second and third blocks
-        for inner in fsdp.inner_runs():
+        for run in fsdp.inner_runs():
             for at, own in kinds:
-                first = inner.start - 1
+                first = run.start - 1
                 slope = at(first + 1) - at(first)
                 line = at(first) - slope * first
-                moments.append(base + line + acts.most_saved_below(inner, slope, own))
+                moments.append(base + line + acts.most_saved_below(run, slope, own))
     if fsdp.embedding_grads:
         # the token embedding's backward: the gradient leaving block 0 enters it
         moments.append(base + leaving + fsdp.at_embedding(acc))
