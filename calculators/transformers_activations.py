@@ -494,6 +494,13 @@ def _moe_terms(arch: Architecture, t: int, d: Dtypes) -> int:
     return saved
 
 
+def _shared_output_waiting(arch: Architecture, batch: Batch, d: Dtypes) -> int:
+    """A gated shared expert's output gradient, made by the gate product's backward before the
+    routed experts' and waiting through it for the shared expert's (0: none)."""
+    m = _m(arch)
+    return d.lin * batch.tokens * arch.hidden if m.shared_expert_ffn and m.shared_expert_gate else 0
+
+
 def experts_backward(
     arch: Architecture, batch: Batch, regime: str, down_bytes: int | None = None
 ) -> int:
@@ -534,8 +541,7 @@ def experts_backward(
     down = x if down_bytes is None else down_bytes
     grads = x * e * 2 * f * h + down * e * f * h
     freed = 2 * x * n * f + weight_bytes * n  # act(gate) and act * up; the routing weights
-    waiting = d.lin * batch.tokens * h if m.shared_expert_ffn and m.shared_expert_gate else 0
-    return max(combine, grads - freed, 0) + waiting
+    return max(combine, grads - freed, 0) + _shared_output_waiting(arch, batch, d)
 
 
 def experts_product_backward(arch: Architecture, batch: Batch, regime: str, down_bytes: int) -> int:
@@ -545,15 +551,14 @@ def experts_product_backward(arch: Architecture, batch: Batch, regime: str, down
     rows × ffn) and ``down_proj``'s weight gradient (``down_bytes`` per element where it stays
     alive, 0 where a hook has moved it or it is counted elsewhere) and freed that saved input;
     the product's backward writes both factors' gradients. A gated shared expert's output
-    gradient waits through it (:func:`layer_backward`)."""
+    gradient waits through it (:func:`_shared_output_waiting`)."""
     if arch.modelling is None or arch.num_experts <= 1:
         return 0
     d = dtypes(regime)
-    m = _m(arch)
     t, h, f = batch.tokens, arch.hidden, arch.ffn
     n = t * arch.experts_per_token
     x = d.experts
-    waiting = d.lin * t * h if m.shared_expert_ffn and m.shared_expert_gate else 0
+    waiting = _shared_output_waiting(arch, batch, d)
     return 2 * x * n * f + down_bytes * arch.num_experts * f * h - x * n * h + waiting
 
 
