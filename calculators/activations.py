@@ -431,6 +431,22 @@ def _transformers_activations(
 
     if tp != 1 or pp != 1:
         raise InputError("tp", "transformers' modelling code is modelled without tp/pp splits")
+    keys = hf.sdpa_math_fallback(arch, batch, regime.value)
+    if keys:
+        mla = arch.modelling.latent_attention if arch.modelling is not None else None
+        heads = (
+            f"q/k {mla.qk_head_dim} and v {mla.v_head_dim} wide"
+            if mla is not None
+            else f"{arch.d_head} wide"
+        )
+        align = "4 in fp32" if regime is Regime.FP32 else "8 in 16-bit"
+        raise InputError(
+            f"model.hf_config.{keys[0]}",
+            f"attention heads {heads}: CUDA's fused SDPA kernels take widths that are a "
+            f"multiple of {align}, so SDPA runs its math path here, which is not modelled "
+            '(eager attention is: "attn_implementation": "eager")',
+            also=tuple(f"model.hf_config.{k}" for k in keys[1:]),
+        )
     terms = hf.model_terms(arch, batch, regime.value)
     full = batch.activation_checkpointing is Checkpointing.FULL
     traced = _traced(arch, batch, regime, full)

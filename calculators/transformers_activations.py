@@ -357,6 +357,34 @@ def _sdpa_math_path(arch: Architecture, regime: str, masked: bool) -> bool:
     return regime == "fp32" and not masked and arch.n_kv_heads != arch.heads
 
 
+def sdpa_math_fallback(arch: Architecture, batch: Batch, regime: str) -> tuple[str, ...]:
+    """The ``config.json`` keys whose head widths send SDPA to its math path where the figures
+    do not model it (empty: they do). CUDA's fused kernels take a head only as wide as their
+    matmuls align (sdp_utils.cpp): cuDNN and the memory-efficient kernel a multiple of 8 in
+    16-bit (``minimum_gemm_alignment``: 128 bits), the memory-efficient kernel a multiple of 4 in
+    fp32; flash takes any width up to 256, but one width for q, k and v and no mask. A head
+    they all refuse runs ``_scaled_dot_product_attention_math``, which upcasts 16-bit q, k and
+    v to fp32 and keeps fp32 scores: DeepSeek's latent attention (q/k and v of two widths) with
+    a width off that multiple, and a layer with a mask (a padded batch, a reached sliding
+    window; in fp32 also every layer of a model with a key/value head per query head) whose
+    head width is off it. (fp32 over grouped heads without a mask runs the math path whatever
+    the width, and that is modelled.)"""
+    m = _m(arch)
+    if arch.modelling is None or m.eager_attention:
+        return ()
+    align = FP32_BYTES if regime == "fp32" else 8
+    mla = m.latent_attention
+    if mla is not None:
+        if mla.qk_head_dim % align or mla.v_head_dim % align:
+            return ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        return ()
+    masked = batch.padded or _windowed_layers(arch, batch) > 0
+    # the layers a fused kernel must take: those with a mask; in fp32 also those of a model
+    # with a key/value head per query head (the memory-efficient kernel's)
+    fused = masked or (regime == "fp32" and arch.n_kv_heads == arch.heads)
+    return ("head_dim",) if fused and arch.d_head % align else ()
+
+
 def _mask_bias(batch: Batch, sdpa: int) -> int:
     """The float bias SDPA's kernel saves: the (b, 1, s, s) boolean mask converted to q's dtype
     (``convert_boolean_attn_mask``; a mask expanded over the batch becomes a whole one). The
@@ -829,8 +857,8 @@ def input_norm_backward(arch: Architecture, batch: Batch, regime: str) -> int:
 
 def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> int:
     """What a layer's eager attention backward holds at its largest beyond the layer's saved
-    tensors and the gradient entering the layer (0: SDPA, whose backward holds gradients of
-    q, k and v only).
+    tensors and the gradient entering the layer (0: SDPA's fused kernels; the memory-efficient
+    one's is :func:`efficient_attention_backward`).
 
     By then the layer's MLP, its input norm (and Gemma-2/3's post-feedforward and post-attention
     norms) have run backward and freed what they saved. With ``S`` = b·heads·s² scores: the
@@ -861,18 +889,14 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
         return 0
     d = dtypes(regime)
     sdpa = HALF_BYTES if regime != "fp32" else FP32_BYTES
-    t, h = batch.tokens, arch.hidden
+    t = batch.tokens
     scores = batch.micro_batch_size * arch.heads * batch.seq_len * batch.seq_len
     grads = (10 if sdpa == HALF_BYTES else 12) * scores
     mla = m.latent_attention
     width = arch.heads * mla.v_head_dim if mla is not None else arch.q_dim
     grads += sdpa * t * width  # v's gradient, every head's
-    dense = dense_layers(arch) >= arch.layers or arch.num_experts <= 1
-    terms = layer_terms(arch, batch, regime, use_cache=False, masked=batch.padded, dense=dense)
-    freed = terms.mlp + _mlp_inputs(arch, d, t, dense)
-    freed += (3 if m.sandwich_norms else 1) * _norm_internal(arch, t, h, d.res)
     # o_proj's backward freed its input (the output copy), the second bmm's the v it saved
-    freed += sdpa * t * width
+    freed = _freed_before_attention(arch, batch, regime) + sdpa * t * width
     if m.attention_dropout:
         # dropout's backward freed its mask; in fp32 its output, which the second bmm saved, is
         # a tensor of its own, freed by that bmm's backward (in 16 bits it stands in for the
@@ -891,6 +915,65 @@ def eager_attention_backward(arch: Architecture, batch: Batch, regime: str) -> i
             grouped = arch.n_kv_heads != arch.heads
             freed += sdpa * t * (arch.q_dim if grouped else arch.kv_dim)
     return max(grads - freed, 0)
+
+
+def _freed_before_attention(arch: Architecture, batch: Batch, regime: str) -> int:
+    """What a layer's backward has freed when it reaches its attention core: what the MLP (or
+    the experts) and the norms after the attention saved (the largest layer's kind)."""
+    d = dtypes(regime)
+    t = batch.tokens
+    dense = dense_layers(arch) >= arch.layers or arch.num_experts <= 1
+    terms = layer_terms(arch, batch, regime, use_cache=False, masked=batch.padded, dense=dense)
+    freed = terms.mlp + _mlp_inputs(arch, d, t, dense)
+    return freed + (3 if _m(arch).sandwich_norms else 1) * _norm_internal(
+        arch, t, arch.hidden, d.res
+    )
+
+
+def efficient_backward_workspace(batch: Batch, heads: int, qk_width: int, v_width: int) -> int:
+    """The workspace the memory-efficient kernel's fp32 backward allocates (none for dK and dV,
+    whose fp32 outputs are their own accumulators): per batch and head, one ``GradQTempStorage``
+    (a 16-byte lock, counter and pad, then a kBlockSizeI × kBlockSizeJ fp32 tile) per
+    kBlockSizeI queries and kBlockSizeJ columns of q's width (``kernel_backward.h``,
+    ``workspace_elements_gq``). ``attention_backward.cu`` launches the first fp32 kernel whose
+    kMaxK takes the widest head: 64 × 64 tiles up to 64, 128 × 64 up to 128 (sm80 and
+    later), 64 × 64 beyond."""
+    widest = max(qk_width, v_width)
+    block_i, block_j = (128, 64) if 64 < widest <= 128 else (64, 64)
+    tiles = -(-batch.seq_len // block_i) * -(-qk_width // block_j)
+    per_head = tiles * (16 + FP32_BYTES * block_i * block_j)
+    return batch.micro_batch_size * heads * per_head
+
+
+def efficient_attention_backward(arch: Architecture, batch: Batch, regime: str) -> int:
+    """What a layer's SDPA backward holds in the memory-efficient kernel beyond the layer's
+    saved tensors and the gradient entering the layer (0 where another kernel runs: the
+    figures take it in fp32, on a layer with a mask or with a key/value head per query head;
+    flash and cuDNN run the 16-bit layers).
+
+    ``_efficient_attention_backward`` writes fp32 gradients of q, k and v as SDPA took them
+    (grouped heads expanded by ``repeat_kv`` under a mask), then ``delta`` (b·heads·s fp32)
+    and its workspace (:func:`efficient_backward_workspace`), beside the gradient of its output
+    (o_proj's input gradient). o_proj's saved input stays: the kernel writes its output
+    (b, s, heads, d), so ``transpose(1, 2).contiguous()`` returns that same tensor, which SDPA
+    saved too. By then the MLP and the norms after the attention have run backward and freed
+    what they saved."""
+    m = _m(arch)
+    if arch.modelling is None or m.eager_attention or regime != "fp32":
+        return 0
+    mla = m.latent_attention
+    masked = batch.padded or _windowed_layers(arch, batch) > 0
+    if mla is None and arch.n_kv_heads != arch.heads and not masked:
+        return 0  # the math path (eager_attention_backward)
+    t, heads = batch.tokens, arch.heads
+    if mla is not None:
+        qk, v = mla.qk_head_dim, mla.v_head_dim
+    else:
+        qk = v = arch.d_head
+    written = FP32_BYTES * t * heads * (2 * qk + 2 * v)  # dq, dk, dv, the output's gradient
+    written += FP32_BYTES * batch.micro_batch_size * heads * batch.seq_len  # delta
+    written += efficient_backward_workspace(batch, heads, qk, v)
+    return max(written - _freed_before_attention(arch, batch, regime), 0)
 
 
 def first_layer_backward(arch: Architecture, batch: Batch, moved: bool = False) -> int:

@@ -10,7 +10,11 @@ start, and the script marks each ``engine.backward`` and ``engine.step`` call. A
 allocation at each of these finds the step and its phases in the history. The report gives, per
 run, the predicted moments (``peak_candidate_*``), the measured and replayed requested peak, the
 phase it falls in, the allocation that reached it and the blocks alive then, grouped by size and
-first Python frames, largest first. Run a DeepSpeed row under ``torchrun``, one row per
+first Python frames, largest first. ``--blocks`` replays the run's whole history (every
+allocation and free, one allocator per stream) on ``calculators/caching_allocator.py`` and
+gives the most its blocks held at once in the step beside the measured ``peak``
+(``max_memory_allocated``), and the blocks handed out beyond their requests then; ``--dump DIR``
+writes each run's history, gzipped. Run a DeepSpeed row under ``torchrun``, one row per
 invocation: there ``measure.runner`` measures in this process (it spawns a child otherwise, whose
 history is not recorded), and DeepSpeed keeps the process group it first saw::
 
@@ -36,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu.alloc_snapshot import alive_at_start  # noqa: E402
+from calculators.caching_allocator import CachingAllocator, block  # noqa: E402
 
 MIB = 2**20
 MARK = 777  # bytes: a size nothing else in a step asks for
@@ -130,7 +135,13 @@ def _mark_deepspeed() -> list[tuple[Any, str, Any]]:
     return saved
 
 
-def one(body: dict[str, Any], rows: int, stacks: str = "python") -> None:
+def one(
+    body: dict[str, Any],
+    rows: int,
+    stacks: str = "python",
+    blocks: bool = False,
+    dump: Path | None = None,
+) -> None:
     from measure import memory
     from measure.runner import run
 
@@ -189,6 +200,91 @@ def one(body: dict[str, Any], rows: int, stacks: str = "python") -> None:
         print(
             f"   {size:>11,d} B x{count:3d} = {size * count / MIB:8.3f} MiB  {' <- '.join(frames)}"
         )
+    if blocks:
+        block_report(snap, deepspeed, m["peak"], rows)
+    if dump is not None:
+        write_history(snap, dump)
+
+
+def write_history(snap: dict[str, Any], path: Path) -> None:
+    """The history, compact: the blocks alive before it, then one ``[action, address, bytes,
+    stream, frames]`` per allocation, completed free and released segment (``frames`` an index
+    into ``frames``), gzipped JSON."""
+    import gzip
+
+    table: dict[tuple[str, ...], int] = {}
+    events = []
+    for e in snap["device_traces"][0]:
+        if e["action"] in ("alloc", "free_completed", "segment_free", "segment_alloc"):
+            where = table.setdefault(_frames(e), len(table))
+            events.append([e["action"], e["addr"], e["size"], e.get("stream", 0), where])
+    before = sorted((a, n) for a, (n, _) in alive_at_start(snap).items())
+    with gzip.open(path, "wt") as f:
+        json.dump({"before": before, "events": events, "frames": [list(t) for t in table]}, f)
+
+
+def _release(sim: CachingAllocator, size: int) -> None:
+    """``empty_cache`` gave back a free segment of ``size`` bytes: one whole free block of it."""
+    for small in (True, False):
+        pool = sim.pools[small]
+        for i, entry in enumerate(pool):
+            b = entry[3]
+            if b.size == size and b.prev is None and b.next is None:
+                pool.pop(i)
+                return
+
+
+def block_report(snap: dict[str, Any], deepspeed: bool, measured_peak: int, rows: int) -> None:
+    """The whole history replayed on ``calculators.caching_allocator`` (one allocator per
+    stream, a released segment dropped): the most bytes its blocks held at once in the measured
+    step against the run's ``peak``, and at that moment the blocks handed out beyond their
+    requests (rounded to 512 bytes), grouped by size and frames, largest excess first."""
+    trace = snap["device_traces"][0]
+    allocs = [(i, e["size"]) for i, e in enumerate(trace) if e["action"] == "alloc"]
+    end = next(i for i, size in allocs if size == MARK_END)
+    marks = [i for i, size in allocs if size == MARK and i < end][-1 if deepspeed else -4 :]
+    sims: dict[int, CachingAllocator] = collections.defaultdict(CachingAllocator)
+    live: dict[int, tuple[int, Any, int, tuple[str, ...]]] = {}
+    for addr, (size, _) in sorted(alive_at_start(snap).items()):
+        live[addr] = (-1, sims[-1].malloc(size), size, BEFORE)
+    held = sum(b.size for _, b, _, _ in live.values())
+    asked = sum(size for _, _, size, _ in live.values())
+    best, best_asked = -1, 0
+    best_live: dict[int, tuple[int, int, tuple[str, ...]]] = {}
+    for i, event in enumerate(trace[:end]):
+        action, stream = event["action"], event.get("stream", 0)
+        if action == "alloc":
+            b = sims[stream].malloc(event["size"])
+            live[event["addr"]] = (stream, b, event["size"], _frames(event))
+            held += b.size
+            asked += event["size"]
+            if i >= marks[0] and held > best:  # the sizes now: a freed block merges later
+                best, best_asked = held, asked
+                best_live = {a: (blk.size, n, f) for a, (_, blk, n, f) in live.items()}
+        elif action == "free_completed" and event["addr"] in live:
+            s, b, size, _ = live.pop(event["addr"])
+            held -= b.size  # before the block merges with its free neighbours
+            asked -= size
+            sims[s].free(b)
+        elif action == "segment_free":
+            _release(sims[stream], event["size"])
+    print(
+        f"blocks replayed: peak {best / MIB:.3f} MiB (measured {measured_peak / MIB:.3f} MiB),"
+        f" requested then {best_asked / MIB:.3f} MiB, beyond the requests"
+        f" {(best - best_asked) / MIB:.3f} MiB"
+    )
+    groups: collections.Counter[tuple[int, int, tuple[str, ...]]] = collections.Counter()
+    counts: collections.Counter[tuple[int, int, tuple[str, ...]]] = collections.Counter()
+    for handed, size, frames in best_live.values():
+        if handed > block(size):
+            key = (size, handed - block(size), frames[:4])
+            groups[key] += handed - block(size)
+            counts[key] += 1
+    for (size, over, frames), total in groups.most_common(rows):
+        print(
+            f"   {size:>11,d} B +{over:>9,d} x{counts[(size, over, frames)]:3d}"
+            f" = {total / MIB:7.3f} MiB  {' <- '.join(frames)}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--stacks", choices=["python", "all"], default="python", help="all: C++ frames too"
     )
+    ap.add_argument(
+        "--blocks", action="store_true", help="replay the allocator's blocks at the peak too"
+    )
+    ap.add_argument("--dump", type=Path, help="write each run's history (gzipped JSON) here")
     a = ap.parse_args(argv)
     found = []
     for name in a.jsonl:
@@ -218,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n=== {where}: stage {body['stages'][0]}, recorded error {err:+.2f} %")
         print(json.dumps(body))
         try:
-            one(body, a.rows, a.stacks)
+            dump = None if a.dump is None else a.dump / f"{where.replace(':', '_')}.json.gz"
+            one(body, a.rows, a.stacks, a.blocks, dump)
         except Exception as e:  # noqa: BLE001 (one run failing must not end the others)
             print(f"failed: {e!r}"[:400])
         torch.cuda.empty_cache()

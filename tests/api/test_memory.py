@@ -138,6 +138,38 @@ def test_a_multimodal_config_points_to_its_text_config(client: TestClient) -> No
     assert "unsupported model_type 'llava'; supported:" in r.json()["detail"][0]["msg"]
 
 
+def test_heads_sdpa_sends_to_its_math_path_get_a_422(client: TestClient) -> None:
+    """CUDA's fused attention kernels take a head only as wide as their matmuls align (a
+    multiple of 8 in 16-bit, 4 in fp32; flash any width, but one for q, k and v and no mask);
+    SDPA runs any other through its math path, with fp32 scores, which the figures do not model:
+    the 422 names the widths and points to eager attention, which they do."""
+    deepseek = json.loads((HF_CONFIGS / "deepseek_v3-small.json").read_text())
+    odd = {**deepseek, "qk_nope_head_dim": 24, "qk_rope_head_dim": 4, "v_head_dim": 16}  # 28, 16
+    batch = {"micro_batch_size": 1, "seq_len": 512}
+    body = {"model": {"hf_config": odd}, "dp": 8, "engine": "torch", "batch": batch}
+    for engine in ("torch", "deepspeed"):
+        r = client.post("/v1/memory", json={**body, "engine": engine})
+        assert r.status_code == 422, r.text
+        errors = r.json()["detail"]
+        assert [e["field"] for e in errors] == [
+            f"model.hf_config.{k}" for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        ]
+        msg = errors[0]["msg"]
+        assert "q/k 28 and v 16 wide" in msg and "multiple of 8 in 16-bit" in msg
+        assert "math path" in msg and '"attn_implementation": "eager"' in msg
+    # fp32 q/k 28 wide: the memory-efficient kernel takes it (a multiple of 4); eager is modelled
+    post(client, {**body, "precision": "fp32"})
+    post(client, {**body, "model": {"hf_config": {**odd, "attn_implementation": "eager"}}})
+    # a 20-wide head: flash takes it without a mask, nothing fused does with one (a padded batch)
+    llama = json.loads((HF_CONFIGS / "llama-3.2-3b.json").read_text())
+    narrow = {**llama, "head_dim": 20}
+    body = {"model": {"hf_config": narrow}, "dp": 8, "engine": "torch", "batch": batch}
+    post(client, body)
+    r = client.post("/v1/memory", json={**body, "batch": {**batch, "padded": True}})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["field"] == "model.hf_config.head_dim"
+
+
 def test_eager_attention_is_taken_from_the_config(client: TestClient) -> None:
     """``attn_implementation`` as transformers' configuration takes it: eager keeps the
     (b, heads, s, s) probabilities, so the same run needs more; other kernels get a 422."""

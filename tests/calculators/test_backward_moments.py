@@ -23,6 +23,8 @@ from calculators.transformers_activations import (
     _norm_backward,
     dense_layer_backward,
     eager_attention_backward,
+    efficient_attention_backward,
+    efficient_backward_workspace,
     experts_backward,
     final_norm_backward,
     final_norm_held,
@@ -288,6 +290,41 @@ def test_attention_dropouts_mask_is_freed_before_softmaxs_backward() -> None:
     scores = batch.micro_batch_size * arch.heads * batch.seq_len**2
     plain = eager_attention_backward(arch, batch, "fp32")
     assert eager_attention_backward(dropped, batch, "fp32") == max(plain - 5 * scores, 0)
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "allocated"),
+    # the workspace's allocation in _efficient_attention_backward, from the CUDA allocator's
+    # history of two fp32 runs on an H200 (h200_seed30.jsonl:13, h200_seed24.jsonl:14): heads
+    # 96 wide, so 128 × 64 tiles, two per 128 queries
+    [(Batch(1, 296), 8, 1_573_632), (Batch(3, 192), 4, 1_573_632)],
+)
+def test_the_memory_efficient_backward_workspace(batch: Batch, heads: int, allocated: int) -> None:
+    assert efficient_backward_workspace(batch, heads, 96, 96) == allocated
+
+
+def test_the_memory_efficient_backward_is_counted_where_that_kernel_runs() -> None:
+    # fp32 with a mask, or with a key/value head per query head: the memory-efficient kernel;
+    # 16-bit runs flash or cuDNN, fp32 over grouped heads without a mask the math path (an
+    # eager attention's count), and eager attention none of them
+    # heads 96 wide over a narrow MLP (the shape of h200_seed24.jsonl:14), key/value heads grouped
+    grouped = {
+        **family_config("llama"),
+        "hidden_size": 384,
+        "intermediate_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+    arch = architecture_from_hf_config(grouped)
+    per_head = architecture_from_hf_config({**grouped, "num_key_value_heads": 4})
+    eager = architecture_from_hf_config({**grouped, "attn_implementation": "eager"})
+    padded, plain = Batch(3, 192, padded=True), Batch(3, 192)
+    assert efficient_attention_backward(arch, padded, "fp32") > 0
+    assert efficient_attention_backward(per_head, plain, "fp32") > 0
+    assert efficient_attention_backward(arch, plain, "fp32") == 0
+    for regime in ("half", "autocast"):
+        assert efficient_attention_backward(arch, padded, regime) == 0
+    assert efficient_attention_backward(eager, padded, "fp32") == 0
 
 
 def test_the_torch_engines_count_the_experts_gated_products_backward() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from bench.gpu.step_fuzz import load, summary  # noqa: E402
+from bench.gpu.step_fuzz import allocated_summary, load, summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "step_fuzz"
@@ -32,6 +32,10 @@ GROUPS = (
     "h200_ds_seed2[567].jsonl",
     "h200_ds_seed[23][089].jsonl",
     "h200_ds_seed3[123].jsonl",
+    "h200_seed3[012].jsonl",
+    "h200_ds_seed3[45].jsonl",
+    "h200_seed3[345].jsonl",
+    "h200_ds_seed3[67].jsonl",
 )
 
 
@@ -39,7 +43,8 @@ GROUPS = (
 def test_validation_states_what_the_runs_show(pattern: str) -> None:
     files = sorted(str(p) for p in RESULTS.glob(pattern))
     assert files, f"no committed runs match {pattern}"
-    line = f"`{pattern}`: {summary(load(files, current=True))}"
+    rows = load(files, current=True)
+    line = f"`{pattern}`: {summary(rows)}; {allocated_summary(rows)}"
     assert line in VALIDATION.read_text(), (
         f"docs/VALIDATION.md does not state {line!r}: run "
         f"`python3 bench/gpu/step_fuzz.py --report bench/results/step_fuzz/{pattern} --current`"

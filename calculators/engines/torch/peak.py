@@ -44,7 +44,9 @@ tensors whose lifetimes come from autograd and the engines' source:
 - Inside a layer's backward (``transformers_activations``): its MLP's or experts' first ops with
   their gradients (``dense_layer_backward``, ``experts_backward``), the norms between MLP and
   attention with the MLP's weight gradients made (``norms_backward``), an eager attention's (or
-  SDPA's fp32 math path's) score gradients (``eager_attention_backward``), and at its end the
+  SDPA's fp32 math path's) score gradients (``eager_attention_backward``), or in fp32 the
+  memory-efficient kernel's gradients and workspace (``efficient_attention_backward``, beside
+  the MLP's rather than above it), and at its end the
   input norm's backward with every weight gradient of the layer made (``input_norm_backward``):
   each an RMSNorm's backward holds up to five fp32 tensors of the norm's size at once.
 - ``optimizer_step``: the gradients the optimizer reads plus one temporary list the size of
@@ -74,6 +76,7 @@ from calculators.transformers_activations import (
     dense_layer_backward,
     eager_attention_backward,
     eager_softmax_forward,
+    efficient_attention_backward,
     experts_backward,
     experts_product_backward,
     final_hidden_state,
@@ -624,6 +627,11 @@ def step_memory(
             arch, batch, regime, acts, fsdp_backward, accumulated_gradients, inner
         )
     eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
+    # the attention core's backward: eager's (or the math path's), or the memory-efficient
+    # kernel's (fp32 SDPA), which is a candidate beside the MLP's rather than above it
+    core = eager or (
+        efficient_attention_backward(arch, batch, regime.value) if arch.modelling else 0
+    )
     # DDP's gradients made as backward goes (first micro-step); with eager attention a block's
     # own before its attention core are counted with that moment
     first_made = ddp_grads is not None and not accumulated_gradients
@@ -662,17 +670,17 @@ def step_memory(
             + accumulated_gradients
         )
         moments["layer_backward"] = entered + root_made + inner(made_bytes, arch.layers - 1)
-        if eager:
+        if core:
             before = ddp_grads.block_before_attention if ddp_grads and first_made else 0
             made = root_made + before
-            moments["attention_backward"] = entered + eager + made
+            moments["attention_backward"] = entered + core + made
     if acts.recompute:
         # backward of the last checkpointed block: the saved block inputs, the caller's logits,
         # the recomputed block and the gradient flowing in and out of it.
         res = FP32_BYTES if regime is Regime.AUTOCAST or regime is Regime.FP32 else HALF_BYTES
         # an eager attention's backward inside the block, with the gradient entering it only
         # (the one leaving it is not made yet)
-        in_block = eager - res * batch.tokens * arch.hidden if eager else 0
+        in_block = core - res * batch.tokens * arch.hidden if core else 0
         recompute = (
             acts.layers
             + acts.embedding
@@ -710,7 +718,7 @@ def step_memory(
                     return total
                 layer = inner(fs.grad_element_bytes, i)
                 before = fs.block(i).grads_before_attention
-                attention = in_block + before if eager else 0
+                attention = in_block + before if core else 0
                 return total + max(layer - res * batch.tokens * arch.hidden, attention, 0)
 
             recompute += max(in_recompute(i) for i in recomputed)
@@ -721,9 +729,15 @@ def step_memory(
             # before its attention are added below)
             kept = 0 if eager else made_bytes
             t_h = res * batch.tokens * arch.hidden
+            # the memory-efficient kernel's backward with the block's gradients made before it
+            # (DDP's first micro-step), beside the MLP's with its own
+            efficient = 0
+            if core and not eager:
+                made_before = ddp_grads.block_before_attention if ddp_grads and first_made else 0
+                efficient = in_block + made_before
 
             def own(k: int) -> int:
-                return max(in_block, inner(kept, k) - t_h, 0)
+                return max(in_block if eager else efficient, inner(kept, k) - t_h, 0)
 
             if acts.every_n_layers > 1:
                 # block k's recomputation: what the blocks after it kept is freed and, on the
@@ -826,8 +840,13 @@ def _block_backward(
     qkv = arch.q_dim + 2 * arch.kv_dim
     leaving = res * t * arch.hidden  # the gradient of the block's input
     in_block = res * t * arch.hidden + stats + lin * t * (qkv + arch.hidden) + leaving
-    # an eager attention's backward, later in the block: the MLP's saved tensors are freed
-    eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
+    # an eager attention's backward (or the memory-efficient kernel's), later in the block: the
+    # MLP's saved tensors are freed
+    core = 0
+    if arch.modelling:
+        core = eager_attention_backward(arch, batch, regime.value) or (
+            efficient_attention_backward(arch, batch, regime.value)
+        )
     acc = accumulated_gradients
     # each moment of a block i: what the block adds with FSDP2's term, and whether the block's
     # own saved tensors are still alive (beside what the blocks below it keep)
@@ -847,7 +866,7 @@ def _block_backward(
         # (with the MLP's gradients), block i - 1 prefetched, no gradient of the rest yet
         def within(i: int) -> int:
             before = fsdp.block(i).grads_before_attention
-            attention = eager + before if eager else 0
+            attention = core + before if core else 0
             layer = inner(fsdp.grad_element_bytes, i)
             return leaving + max(attention, layer) + fsdp.at_block_start(i, acc)
 
