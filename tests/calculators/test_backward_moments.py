@@ -306,8 +306,8 @@ def test_the_memory_efficient_backward_workspace(batch: Batch, heads: int, alloc
 def test_the_memory_efficient_backward_is_counted_where_that_kernel_runs() -> None:
     # fp32 with a mask, or with a key/value head per query head: the memory-efficient kernel;
     # 16-bit runs flash or cuDNN, fp32 over grouped heads without a mask the math path (an
-    # eager attention's count), and eager attention none of them
-    # heads 96 wide over a narrow MLP (the shape of h200_seed24.jsonl:14), key/value heads grouped
+    # eager attention's count), and eager attention none of them. Heads 96 wide over a narrow
+    # MLP (the shape of h200_seed24.jsonl:14), key/value heads grouped:
     grouped = {
         **family_config("llama"),
         "hidden_size": 384,
