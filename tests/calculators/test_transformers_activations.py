@@ -477,3 +477,34 @@ def test_generated_configs_equal_the_trace(seed: int) -> None:
     except (InputError, trace_fuzz.Refused):
         assume(False)
     assert differ is None, (cfg, batch, regime, differ)
+
+
+@pytest.mark.parametrize(
+    ("change", "padded", "regime", "refused"),
+    [
+        # 20-wide heads: flash takes them without a mask in 16-bit; with one nothing fused does
+        ({"head_dim": 20}, False, Regime.HALF, False),
+        ({"head_dim": 20}, True, Regime.HALF, True),
+        ({"head_dim": 20}, True, Regime.AUTOCAST, True),
+        # fp32: the memory-efficient kernel takes multiples of 4; over grouped heads without a
+        # mask SDPA runs its math path whatever the width, and that is modelled
+        ({"head_dim": 20}, True, Regime.FP32, False),
+        ({"head_dim": 18}, False, Regime.FP32, False),
+        ({"head_dim": 18, "num_key_value_heads": 4}, False, Regime.FP32, True),
+        ({"head_dim": 18, "attn_implementation": "eager"}, True, Regime.HALF, False),
+    ],
+)
+def test_heads_sdpas_fused_kernels_refuse_get_an_input_error(
+    change: dict[str, Any], padded: bool, regime: Regime, refused: bool
+) -> None:
+    config = {**_config("llama"), **change}
+    assert config["num_attention_heads"] == 4
+    arch = architecture_from_hf_config(config)
+    batch = Batch(1, 128, padded=padded)
+    if not refused:
+        activations(arch, batch, regime)
+        return
+    with pytest.raises(InputError) as refusal:
+        activations(arch, batch, regime)
+    assert refusal.value.field == "model.hf_config.head_dim"
+    assert "math path" in refusal.value.message
