@@ -15,6 +15,14 @@ from bisect import bisect_left, insort
 
 BLOCK = 512  # CUDACachingAllocator kMinBlockSize: every allocation is a multiple of it
 
+ACTIVATION_BLOCKS_NOTE = (
+    "peak counts activations at what they ask for (512-byte rounded), not at the cached blocks "
+    "the allocator hands them whole (up to 1 MiB beyond a request over 1 MiB), which "
+    "max_memory_allocated counts: a few percent more on steps of a few hundred MiB"
+)
+"""Said beside every peak that has a step: the blocks the replay of a step's allocation order
+would give are not modelled (a run's whole history replayed gives them to the byte)."""
+
 
 def block(nbytes: int) -> int:
     """Bytes the caching allocator hands out for a request of ``nbytes`` (0 stays 0)."""

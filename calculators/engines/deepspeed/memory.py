@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from calculators.batch import Checkpointing
+from calculators.caching_allocator import ACTIVATION_BLOCKS_NOTE
 from calculators.conventions import OffloadDevice, Optimizer, Precision, Stage
 from calculators.engines.deepspeed.config import (
     Knobs,
@@ -204,7 +205,7 @@ def estimate(setup: TrainingSetup, stage: Stage, shared: Shared | None = None) -
         for k, v in moment.buffers.items():
             components[f"peak.{k}"] = v
         components["peak.activations"] = moment.activations
-        notes = (*layout.notes, *fixed.notes, f"peak moment: {name}")
+        notes = (*layout.notes, *fixed.notes, f"peak moment: {name}", ACTIVATION_BLOCKS_NOTE)
     else:
         notes = (*layout.notes, *fixed.notes, "peak needs model.architecture and batch")
     result = stage_estimate(

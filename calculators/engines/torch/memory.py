@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from calculators.activations import INDEX_BYTES, Regime
 from calculators.architecture import tensor_counts
+from calculators.caching_allocator import ACTIVATION_BLOCKS_NOTE
 from calculators.conventions import (
     FP32_BYTES,
     HALF_BYTES,
@@ -386,6 +387,7 @@ def estimate(setup: TrainingSetup, stage: Stage) -> StageEstimate:
         f"peak at {memory.peak_moment}; resident and peak count the cuBLAS workspaces, the "
         f"batch and (holds_outputs) {held}"
     )
+    notes.append(ACTIVATION_BLOCKS_NOTE)
     return StageEstimate(
         stage=stage,
         device=device,
