@@ -378,11 +378,16 @@ def sdpa_math_fallback(arch: Architecture, batch: Batch, regime: str) -> tuple[s
         if mla.qk_head_dim % align or mla.v_head_dim % align:
             return ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
         return ()
-    masked = batch.padded or _windowed_layers(arch, batch) > 0
+    masked = _some_layer_masked(arch, batch)
     # the layers a fused kernel must take: those with a mask; in fp32 also those of a model
     # with a key/value head per query head (the memory-efficient kernel's)
     fused = masked or (regime == "fp32" and arch.n_kv_heads == arch.heads)
     return ("head_dim",) if fused and arch.d_head % align else ()
+
+
+def _some_layer_masked(arch: Architecture, batch: Batch) -> bool:
+    """Whether some layer's SDPA takes a mask: a padded batch, or a sliding window reached."""
+    return batch.padded or _windowed_layers(arch, batch) > 0
 
 
 def _mask_bias(batch: Batch, sdpa: int) -> int:
@@ -961,10 +966,9 @@ def efficient_attention_backward(arch: Architecture, batch: Batch, regime: str) 
     m = _m(arch)
     if arch.modelling is None or m.eager_attention or regime != "fp32":
         return 0
+    if _sdpa_math_path(arch, regime, _some_layer_masked(arch, batch)):
+        return 0  # eager_attention_backward counts it
     mla = m.latent_attention
-    masked = batch.padded or _windowed_layers(arch, batch) > 0
-    if mla is None and arch.n_kv_heads != arch.heads and not masked:
-        return 0  # the math path (eager_attention_backward)
     t, heads = batch.tokens, arch.heads
     if mla is not None:
         qk, v = mla.qk_head_dim, mla.v_head_dim
@@ -974,6 +978,18 @@ def efficient_attention_backward(arch: Architecture, batch: Batch, regime: str) 
     written += FP32_BYTES * batch.micro_batch_size * heads * batch.seq_len  # delta
     written += efficient_backward_workspace(batch, heads, qk, v)
     return max(written - _freed_before_attention(arch, batch, regime), 0)
+
+
+def attention_core_backward(arch: Architecture, batch: Batch, regime: str) -> int:
+    """A layer's attention core in backward: an eager attention's (or SDPA's math path's,
+    :func:`eager_attention_backward`), else the memory-efficient kernel's
+    (:func:`efficient_attention_backward`); 0 for the other fused kernels or no transformers
+    model."""
+    if arch.modelling is None:
+        return 0
+    return eager_attention_backward(arch, batch, regime) or efficient_attention_backward(
+        arch, batch, regime
+    )
 
 
 def first_layer_backward(arch: Architecture, batch: Batch, moved: bool = False) -> int:

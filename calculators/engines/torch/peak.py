@@ -73,10 +73,10 @@ from calculators.batch import Batch, Checkpointing
 from calculators.conventions import FP32_BYTES, HALF_BYTES
 from calculators.errors import InputError
 from calculators.transformers_activations import (
+    attention_core_backward,
     dense_layer_backward,
     eager_attention_backward,
     eager_softmax_forward,
-    efficient_attention_backward,
     experts_backward,
     experts_product_backward,
     final_hidden_state,
@@ -262,7 +262,8 @@ class FsdpBlock:
             are copied straight into it).
         grads_before_attention: the part of ``grads`` autograd has made by the block's
             attention core's backward: its MLP's, output projection's and post-attention norms'
-            gradients (an eager attention's backward runs beside them).
+            gradients (an eager attention's or the memory-efficient kernel's backward runs
+            beside them).
     """
 
     gathered: int
@@ -629,9 +630,7 @@ def step_memory(
     eager = eager_attention_backward(arch, batch, regime.value) if arch.modelling else 0
     # the attention core's backward: eager's (or the math path's), or the memory-efficient
     # kernel's (fp32 SDPA), which is a candidate beside the MLP's rather than above it
-    core = eager or (
-        efficient_attention_backward(arch, batch, regime.value) if arch.modelling else 0
-    )
+    core = attention_core_backward(arch, batch, regime.value)
     # DDP's gradients made as backward goes (first micro-step); with eager attention a block's
     # own before its attention core are counted with that moment
     first_made = ddp_grads is not None and not accumulated_gradients
@@ -842,11 +841,7 @@ def _block_backward(
     in_block = res * t * arch.hidden + stats + lin * t * (qkv + arch.hidden) + leaving
     # an eager attention's backward (or the memory-efficient kernel's), later in the block: the
     # MLP's saved tensors are freed
-    core = 0
-    if arch.modelling:
-        core = eager_attention_backward(arch, batch, regime.value) or (
-            efficient_attention_backward(arch, batch, regime.value)
-        )
+    core = attention_core_backward(arch, batch, regime.value)
     acc = accumulated_gradients
     # each moment of a block i: what the block adds with FSDP2's term, and whether the block's
     # own saved tensors are still alive (beside what the blocks below it keep)
